@@ -1,0 +1,170 @@
+"""msgpack codec for the wire messages.
+
+A stream entry has three fields: ``k`` (the message kind), ``v`` (its schema
+version) and ``b`` (the msgpack body). Arrays travel as raw little-endian bytes
+and decode through ``numpy.frombuffer``, which views the received buffer instead
+of copying it. Every failure to decode raises ``DecodeError`` with a reason
+suitable for a dead letter; nothing else escapes ``decode``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from broker.errors import DecodeError
+from broker.messages import (
+    DeadLetter,
+    ErrorCategory,
+    Message,
+    PolicyVersion,
+    Task,
+    Trajectory,
+    TrajectoryGroup,
+    Turn,
+)
+
+FIELD_KIND = b"k"
+FIELD_VERSION = b"v"
+FIELD_BODY = b"b"
+
+
+def _task_to(t: Task) -> list[Any]:
+    return [
+        t.task_id, t.env_spec, t.group_size, t.seed, t.policy_version,
+        t.issued_at, t.max_turns, t.meta,
+    ]  # fmt: skip
+
+
+def _task_from(v: list[Any]) -> Task:
+    task_id, env_spec, group_size, seed, policy_version, issued_at, max_turns, meta = v
+    return Task(
+        task_id=task_id, env_spec=env_spec, group_size=group_size, seed=seed,
+        policy_version=policy_version, issued_at=issued_at, max_turns=max_turns, meta=meta,
+    )  # fmt: skip
+
+
+def _turn_to(t: Turn) -> list[Any]:
+    return [
+        t.prompt_ids.tobytes(), t.completion_ids.tobytes(), t.logprobs.tobytes(),
+        t.weight_version, t.reward, t.terminated, t.truncated,
+    ]  # fmt: skip
+
+
+def _turn_from(v: list[Any]) -> Turn:
+    prompt, completion, logprobs, weight_version, reward, terminated, truncated = v
+    return Turn(
+        prompt_ids=np.frombuffer(prompt, dtype="<i4"),
+        completion_ids=np.frombuffer(completion, dtype="<i4"),
+        logprobs=np.frombuffer(logprobs, dtype="<f4"),
+        weight_version=weight_version,
+        reward=reward,
+        terminated=terminated,
+        truncated=truncated,
+    )
+
+
+def _traj_to(t: Trajectory) -> list[Any]:
+    return [
+        [_turn_to(turn) for turn in t.turns], t.finish_reason, t.error.value,
+        t.error_detail, t.sample_index, t.timings,
+    ]  # fmt: skip
+
+
+def _traj_from(v: list[Any]) -> Trajectory:
+    turns, finish_reason, error, error_detail, sample_index, timings = v
+    return Trajectory(
+        turns=tuple(_turn_from(t) for t in turns),
+        finish_reason=finish_reason,
+        error=ErrorCategory(error),
+        error_detail=error_detail,
+        sample_index=sample_index,
+        timings=timings,
+    )
+
+
+def _group_to(g: TrajectoryGroup) -> list[Any]:
+    return [
+        g.group_id, _task_to(g.task), [_traj_to(t) for t in g.trajectories],
+        g.worker_id, g.created_at,
+    ]  # fmt: skip
+
+
+def _group_from(v: list[Any]) -> TrajectoryGroup:
+    group_id, task, trajectories, worker_id, created_at = v
+    return TrajectoryGroup(
+        group_id=group_id,
+        task=_task_from(task),
+        trajectories=tuple(_traj_from(t) for t in trajectories),
+        worker_id=worker_id,
+        created_at=created_at,
+    )
+
+
+def _policy_to(p: PolicyVersion) -> list[Any]:
+    return [p.version, p.step, list(p.servers), p.weights_path, p.created_at]
+
+
+def _policy_from(v: list[Any]) -> PolicyVersion:
+    version, step, servers, weights_path, created_at = v
+    return PolicyVersion(
+        version=version, step=step, servers=tuple(servers),
+        weights_path=weights_path, created_at=created_at,
+    )  # fmt: skip
+
+
+def _dead_to(d: DeadLetter) -> list[Any]:
+    return [
+        d.source_stream, d.entry_id, d.reason, d.fields, d.deliveries, d.consumer, d.created_at,
+    ]
+
+
+def _dead_from(v: list[Any]) -> DeadLetter:
+    source_stream, entry_id, reason, fields, deliveries, consumer, created_at = v
+    return DeadLetter(
+        source_stream=source_stream, entry_id=entry_id, reason=reason, fields=dict(fields),
+        deliveries=deliveries, consumer=consumer, created_at=created_at,
+    )  # fmt: skip
+
+
+# kind -> (type, version, encoder, decoder)
+_CODECS: dict[str, tuple[type, int, Any, Any]] = {
+    Task.KIND: (Task, Task.VERSION, _task_to, _task_from),
+    TrajectoryGroup.KIND: (TrajectoryGroup, TrajectoryGroup.VERSION, _group_to, _group_from),
+    PolicyVersion.KIND: (PolicyVersion, PolicyVersion.VERSION, _policy_to, _policy_from),
+    DeadLetter.KIND: (DeadLetter, DeadLetter.VERSION, _dead_to, _dead_from),
+}
+
+
+def encode(message: Message) -> dict[bytes, bytes]:
+    """Encode a message into stream-entry fields."""
+    kind = type(message).KIND
+    _, version, to_wire, _ = _CODECS[kind]
+    body = msgpack.packb(to_wire(message), use_bin_type=True)
+    return {FIELD_KIND: kind.encode(), FIELD_VERSION: str(version).encode(), FIELD_BODY: body}
+
+
+def decode(fields: Mapping[bytes, bytes], expect: type | None = None) -> Message:
+    """Decode stream-entry fields; raise DecodeError with a reason on any problem."""
+    try:
+        kind = fields[FIELD_KIND].decode()
+        version = int(fields[FIELD_VERSION])
+        body = fields[FIELD_BODY]
+    except (KeyError, ValueError, UnicodeDecodeError, AttributeError, TypeError) as exc:
+        raise DecodeError(f"missing or malformed envelope fields: {exc!r}") from exc
+    entry = _CODECS.get(kind)
+    if entry is None:
+        raise DecodeError(f"unknown message kind {kind!r}")
+    cls, known_version, _, from_wire = entry
+    if version != known_version:
+        raise DecodeError(f"unsupported schema version {version} for {kind!r} (know {known_version})")
+    if expect is not None and cls is not expect:
+        raise DecodeError(f"expected {expect.KIND!r}, got {kind!r}")  # type: ignore[attr-defined]
+    try:
+        raw = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        return from_wire(raw)
+    except Exception as exc:  # any malformed body: msgpack, shape, type or value errors
+        raise DecodeError(f"undecodable {kind!r} body: {type(exc).__name__}: {exc}") from exc

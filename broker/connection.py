@@ -1,0 +1,84 @@
+"""Connection settings for Redis, and a connect that waits politely for it.
+
+`RedisSettings.from_url` accepts ``redis://``, ``rediss://`` (TLS) and
+``unix://`` URLs, with ``user:password@`` for ACL users. Blocking stream reads
+must wait for less than the socket timeout (redis-py's default is 5 s), so the
+timeout is explicit here and consumers derive their block time from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from broker.errors import RedisUnavailable
+
+log = logging.getLogger(__name__)
+
+TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    """How to reach Redis."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    socket_timeout_s: float = 5.0  # every command; blocking reads block for less
+    connect_timeout_s: float = 3.0
+    retry_budget_s: float = 30.0  # total time connect() keeps retrying
+
+    @classmethod
+    def from_url(cls, url: str, **overrides: float) -> RedisSettings:
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"unsupported Redis URL scheme in {url!r}")
+        return cls(url=url, **overrides)
+
+    @property
+    def max_block_ms(self) -> int:
+        """Longest XREADGROUP BLOCK that stays inside the socket timeout."""
+        return max(1, int(self.socket_timeout_s * 1000 * 0.6))
+
+    def client(self) -> aioredis.Redis:
+        return aioredis.Redis.from_url(
+            self.url,
+            socket_timeout=self.socket_timeout_s,
+            socket_connect_timeout=self.connect_timeout_s,
+            health_check_interval=30,
+            decode_responses=False,
+        )
+
+
+async def connect(settings: RedisSettings) -> aioredis.Redis:
+    """Return a client once Redis answers PING; back off, log one line per attempt."""
+    client = settings.client()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.retry_budget_s
+    delay = 0.1
+    while True:
+        try:
+            await client.ping()
+            return client
+        except TRANSIENT as exc:
+            if loop.time() + delay > deadline:
+                await client.aclose()
+                raise RedisUnavailable(
+                    f"Redis at {_redact(settings.url)} unreachable for {settings.retry_budget_s:.0f}s: {exc}"
+                ) from exc
+            log.warning("redis unreachable at %s (%s); retrying in %.1fs", _redact(settings.url), exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+def _redact(url: str) -> str:
+    """Hide the password in a URL for logs."""
+    if "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"

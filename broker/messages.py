@@ -1,0 +1,188 @@
+"""Wire messages: one frozen, typed struct per message kind.
+
+Every struct has a ``KIND`` tag and a ``VERSION``; the codec (``broker.codec``)
+writes both beside the msgpack body so that a reader can dead-letter what it
+does not understand instead of crashing. Token ids and logprobs are numpy
+arrays (``int32``/``float32``); on the wire they are raw little-endian bytes
+and come back through ``numpy.frombuffer`` without a copy (read-only views).
+
+Invariant: the unit on the trajectories stream is the *group* — every sample
+of one task, published once all of them have finished.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+
+class ErrorCategory(enum.StrEnum):
+    """Why an episode ended abnormally. Infrastructure categories never count
+    as the model's failure."""
+
+    NONE = "none"
+    ENV = "env"  # the environment raised or misbehaved
+    SANDBOX = "sandbox"  # the sandbox backend failed (not the model's code)
+    INFERENCE = "inference"  # no inference server could answer
+    TIMEOUT = "timeout"  # the episode's wall-clock limit
+    FORMAT = "format"  # the model's action could not be parsed
+
+    @property
+    def is_infrastructure(self) -> bool:
+        return self in (ErrorCategory.ENV, ErrorCategory.SANDBOX, ErrorCategory.INFERENCE)
+
+
+def _as_i32(values: Any) -> np.ndarray:
+    arr = np.asarray(values, dtype="<i4")
+    if arr.ndim != 1:
+        raise ValueError(f"expected a 1-d token array, got shape {arr.shape}")
+    return arr
+
+
+def _as_f32(values: Any) -> np.ndarray:
+    arr = np.asarray(values, dtype="<f4")
+    if arr.ndim != 1:
+        raise ValueError(f"expected a 1-d logprob array, got shape {arr.shape}")
+    return arr
+
+
+@dataclass(frozen=True)
+class Task:
+    """One unit of work: run ``group_size`` episodes of one environment spec."""
+
+    KIND: ClassVar[str] = "task"
+    VERSION: ClassVar[int] = 1
+
+    task_id: str  # unique; the group built from it carries the same id (dedup key)
+    env_spec: str  # "name@{json kwargs}", resolved by envs.make
+    group_size: int  # number of episodes (samples) in the group
+    seed: int  # base seed; episode i of the group uses seed + i
+    policy_version: int  # learner's policy version when the task was issued
+    issued_at: float = field(default_factory=time.time)  # unix seconds
+    max_turns: int | None = None  # horizon for this task (None: the env's own limit)
+    meta: dict[str, Any] = field(default_factory=dict)  # curriculum data, passed through
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1:
+            raise ValueError("group_size must be >= 1")
+        if not self.task_id:
+            raise ValueError("task_id must not be empty")
+
+
+@dataclass(frozen=True, eq=False)
+class Turn:
+    """One model turn: the prompt-side tokens added before it, and its completion."""
+
+    prompt_ids: np.ndarray  # int32, tokens appended on the prompt side (loss mask 0)
+    completion_ids: np.ndarray  # int32, tokens the model sampled (loss mask 1)
+    logprobs: np.ndarray  # float32, behaviour logprob of each completion token
+    weight_version: int  # oldest weight version that produced any completion token
+    reward: float  # reward the environment gave for this turn's action
+    terminated: bool  # the environment reached a terminal state
+    truncated: bool  # a limit cut the episode short after this turn
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_ids", _as_i32(self.prompt_ids))
+        object.__setattr__(self, "completion_ids", _as_i32(self.completion_ids))
+        object.__setattr__(self, "logprobs", _as_f32(self.logprobs))
+        if len(self.logprobs) != len(self.completion_ids):
+            raise ValueError(
+                f"{len(self.logprobs)} logprobs for {len(self.completion_ids)} completion tokens"
+            )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Turn):
+            return NotImplemented
+        return (
+            np.array_equal(self.prompt_ids, other.prompt_ids)
+            and np.array_equal(self.completion_ids, other.completion_ids)
+            and np.array_equal(self.logprobs, other.logprobs, equal_nan=True)
+            and self.weight_version == other.weight_version
+            and self.reward == other.reward
+            and self.terminated == other.terminated
+            and self.truncated == other.truncated
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One episode, turn by turn."""
+
+    turns: tuple[Turn, ...]  # in order; may be empty when an error struck before turn 1
+    finish_reason: str  # "terminated", "truncated:<limit>", or "error"
+    error: ErrorCategory = ErrorCategory.NONE  # category when finish_reason == "error"
+    error_detail: str = ""  # short human-readable detail, capped by the producer
+    sample_index: int = 0  # index within the group; the episode used seed + index
+    timings: dict[str, float] = field(default_factory=dict)  # seconds: inference, env, total
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(t.reward for t in self.turns))
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return int(sum(len(t.completion_ids) for t in self.turns))
+
+
+@dataclass(frozen=True)
+class TrajectoryGroup:
+    """Every episode of one task; the learner only ever sees whole groups."""
+
+    KIND: ClassVar[str] = "group"
+    VERSION: ClassVar[int] = 1
+
+    group_id: str  # equals the task's task_id; consumers dedup on it
+    task: Task  # the task this group answers
+    trajectories: tuple[Trajectory, ...]  # exactly task.group_size of them
+    worker_id: str  # which worker produced it
+    created_at: float = field(default_factory=time.time)  # unix seconds at publish
+
+    @property
+    def infra_failed(self) -> bool:
+        """True when infrastructure, not the model, spoiled an episode."""
+        return any(t.error.is_infrastructure for t in self.trajectories)
+
+    @property
+    def min_weight_version(self) -> int:
+        versions = [turn.weight_version for t in self.trajectories for turn in t.turns]
+        return min(versions) if versions else self.task.policy_version
+
+
+@dataclass(frozen=True)
+class PolicyVersion:
+    """A weight version the learner has pushed and every server has confirmed."""
+
+    KIND: ClassVar[str] = "policy"
+    VERSION: ClassVar[int] = 1
+
+    version: int  # monotonically increasing, starts at 0 for the initial weights
+    step: int  # learner optimizer step that produced it
+    servers: tuple[str, ...] = ()  # inference servers verified to serve this version
+    weights_path: str = ""  # where the weights were written ("" for NCCL pushes)
+    created_at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """An entry a consumer could not or would not process, kept for inspection."""
+
+    KIND: ClassVar[str] = "deadletter"
+    VERSION: ClassVar[int] = 1
+
+    source_stream: str  # stream the entry came from
+    entry_id: str  # its id there
+    reason: str  # why it was moved here
+    fields: dict[bytes, bytes]  # the entry's raw fields, untouched, for requeue
+    deliveries: int = 0  # times it had been delivered when dead-lettered
+    consumer: str = ""  # consumer that gave up on it
+    created_at: float = field(default_factory=time.time)
+
+
+Message = Task | TrajectoryGroup | PolicyVersion | DeadLetter
+MESSAGE_TYPES: tuple[type, ...] = (Task, TrajectoryGroup, PolicyVersion, DeadLetter)

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Idempotent set-up shared by scripts/demo.sh and scripts/test.sh: Debian packages
+# when missing, a virtual environment with the project installed, and the daemons
+# (dockerd) the tests and the demo talk to. Safe to run again; it skips what is done.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${FARM_VENV:-$ROOT/.venv}"
+PY="${PYTHON:-python3}"
+
+log() { printf '[bootstrap] %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+apt_updated=0
+apt_install() {
+  local missing=()
+  for pkg in "$@"; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ $apt_updated -eq 0 ]; then
+    log "apt-get update"
+    as_root apt-get update -qq
+    apt_updated=1
+  fi
+  log "apt-get install ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+system_packages() {
+  if command -v apt-get >/dev/null 2>&1; then
+    apt_install redis-server redis-tools docker.io bubblewrap debootstrap iptables ca-certificates
+  else
+    log "not a Debian host: install redis-server, docker and bubblewrap yourself"
+  fi
+}
+
+python_env() {
+  local stamp="$VENV/.farm-installed"
+  local want
+  want="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    return 0
+  fi
+  if [ ! -x "$VENV/bin/python" ]; then
+    log "creating virtual environment $VENV"
+    "$PY" -m venv "$VENV"
+  fi
+  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+  # torch first and pinned: 2.13.0 is the CPU wheel on this machine's disk; letting a
+  # resolver pick torch would download a multi-gigabyte CUDA build.
+  "$VENV/bin/python" -m pip install -q "torch==2.13.0"
+  "$VENV/bin/python" -m pip install -q -e "$ROOT[train,sandbox,dev]"
+  echo "$want" >"$stamp"
+}
+
+docker_daemon() {
+  command -v docker >/dev/null 2>&1 || return 0
+  if docker info >/dev/null 2>&1; then return 0; fi
+  if ! command -v dockerd >/dev/null 2>&1; then return 0; fi
+  log "starting dockerd"
+  mkdir -p /var/log
+  (setsid dockerd >/var/log/farm-dockerd.log 2>&1 &)
+  for _ in $(seq 1 60); do
+    docker info >/dev/null 2>&1 && return 0
+    sleep 1
+  done
+  log "dockerd did not come up; see /var/log/farm-dockerd.log"
+  return 1
+}
+
+system_packages
+python_env
+docker_daemon || true

@@ -1,0 +1,110 @@
+"""Fixtures shared by every test package: private redis-servers and the CI rule.
+
+Tests never touch a Redis that happens to be running: each `redis_server`
+starts its own `redis-server` on a free loopback port in a temporary directory
+and stops it afterwards. Under CI (CI=true) a missing real part is a failure,
+never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require(condition: bool, what: str) -> None:
+    """Skip when a real part is missing locally; fail under CI, where nothing may skip."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"{what} is required under CI and is missing")
+    pytest.skip(f"{what} is missing")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RedisServer:
+    """A private redis-server process; `restart()` keeps its data directory."""
+
+    port: int
+    directory: Path
+    appendonly: bool
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = [
+            "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+            "--dir", str(self.directory), "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "always", "--protected-mode", "no",
+        ]  # fmt: skip
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server on port {self.port} did not start")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown save, so only what AOF fsynced survives."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+
+@pytest.fixture
+def redis_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., RedisServer]]:
+    require(shutil.which("redis-server") is not None, "redis-server")
+    servers: list[RedisServer] = []
+
+    def make(appendonly: bool = False) -> RedisServer:
+        server = RedisServer(free_port(), tmp_path_factory.mktemp("redis"), appendonly)
+        server.start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def redis_server(redis_factory: Callable[..., RedisServer]) -> RedisServer:
+    return redis_factory()
