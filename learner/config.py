@@ -1,0 +1,170 @@
+"""The learner's configuration: one pydantic-settings model, loaded CLI > env > TOML.
+
+`LearnerConfig` holds every knob of `python -m learner`; each field has a
+description and bounds, and unknown keys are rejected wherever they come from
+(TOML file, keyword arguments). `FARM_*` environment variables fill fields the
+command line left out, and a TOML file given with `--config` fills the rest.
+This module imports neither torch nor transformers, so `--help` is instant.
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from learner.algorithms import Aggregation, Algorithm
+from learner.errors import ConfigError
+
+
+class StalePolicy(enum.StrEnum):
+    """What to do with a group older than `max_staleness` (counted either way)."""
+
+    CORRECT = "correct"  # train it with truncated importance sampling
+    DROP = "drop"  # do not train it
+
+
+class Precision(enum.StrEnum):
+    AUTO = "auto"  # bf16 autocast on CUDA, fp32 on CPU
+    FP32 = "fp32"
+    BF16 = "bf16"  # autocast; only on CUDA
+
+
+class LearnerConfig(BaseSettings):
+    """Everything `python -m learner` needs; see docs/learner.md for the reference."""
+
+    model_config = SettingsConfigDict(env_prefix="FARM_", extra="forbid", validate_default=True)
+
+    # --- model, run, Redis, inference -------------------------------------------------------
+    model: Path = Field(description="Hugging Face model directory (weights, config, tokenizer)")
+    run: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="run name")
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL")
+    inference_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="inference servers to push weights to (comma-separated)"
+    )
+    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port (0: none)")
+    partitions: int = Field(1, ge=1, le=256, description="trajectories stream partitions")
+    consumer_name: str = Field("learner", min_length=1, description="consumer name in the group")
+    # --- algorithm ----------------------------------------------------------------------------
+    algorithm: Algorithm = Field(Algorithm.GRPO, description="advantage estimator")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount gamma for per-turn returns")
+    groups_per_batch: int = Field(8, ge=1, le=100_000, description="groups per optimizer step")
+    group_size: int = Field(8, ge=1, le=4096, description="episodes per task (group)")
+    micro_batch_size: int = Field(8, ge=1, description="sequences per forward/backward pass")
+    learning_rate: float = Field(1e-5, gt=0.0, le=1.0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay")
+    clip_low: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip range below 1")
+    clip_high: float = Field(0.2, gt=0.0, le=10.0, description="PPO clip range above 1")
+    aggregation: Aggregation = Field(Aggregation.TOKEN_MEAN, description="loss aggregation")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="gradient clipping norm")
+    skip_zero_variance: bool = Field(True, description="skip groups whose returns are all equal")
+    # --- staleness ----------------------------------------------------------------------------
+    max_staleness: int = Field(1, ge=0, le=1000, description="policy versions a group may lag")
+    stale_policy: StalePolicy = Field(StalePolicy.CORRECT, description="stragglers: correct|drop")
+    tis_cap: float = Field(2.0, ge=1.0, description="truncation rho_bar of importance weights")
+    # --- checkpoints, device, steps -----------------------------------------------------------
+    checkpoint_dir: Path | None = Field(None, description="where checkpoints go (None: none)")
+    checkpoint_interval: int = Field(10, ge=1, description="steps between checkpoints")
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
+    resume: bool = Field(False, description="continue from the latest checkpoint")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="torch device")
+    precision: Precision = Field(Precision.AUTO, description="auto|fp32|bf16")
+    max_steps: int = Field(0, ge=0, description="stop after this many steps (0: never)")
+    seed: int = Field(0, ge=0, description="seed for torch and the task sampler")
+    # --- weight push --------------------------------------------------------------------------
+    push_interval: int = Field(1, ge=0, description="push weights every K steps (0: never)")
+    weights_dir: Path | None = Field(None, description="where pushed weights are written")
+    # --- task source --------------------------------------------------------------------------
+    tasks: Path | None = Field(None, description="JSONL dataset of env specs (None: no feeding)")
+    curriculum: bool = Field(False, description="move difficulty by recent success rate")
+    curriculum_window: int = Field(32, ge=1, description="episodes in the success-rate window")
+    promote_above: float = Field(0.8, ge=0.0, le=1.0, description="success rate to go harder")
+    demote_below: float = Field(0.2, ge=0.0, le=1.0, description="success rate to go easier")
+    success_threshold: float = Field(0.5, description="episode return counted as a success")
+    horizon_start: int | None = Field(None, ge=1, description="first max-turns horizon")
+    horizon_max: int | None = Field(None, ge=1, description="last max-turns horizon")
+    horizon_every: int = Field(10, ge=1, description="steps between horizon increments")
+    # --- replay -------------------------------------------------------------------------------
+    replay: str | None = Field(None, description="archive path or stream:START..END to train from")
+    # --- consumer -----------------------------------------------------------------------------
+    reclaim_idle_s: float = Field(
+        3600.0, gt=0.0, description="idle seconds before entries of a dead learner are reclaimed"
+    )
+    max_deliveries: int = Field(10, ge=1, description="deliveries before a group is dead-lettered")
+
+    @field_validator("inference_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [u.strip() for u in value.split(",") if u.strip()]
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LearnerConfig:
+        if self.demote_below > self.promote_above:
+            raise ValueError("demote_below must not exceed promote_above")
+        if (self.horizon_start is None) != (self.horizon_max is None):
+            raise ValueError("horizon_start and horizon_max go together")
+        if self.horizon_start and self.horizon_max and self.horizon_start > self.horizon_max:
+            raise ValueError("horizon_start must not exceed horizon_max")
+        if self.resume and self.checkpoint_dir is None:
+            raise ValueError("resume needs checkpoint_dir")
+        return self
+
+    @property
+    def admission_limit(self) -> int:
+        """Tasks (groups) allowed in flight or buffered: (max_staleness + 1) x groups_per_batch."""
+        return (self.max_staleness + 1) * self.groups_per_batch
+
+    @classmethod
+    def load(cls, cli: dict[str, Any], toml_file: Path | None = None) -> LearnerConfig:
+        """Resolve CLI values > FARM_* env > TOML; raise ConfigError with every problem."""
+        if toml_file is not None and not toml_file.is_file():
+            raise ConfigError(f"config file {toml_file} does not exist")
+
+        class _Resolved(cls):  # type: ignore[valid-type,misc]
+            @classmethod
+            def settings_customise_sources(
+                cls_,
+                settings_cls: type[BaseSettings],
+                init_settings: PydanticBaseSettingsSource,
+                env_settings: PydanticBaseSettingsSource,
+                dotenv_settings: PydanticBaseSettingsSource,
+                file_secret_settings: PydanticBaseSettingsSource,
+            ) -> tuple[PydanticBaseSettingsSource, ...]:
+                sources = [init_settings, env_settings]
+                if toml_file is not None:
+                    sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
+                return tuple(sources)
+
+        try:
+            resolved = _Resolved(**cli)
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc)) from exc
+        except ValueError as exc:  # malformed TOML
+            raise ConfigError(f"cannot read {toml_file}: {exc}") from exc
+        return cls.model_construct(**dict(resolved))
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    lines = ["invalid learner configuration:"]
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(config)"
+        lines.append(f"  {where}: {err['msg']}")
+    return "\n".join(lines)
