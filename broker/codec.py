@@ -118,7 +118,13 @@ def _policy_from(v: list[Any]) -> PolicyVersion:
 
 def _dead_to(d: DeadLetter) -> list[Any]:
     return [
-        d.source_stream, d.entry_id, d.reason, d.fields, d.deliveries, d.consumer, d.created_at,
+        d.source_stream,
+        d.entry_id,
+        d.reason,
+        d.fields,
+        d.deliveries,
+        d.consumer,
+        d.created_at,
     ]
 
 
@@ -160,7 +166,9 @@ def decode(fields: Mapping[bytes, bytes], expect: type | None = None) -> Message
         raise DecodeError(f"unknown message kind {kind!r}")
     cls, known_version, _, from_wire = entry
     if version != known_version:
-        raise DecodeError(f"unsupported schema version {version} for {kind!r} (know {known_version})")
+        raise DecodeError(
+            f"unsupported schema version {version} for {kind!r} (know {known_version})"
+        )
     if expect is not None and cls is not expect:
         raise DecodeError(f"expected {expect.KIND!r}, got {kind!r}")  # type: ignore[attr-defined]
     try:

@@ -69,7 +69,9 @@ async def connect(settings: RedisSettings) -> aioredis.Redis:
                 raise RedisUnavailable(
                     f"Redis at {_redact(settings.url)} unreachable for {settings.retry_budget_s:.0f}s: {exc}"
                 ) from exc
-            log.warning("redis unreachable at %s (%s); retrying in %.1fs", _redact(settings.url), exc, delay)
+            log.warning(
+                "redis unreachable at %s (%s); retrying in %.1fs", _redact(settings.url), exc, delay
+            )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 

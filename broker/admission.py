@@ -1,0 +1,87 @@
+"""The staleness/admission budget, held in Redis so it binds every process.
+
+Staleness is bounded by admission, not by discarding: the learner sets the
+limit to ``(max_staleness + 1) * groups_per_batch`` and acquires a slot per task
+it issues, passing what it already buffers as ``reserve``; a slot is released
+once the task's group has been consumed. Acquire and release are single Lua
+scripts, so any number of processes can use the budget at once and the count
+of slots in flight never exceeds the limit.
+"""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+from broker.errors import BudgetError
+from broker.keys import RunKeys
+from broker.metrics import ADMISSION_IN_FLIGHT, ADMISSION_LIMIT
+
+# KEYS[1] = budget hash; ARGV[1] = wanted, ARGV[2] = reserve. Returns granted.
+_ACQUIRE = """
+local limit = tonumber(redis.call('HGET', KEYS[1], 'limit') or '0')
+local in_flight = tonumber(redis.call('HGET', KEYS[1], 'in_flight') or '0')
+local grant = math.min(tonumber(ARGV[1]), limit - tonumber(ARGV[2]) - in_flight)
+if grant <= 0 then return 0 end
+redis.call('HINCRBY', KEYS[1], 'in_flight', grant)
+return grant
+"""
+
+# KEYS[1] = budget hash; ARGV[1] = n. Returns the new in_flight, or -1 on over-release.
+_RELEASE = """
+local in_flight = tonumber(redis.call('HGET', KEYS[1], 'in_flight') or '0')
+local n = tonumber(ARGV[1])
+if n > in_flight then
+  redis.call('HSET', KEYS[1], 'in_flight', 0)
+  return -1
+end
+return redis.call('HINCRBY', KEYS[1], 'in_flight', -n)
+"""
+
+
+class AdmissionBudget:
+    """A counting semaphore in Redis with a settable limit."""
+
+    def __init__(self, redis: aioredis.Redis, keys: RunKeys) -> None:
+        self._redis = redis
+        self._key = keys.admission
+        self._acquire = redis.register_script(_ACQUIRE)
+        self._release = redis.register_script(_RELEASE)
+
+    async def set_limit(self, limit: int) -> None:
+        if limit < 1:
+            raise BudgetError(f"admission limit must be >= 1, got {limit}")
+        await self._redis.hset(self._key, "limit", limit)
+        ADMISSION_LIMIT.set(limit)
+
+    async def reset(self) -> None:
+        """Forget every slot in flight (a fresh run, or a resumed learner re-counting)."""
+        await self._redis.hset(self._key, "in_flight", 0)
+        ADMISSION_IN_FLIGHT.set(0)
+
+    async def try_acquire(self, wanted: int, reserve: int = 0) -> int:
+        """Take up to `wanted` slots, leaving `reserve` of the limit unused; return how many."""
+        if wanted < 0 or reserve < 0:
+            raise BudgetError("wanted and reserve must be >= 0")
+        if wanted == 0:
+            return 0
+        granted = int(await self._acquire(keys=[self._key], args=[wanted, reserve]))
+        if granted:
+            ADMISSION_IN_FLIGHT.inc(granted)
+        return granted
+
+    async def release(self, n: int = 1) -> int:
+        """Give back `n` slots; releasing more than are in flight is an error."""
+        if n < 0:
+            raise BudgetError("cannot release a negative number of slots")
+        left = int(await self._release(keys=[self._key], args=[n]))
+        if left < 0:
+            ADMISSION_IN_FLIGHT.set(0)
+            raise BudgetError(f"released {n} slots, more than were in flight")
+        ADMISSION_IN_FLIGHT.set(left)
+        return left
+
+    async def in_flight(self) -> int:
+        return int(await self._redis.hget(self._key, "in_flight") or 0)
+
+    async def limit(self) -> int:
+        return int(await self._redis.hget(self._key, "limit") or 0)

@@ -1,0 +1,322 @@
+"""Consuming streams through a consumer group, at least once, without losses.
+
+Invariants:
+- an entry is acked only by `commit`, after the caller's effect is done; the
+  commit (optional publish, XACK, mark-seen) is one Lua script shielded from
+  cancellation, so it happens entirely or not at all;
+- after a restart under the same consumer name, `read` first returns that
+  consumer's own pending entries;
+- entries idle on another consumer for `reclaim_idle_ms` are claimed (XAUTOCLAIM);
+- an entry that cannot be decoded, has an unknown schema version, or was
+  delivered more than `max_deliveries` times goes to the dead-letter stream with
+  its reason, and is acked there in the same transaction; `read` never raises
+  for a bad entry;
+- an entry whose message id a commit already recorded is acked and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from broker.codec import FIELD_BODY, FIELD_KIND, FIELD_VERSION, decode, encode
+from broker.connection import TRANSIENT
+from broker.errors import DecodeError, RedisUnavailable
+from broker.keys import RunKeys
+from broker.messages import DeadLetter, Message, Task, TrajectoryGroup
+from broker.metrics import ACKED, CONSUMED, DEADLETTERED, DUPLICATES, PUBLISHED, RECLAIMED
+
+log = logging.getLogger(__name__)
+
+# Publish (unless already committed), ack and mark seen, atomically.
+# KEYS[1] = seen zset, KEYS[2..] = streams. ARGV: group, now, seen_ttl_s, n_acks,
+# n_acks x (key index, entry id, message id), n_pubs, n_pubs x (key index,
+# message id, maxlen, kind, version, body). Returns published ids ("" if skipped).
+_COMMIT = """
+local group, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local i = 4
+local n_acks = tonumber(ARGV[i]); i = i + 1
+local acks = {}
+for a = 1, n_acks do
+  acks[a] = {tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2]}; i = i + 3
+end
+local n_pubs = tonumber(ARGV[i]); i = i + 1
+local published = {}
+for p = 1, n_pubs do
+  local key, mid, maxlen = KEYS[tonumber(ARGV[i])], ARGV[i + 1], tonumber(ARGV[i + 2])
+  local k, v, b = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
+  i = i + 6
+  if mid ~= '' and redis.call('ZSCORE', KEYS[1], mid) then
+    published[p] = ''
+  elseif maxlen > 0 then
+    published[p] = redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', 'k', k, 'v', v, 'b', b)
+  else
+    published[p] = redis.call('XADD', key, '*', 'k', k, 'v', v, 'b', b)
+  end
+end
+for a = 1, n_acks do
+  redis.call('XACK', KEYS[acks[a][1]], group, acks[a][2])
+  if acks[a][3] ~= '' then redis.call('ZADD', KEYS[1], now, acks[a][3]) end
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
+return published
+"""
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """How a consumer reads, reclaims and gives up."""
+
+    group: str
+    consumer: str
+    block_ms: int = 1000  # longest blocking read; kept under the socket timeout
+    count: int = 16  # entries per read
+    reclaim_idle_ms: int = 60_000  # an entry idle this long on a consumer is taken over
+    reclaim_interval_s: float = 5.0  # how often read() looks for idle entries
+    max_deliveries: int = 5  # more deliveries than this: dead letter
+    seen_ttl_s: float = 7 * 86_400.0  # how long committed message ids are remembered
+    publish_maxlen: int = 100_000  # approximate MAXLEN for streams commit() publishes to
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One decoded entry handed to the caller."""
+
+    stream: str
+    entry_id: str
+    message: Message
+    deliveries: int  # times this entry has been delivered, this one included
+
+
+def message_id(message: Message) -> str:
+    """The id consumers dedup on."""
+    if isinstance(message, Task):
+        return message.task_id
+    if isinstance(message, TrajectoryGroup):
+        return message.group_id
+    return ""
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class Consumer:
+    """Reads one or more streams through a consumer group."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: RunKeys,
+        streams: Sequence[str],
+        config: ConsumerConfig,
+        expect: type | None = None,
+    ) -> None:
+        if not streams:
+            raise ValueError("a consumer needs at least one stream")
+        self._redis = redis
+        self._keys = keys
+        self._streams = list(streams)
+        self._config = config
+        self._expect = expect
+        # Cursor through this consumer's own pending entries (read once after a restart).
+        self._pending_cursor: dict[str, str] = {stream: "0" for stream in self._streams}
+        self._last_reclaim = 0.0
+        self._commit = redis.register_script(_COMMIT)
+
+    @property
+    def config(self) -> ConsumerConfig:
+        return self._config
+
+    async def ensure_groups(self) -> None:
+        """Create the group on every stream (from the start) if it does not exist."""
+        for stream in self._streams:
+            try:
+                await self._redis.xgroup_create(stream, self._config.group, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    async def read(self, count: int | None = None, block_ms: int | None = None) -> list[Delivery]:
+        """Return up to `count` good deliveries; bad entries are dead-lettered on the way."""
+        count = count or self._config.count
+        block = self._config.block_ms if block_ms is None else block_ms
+        try:
+            if self._pending_cursor:
+                raw = await self._read_ids(self._pending_cursor, count, None)
+                self._advance_pending_cursor(raw)
+                if any(entries for _, entries in raw):
+                    return await self._accept(raw, pending=True)
+            now = time.monotonic()
+            if now - self._last_reclaim >= self._config.reclaim_interval_s:
+                self._last_reclaim = now
+                claimed = await self._reclaim(count)
+                if claimed:
+                    return claimed
+            raw = await self._read_ids({s: ">" for s in self._streams}, count, block)
+            return await self._accept(raw, pending=False)
+        except TRANSIENT as exc:
+            raise RedisUnavailable(f"read from {self._streams} failed: {exc}") from exc
+
+    def _advance_pending_cursor(
+        self, raw: list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]]
+    ) -> None:
+        got = {stream: entries for stream, entries in raw if entries}
+        for stream in list(self._pending_cursor):
+            if stream in got:
+                self._pending_cursor[stream] = _s(got[stream][-1][0])
+            else:
+                del self._pending_cursor[stream]
+
+    async def _read_ids(
+        self, ids: dict[str, str], count: int, block: int | None
+    ) -> list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]]:
+        reply = await self._redis.xreadgroup(
+            self._config.group,
+            self._config.consumer,
+            ids,
+            count=count,
+            block=block,  # type: ignore[arg-type]
+        )
+        return [(_s(stream), entries) for stream, entries in (reply or [])]
+
+    async def _reclaim(self, count: int) -> list[Delivery]:
+        out: list[Delivery] = []
+        for stream in self._streams:
+            reply = await self._redis.xautoclaim(
+                stream,
+                self._config.group,
+                self._config.consumer,
+                min_idle_time=self._config.reclaim_idle_ms,
+                start_id="0-0",
+                count=count,
+            )
+            entries = [(eid, fields) for eid, fields in reply[1] if fields is not None]
+            if entries:
+                RECLAIMED.labels(stream=stream, group=self._config.group).inc(len(entries))
+                log.info("reclaimed %d idle entries from %s", len(entries), stream)
+                out.extend(await self._accept([(stream, entries)], pending=True))
+        return out
+
+    async def _delivery_counts(self, stream: str, ids: list[str]) -> dict[str, int]:
+        rows = await self._redis.xpending_range(
+            stream, self._config.group, min=ids[0], max=ids[-1], count=len(ids) + 64,
+            consumername=self._config.consumer,
+        )  # fmt: skip
+        return {_s(r["message_id"]): int(r["times_delivered"]) for r in rows}
+
+    async def _accept(
+        self, raw: list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]], pending: bool
+    ) -> list[Delivery]:
+        good: list[Delivery] = []
+        for stream, entries in raw:
+            if not entries:
+                continue
+            CONSUMED.labels(stream=stream, group=self._config.group).inc(len(entries))
+            ids = [_s(eid) for eid, _ in entries]
+            counts = await self._delivery_counts(stream, ids) if pending else {}
+            candidates: list[Delivery] = []
+            for entry_id, (_, fields) in zip(ids, entries, strict=True):
+                deliveries = counts.get(entry_id, 1)
+                if not fields:  # trimmed away while pending: nothing left to process
+                    await self._redis.xack(stream, self._config.group, entry_id)
+                    continue
+                if deliveries > self._config.max_deliveries:
+                    reason = f"delivered {deliveries} times (max {self._config.max_deliveries})"
+                    await self._dead_letter(stream, entry_id, fields, reason, deliveries)
+                    continue
+                try:
+                    message = decode(fields, expect=self._expect)
+                except DecodeError as exc:
+                    await self._dead_letter(stream, entry_id, fields, str(exc), deliveries)
+                    continue
+                candidates.append(Delivery(stream, entry_id, message, deliveries))
+            good.extend(await self._drop_duplicates(candidates))
+        return good
+
+    async def _drop_duplicates(self, candidates: list[Delivery]) -> list[Delivery]:
+        mids = [message_id(d.message) for d in candidates]
+        if not any(mids):
+            return candidates
+        scores = await self._redis.zmscore(self._keys.seen(self._config.group), mids)
+        fresh: list[Delivery] = []
+        dupes: list[Delivery] = []
+        for delivery, mid, score in zip(candidates, mids, scores, strict=True):
+            (dupes if mid and score is not None else fresh).append(delivery)
+        if dupes:
+            for d in dupes:
+                DUPLICATES.labels(stream=d.stream, group=self._config.group).inc()
+            log.info("dropping %d duplicate entries", len(dupes))
+            await self.commit(dupes)
+        return fresh
+
+    async def _dead_letter(
+        self, stream: str, entry_id: str, fields: dict[bytes, bytes], reason: str, deliveries: int
+    ) -> None:
+        letter = DeadLetter(
+            source_stream=stream,
+            entry_id=entry_id,
+            reason=reason,
+            fields=dict(fields),
+            deliveries=deliveries,
+            consumer=self._config.consumer,
+        )
+        log.warning("dead-lettering %s %s: %s", stream, entry_id, reason)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.xadd(self._keys.deadletter, encode(letter))  # type: ignore[arg-type]
+            pipe.xack(stream, self._config.group, entry_id)
+            await pipe.execute()
+        DEADLETTERED.labels(stream=stream).inc()
+
+    async def commit(
+        self,
+        deliveries: Sequence[Delivery],
+        publish: Sequence[tuple[str, Message]] = (),
+    ) -> list[str]:
+        """Atomically publish `publish` (skipping message ids already committed), ack
+        `deliveries` and record their message ids. Returns the published entry ids,
+        "" for each skipped one. Runs to completion even if the caller is cancelled."""
+        task = asyncio.ensure_future(self._run_commit(deliveries, publish))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await asyncio.wait([task], timeout=self._config.block_ms / 1000 + 5)
+            raise
+
+    async def _run_commit(
+        self, deliveries: Sequence[Delivery], publish: Sequence[tuple[str, Message]]
+    ) -> list[str]:
+        stream_keys: list[str] = []
+
+        def key_index(stream: str) -> int:
+            if stream not in stream_keys:
+                stream_keys.append(stream)
+            return stream_keys.index(stream) + 2  # KEYS[1] is the seen set
+
+        args: list[object] = [self._config.group, time.time(), self._config.seen_ttl_s]
+        args.append(len(deliveries))
+        for d in deliveries:
+            args += [key_index(d.stream), d.entry_id, message_id(d.message)]
+        args.append(len(publish))
+        for stream, message in publish:
+            fields = encode(message)
+            args += [key_index(stream), message_id(message), self._config.publish_maxlen]
+            args += [fields[FIELD_KIND], fields[FIELD_VERSION], fields[FIELD_BODY]]
+        keys = [self._keys.seen(self._config.group), *stream_keys]
+        try:
+            result = await self._commit(keys=keys, args=args)
+        except TRANSIENT as exc:
+            raise RedisUnavailable(f"commit failed: {exc}") from exc
+        for d in deliveries:
+            ACKED.labels(stream=d.stream, group=self._config.group).inc()
+        published = [_s(r) for r in result]
+        for (stream, _), entry_id in zip(publish, published, strict=True):
+            if entry_id:
+                PUBLISHED.labels(stream=stream).inc()
+        return published
