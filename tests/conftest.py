@@ -108,3 +108,11 @@ def redis_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
 @pytest.fixture
 def redis_server(redis_factory: Callable[..., RedisServer]) -> RedisServer:
     return redis_factory()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random transformers model + tokenizer, built once per test session."""
+    from inference.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
