@@ -1,1 +1,1 @@
-"""bench package."""
+"""Benchmarks: each module prints a table with its baseline measured in the same run."""
