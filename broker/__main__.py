@@ -1,0 +1,203 @@
+"""`python -m broker`: status, tail, archive, replay and dead letters of a run.
+
+Stream arguments take a short name (`tasks`, `trajectories`, `trajectories:1`,
+`deadletter`, `policy`) or a full key. Redis settings come from `--redis-url`
+or `FARM_REDIS_URL`, the run from `--run` or `FARM_RUN`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+
+import redis.asyncio as aioredis
+
+from broker.archive import Archive, archive_stream
+from broker.codec import decode
+from broker.connection import RedisSettings, connect
+from broker.deadletters import list_dead_letters, requeue
+from broker.errors import BrokerError, DecodeError
+from broker.keys import RunKeys
+from broker.replay import ReplayFilter, archive_entries, replay, stream_entries
+from broker.status import format_state, run_state
+
+
+def resolve_stream(keys: RunKeys, name: str) -> str:
+    if name.startswith("{"):
+        return name
+    if name == "tasks":
+        return keys.tasks
+    if name == "deadletter":
+        return keys.deadletter
+    if name == "policy":
+        return keys.policy_events
+    if name.startswith("trajectories"):
+        part = int(name.split(":", 1)[1]) if ":" in name else 0
+        return RunKeys(keys.run, max(keys.partitions, part + 1)).trajectories(part)
+    raise argparse.ArgumentTypeError(f"unknown stream {name!r}")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m broker", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--redis-url", default=os.environ.get("FARM_REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
+    p.add_argument("--run", default=os.environ.get("FARM_RUN", "demo"))
+    p.add_argument("--redis-wait", type=float, default=10.0, help="seconds to keep retrying Redis")
+    sub = p.add_subparsers(dest="command", required=True)
+    st = sub.add_parser("status", help="streams, groups, lag, pending, dead letters")
+    st.add_argument("--watch", type=float, default=0.0, help="refresh every N seconds")
+    tail = sub.add_parser("tail", help="print the last entries of a stream")
+    tail.add_argument("stream")
+    tail.add_argument("-n", "--count", type=int, default=10)
+    tail.add_argument("-f", "--follow", action="store_true")
+    ar = sub.add_parser("archive", help="copy a stream into segment files")
+    ar.add_argument("stream")
+    ar.add_argument("--out", required=True, help="archive directory")
+    ar.add_argument("--segment-entries", type=int, default=10_000)
+    ar.add_argument("--follow", action="store_true", help="keep archiving until SIGTERM")
+    rp = sub.add_parser("replay", help="re-publish archived or live entries into a stream")
+    src = rp.add_mutually_exclusive_group(required=True)
+    src.add_argument("--archive", help="archive directory to read")
+    src.add_argument("--from-stream", help="live stream range to read")
+    rp.add_argument("--to", required=True, help="target stream")
+    rp.add_argument("--start-id")
+    rp.add_argument("--end-id")
+    rp.add_argument("--since", type=float, help="unix seconds")
+    rp.add_argument("--until", type=float, help="unix seconds")
+    rp.add_argument("--min-version", type=int)
+    rp.add_argument("--max-version", type=int)
+    rp.add_argument("--env", help="environment name")
+    rp.add_argument("--rate", type=float, help="entries per second (default: as fast as possible)")
+    dl = sub.add_parser("deadletters", help="list or requeue dead letters")
+    dl.add_argument("action", choices=["list", "requeue"])
+    dl.add_argument("ids", nargs="*", help="dead-letter entry ids to requeue")
+    dl.add_argument("--all", action="store_true", help="requeue every dead letter")
+    return p
+
+
+def describe(fields: dict[bytes, bytes]) -> str:
+    try:
+        message = decode(fields)
+    except DecodeError as exc:
+        return f"<undecodable: {exc}>"
+    text = repr(message)
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+async def cmd_status(redis: aioredis.Redis, keys: RunKeys, args: argparse.Namespace) -> int:
+    while True:
+        print(format_state(await run_state(redis, keys)), flush=True)
+        if not args.watch:
+            return 0
+        await asyncio.sleep(args.watch)
+
+
+async def cmd_tail(redis: aioredis.Redis, keys: RunKeys, args: argparse.Namespace) -> int:
+    stream = resolve_stream(keys, args.stream)
+    rows = list(reversed(await redis.xrevrange(stream, count=args.count)))
+    last = "$"
+    for raw_id, fields in rows:
+        last = raw_id.decode()
+        print(last, describe(fields), flush=True)
+    while args.follow:
+        reply = await redis.xread({stream: last}, block=1000, count=100)
+        for _, entries in reply or []:
+            for raw_id, fields in entries:
+                last = raw_id.decode()
+                print(last, describe(fields), flush=True)
+    return 0
+
+
+async def cmd_archive(redis: aioredis.Redis, keys: RunKeys, args: argparse.Namespace) -> int:
+    stream = resolve_stream(keys, args.stream)
+    archive = Archive(args.out)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    n = await archive_stream(redis, stream, archive, args.segment_entries, args.follow, stop)
+    print(
+        f"archived {n} entries from {stream}; last id {archive.last_id}; {len(archive.segments)} segments"
+    )
+    return 0
+
+
+async def cmd_replay(redis: aioredis.Redis, keys: RunKeys, args: argparse.Namespace) -> int:
+    flt = ReplayFilter(
+        start_id=args.start_id,
+        end_id=args.end_id,
+        since_ms=None if args.since is None else int(args.since * 1000),
+        until_ms=None if args.until is None else int(args.until * 1000),
+        min_version=args.min_version,
+        max_version=args.max_version,
+        env=args.env,
+    )
+    source = (
+        archive_entries(Archive(args.archive), flt)
+        if args.archive
+        else stream_entries(redis, resolve_stream(keys, args.from_stream), flt)
+    )
+    target = resolve_stream(keys, args.to)
+    started = time.monotonic()
+    n = await replay(redis, source, target, rate=args.rate)
+    print(f"replayed {n} entries into {target} in {time.monotonic() - started:.2f}s")
+    return 0
+
+
+async def cmd_deadletters(redis: aioredis.Redis, keys: RunKeys, args: argparse.Namespace) -> int:
+    letters = await list_dead_letters(redis, keys, count=1_000_000)
+    if args.action == "list":
+        for entry_id, letter in letters:
+            print(f"{entry_id} from {letter.source_stream} {letter.entry_id} "
+                  f"(delivered {letter.deliveries}): {letter.reason}")  # fmt: skip
+        print(f"{len(letters)} dead letters")
+        return 0
+    ids = [i for i, _ in letters] if args.all else args.ids
+    if not ids:
+        print("name dead-letter ids to requeue, or --all", file=sys.stderr)
+        return 2
+    print(f"requeued {await requeue(redis, keys, ids)} of {len(ids)}")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[aioredis.Redis, RunKeys, argparse.Namespace], Awaitable[int]]] = {
+    "status": cmd_status,
+    "tail": cmd_tail,
+    "archive": cmd_archive,
+    "replay": cmd_replay,
+    "deadletters": cmd_deadletters,
+}
+
+
+async def amain(args: argparse.Namespace) -> int:
+    settings = RedisSettings.from_url(args.redis_url, retry_budget_s=args.redis_wait)
+    redis = await connect(settings)
+    try:
+        return await COMMANDS[args.command](redis, RunKeys(args.run), args)
+    finally:
+        await redis.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    args = parser().parse_args(argv)
+    try:
+        return asyncio.run(amain(args))
+    except (BrokerError, ValueError, argparse.ArgumentTypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

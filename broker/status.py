@@ -1,0 +1,126 @@
+"""A run's state read from Redis: streams, groups, lag, pending, dead letters.
+
+`farm status` and `python -m broker status` print it; long-running roles call
+`refresh_stream_gauges` to export the same numbers as Prometheus gauges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from broker.admission import AdmissionBudget
+from broker.keys import RunKeys
+from broker.messages import PolicyVersion
+from broker.metrics import STREAM_LAG, STREAM_LENGTH, STREAM_PENDING
+from broker.policy import current_policy
+
+
+@dataclass(frozen=True)
+class GroupState:
+    name: str
+    consumers: int
+    pending: int
+    lag: int | None  # None when Redis cannot tell (entries deleted inside the range)
+    last_delivered_id: str
+    pending_per_consumer: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StreamState:
+    name: str
+    length: int
+    groups: tuple[GroupState, ...]
+
+
+@dataclass(frozen=True)
+class RunState:
+    run: str
+    streams: tuple[StreamState, ...]
+    dead_letters: int
+    policy: PolicyVersion | None
+    admission_in_flight: int
+    admission_limit: int
+
+
+def _s(v: bytes | str) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+async def stream_state(redis: aioredis.Redis, stream: str) -> StreamState:
+    try:
+        length = int(await redis.xlen(stream))
+        groups_raw = (
+            await redis.xinfo_groups(stream) if length or await redis.exists(stream) else []
+        )
+    except ResponseError:
+        return StreamState(stream, 0, ())
+    groups = []
+    for g in groups_raw:
+        name = _s(g["name"])
+        per_consumer: dict[str, int] = {}
+        if int(g["pending"]):
+            for c in await redis.xinfo_consumers(stream, name):
+                if int(c["pending"]):
+                    per_consumer[_s(c["name"])] = int(c["pending"])
+        lag = g.get("lag")
+        groups.append(
+            GroupState(
+                name=name,
+                consumers=int(g["consumers"]),
+                pending=int(g["pending"]),
+                lag=None if lag is None else int(lag),
+                last_delivered_id=_s(g["last-delivered-id"]),
+                pending_per_consumer=per_consumer,
+            )
+        )
+    return StreamState(stream, length, tuple(groups))
+
+
+async def run_state(redis: aioredis.Redis, keys: RunKeys) -> RunState:
+    streams = tuple([await stream_state(redis, s) for s in (keys.tasks, *keys.all_trajectories)])
+    budget = AdmissionBudget(redis, keys)
+    return RunState(
+        run=keys.run,
+        streams=streams,
+        dead_letters=int(await redis.xlen(keys.deadletter)),
+        policy=await current_policy(redis, keys),
+        admission_in_flight=await budget.in_flight(),
+        admission_limit=await budget.limit(),
+    )
+
+
+async def refresh_stream_gauges(redis: aioredis.Redis, keys: RunKeys) -> RunState:
+    state = await run_state(redis, keys)
+    for s in state.streams:
+        STREAM_LENGTH.labels(stream=s.name).set(s.length)
+        for g in s.groups:
+            STREAM_PENDING.labels(stream=s.name, group=g.name).set(g.pending)
+            if g.lag is not None:
+                STREAM_LAG.labels(stream=s.name, group=g.name).set(g.lag)
+    STREAM_LENGTH.labels(stream=keys.deadletter).set(state.dead_letters)
+    return state
+
+
+def format_state(state: RunState) -> str:
+    lines = [f"run {state.run}"]
+    policy = state.policy
+    lines.append(
+        f"  policy version {policy.version} (step {policy.step}, servers {len(policy.servers)})"
+        if policy
+        else "  policy version: none published"
+    )
+    lines.append(f"  admission {state.admission_in_flight}/{state.admission_limit} in flight")
+    lines.append(f"  dead letters {state.dead_letters}")
+    for s in state.streams:
+        lines.append(f"  stream {s.name}: {s.length} entries")
+        for g in s.groups:
+            lag = "?" if g.lag is None else str(g.lag)
+            lines.append(
+                f"    group {g.name}: consumers {g.consumers}, lag {lag}, pending {g.pending}"
+            )
+            for consumer, n in sorted(g.pending_per_consumer.items()):
+                lines.append(f"      {consumer}: {n} pending")
+    return "\n".join(lines)

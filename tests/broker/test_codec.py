@@ -1,0 +1,114 @@
+"""Every wire message round-trips through the codec; bad bytes raise DecodeError."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.codec import decode, encode
+from broker.errors import DecodeError
+from broker.messages import (
+    DeadLetter,
+    ErrorCategory,
+    PolicyVersion,
+    Task,
+    Trajectory,
+    TrajectoryGroup,
+    Turn,
+)
+
+text = st.text(max_size=20)
+ints = st.integers(min_value=-(2**31), max_value=2**31 - 1)
+floats = st.floats(allow_nan=False, allow_infinity=False, width=64)
+json_like = st.dictionaries(
+    st.text(max_size=8), st.one_of(ints, text, st.booleans(), st.none()), max_size=4
+)
+
+tasks = st.builds(
+    Task,
+    task_id=st.text(min_size=1, max_size=20),
+    env_spec=text,
+    group_size=st.integers(1, 64),
+    seed=ints,
+    policy_version=st.integers(0, 2**40),
+    issued_at=floats,
+    max_turns=st.none() | st.integers(1, 100),
+    meta=json_like,
+)
+
+
+@st.composite
+def turns(draw: st.DrawFn) -> Turn:
+    n = draw(st.integers(0, 50))
+    return Turn(
+        prompt_ids=np.array(draw(st.lists(ints, max_size=50)), dtype=np.int32),
+        completion_ids=np.array(draw(st.lists(ints, min_size=n, max_size=n)), dtype=np.int32),
+        logprobs=np.array(
+            draw(st.lists(st.floats(-100, 0, width=32), min_size=n, max_size=n)), dtype=np.float32
+        ),
+        weight_version=draw(st.integers(0, 2**40)),
+        reward=draw(floats),
+        terminated=draw(st.booleans()),
+        truncated=draw(st.booleans()),
+    )
+
+
+trajectories = st.builds(
+    Trajectory,
+    turns=st.lists(turns(), max_size=4).map(tuple),
+    finish_reason=text,
+    error=st.sampled_from(list(ErrorCategory)),
+    error_detail=text,
+    sample_index=st.integers(0, 1000),
+    timings=st.dictionaries(st.text(max_size=8), floats, max_size=3),
+)
+groups = st.builds(
+    TrajectoryGroup,
+    group_id=text,
+    task=tasks,
+    trajectories=st.lists(trajectories, max_size=3).map(tuple),
+    worker_id=text,
+    created_at=floats,
+)
+policies = st.builds(
+    PolicyVersion, version=st.integers(0, 2**40), step=st.integers(0, 2**40),
+    servers=st.lists(text, max_size=3).map(tuple), weights_path=text, created_at=floats,
+)  # fmt: skip
+letters = st.builds(
+    DeadLetter, source_stream=text, entry_id=text, reason=text,
+    fields=st.dictionaries(st.binary(max_size=4), st.binary(max_size=16), max_size=3),
+    deliveries=st.integers(0, 100), consumer=text, created_at=floats,
+)  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(tasks, groups, policies, letters))
+def test_every_message_round_trips(message):
+    assert decode(encode(message)) == message
+
+
+def test_arrays_decode_as_zero_copy_views():
+    turn = Turn([1, 2], [3, 4, 5], [-0.5, -1.0, -2.0], 3, 1.0, True, False)
+    traj = Trajectory((turn,), "terminated")
+    group = TrajectoryGroup("g", Task("g", "toy@{}", 1, 0, 0), (traj,), "w")
+    fields = encode(group)
+    out = decode(fields).trajectories[0].turns[0]
+    assert out.completion_ids.dtype == np.dtype("<i4")
+    assert out.logprobs.dtype == np.dtype("<f4")
+    assert not out.completion_ids.flags.owndata  # a view over the received buffer
+    assert out.completion_ids.tolist() == [3, 4, 5]
+
+
+@given(st.dictionaries(st.binary(max_size=3), st.binary(max_size=40), max_size=4))
+def test_arbitrary_fields_never_raise_anything_but_decode_error(fields):
+    try:
+        decode(fields)
+    except DecodeError:
+        pass
+
+
+def test_logprob_count_must_match_tokens():
+    with pytest.raises(ValueError, match="logprobs"):
+        Turn([1], [2, 3], [-1.0], 0, 0.0, False, False)
