@@ -27,6 +27,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")
 # Built-ins resolve on first use: "module:attribute" of the factory.
 _BUILTINS: dict[str, str] = {
     "toy": "envs.toy:make_toy",
+    "http": "envs.http:make_http_env",
 }
 _registry: dict[str, Factory | str] = dict(_BUILTINS)
 
