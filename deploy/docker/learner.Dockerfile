@@ -1,0 +1,27 @@
+# Learner image: CUDA, torch and vLLM from the vLLM OpenAI server image, plus the
+# project. The same image serves `vllm serve` (compose service `vllm`) so that the
+# learner and the inference servers agree on the vLLM and torch versions that the
+# weight-sync routes (VLLM_SERVER_DEV_MODE=1) depend on.
+# Build from the repository root:
+#   docker build -f deploy/docker/learner.Dockerfile -t rollout-farm/learner .
+ARG VLLM_IMAGE=vllm/vllm-openai:v0.11.0
+FROM ${VLLM_IMAGE}
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+WORKDIR /opt/farm
+COPY pyproject.toml README.md ./
+COPY broker ./broker
+COPY workers ./workers
+COPY envs ./envs
+COPY sandbox ./sandbox
+COPY inference ./inference
+COPY learner ./learner
+COPY farm ./farm
+COPY bench ./bench
+# torch is already in the base image with its CUDA build; installing the project
+# without dependencies' upgrades keeps it (pip leaves satisfied requirements alone).
+RUN pip install ".[train]"
+
+EXPOSE 9102
+ENTRYPOINT ["python", "-m", "learner"]
+CMD ["--help"]

@@ -1,0 +1,155 @@
+"""deploy/k8s: every manifest validates offline, overlays resolve and render.
+
+Core kinds validate against the Kubernetes OpenAPI schemas bundled with
+`kubernetes-validate` (strict: unknown fields fail). KEDA's ScaledObject is a CRD
+those schemas lack, so it validates against deploy/k8s/schemas/, a schema of the
+ScaledObject fields and redis-streams scaler metadata the farm uses. Overlays are
+rendered with `kubectl kustomize` and the rendered objects validated again.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.conftest import require
+from tests.deploy.promql import DEPLOY
+
+K8S = DEPLOY / "k8s"
+KUBE_VERSION = "1.30.0"
+SCALED_OBJECT_SCHEMA = json.loads((K8S / "schemas" / "keda-scaledobject.schema.json").read_text())
+KUSTOMIZATIONS = sorted(K8S.rglob("kustomization.yaml"))
+OVERLAYS = sorted(p.parent.name for p in (K8S / "overlays").glob("*/kustomization.yaml"))
+
+
+def _validate(obj: dict[str, Any]) -> None:
+    if obj["kind"] == "ScaledObject":
+        jsonschema.validate(obj, SCALED_OBJECT_SCHEMA)
+    else:
+        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+
+
+def _base_objects() -> list[dict[str, Any]]:
+    kust = yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())
+    objs = []
+    for resource in kust["resources"]:
+        objs.extend(d for d in yaml.safe_load_all((K8S / "base" / resource).read_text()) if d)
+    return objs
+
+
+def _named(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+def _render(overlay: str) -> list[dict[str, Any]]:
+    require(shutil.which("kubectl") is not None, "kubectl (for kustomize rendering)")
+    result = subprocess.run(
+        ["kubectl", "kustomize", str(K8S / "overlays" / overlay)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def test_every_base_manifest_validates() -> None:
+    objs = _base_objects()
+    assert {o["kind"] for o in objs} >= {"StatefulSet", "Deployment", "ScaledObject", "Service"}
+    for obj in objs:
+        _validate(obj)
+
+
+def test_validation_catches_a_misspelt_field() -> None:
+    """Strict validation is live: an unknown field in a core kind and in the CRD fails."""
+    deployment = next(o for o in _base_objects() if o["kind"] == "Deployment")
+    deployment["spec"]["replica"] = 2
+    with pytest.raises(kubernetes_validate.ValidationError):
+        _validate(deployment)
+    scaled = next(o for o in _base_objects() if o["kind"] == "ScaledObject")
+    scaled["spec"]["triggers"][0]["metadata"]["pendingEntries"] = "5"
+    with pytest.raises(jsonschema.ValidationError):
+        _validate(scaled)
+
+
+def test_scaled_object_scales_workers_on_the_tasks_stream() -> None:
+    from broker.keys import WORKERS_GROUP, RunKeys
+
+    objs = _base_objects()
+    scaled = next(o for o in objs if o["kind"] == "ScaledObject")
+    config = _named(objs, "ConfigMap", "farm-config")
+    target = scaled["spec"]["scaleTargetRef"]["name"]
+    assert any(o["kind"] == "Deployment" and o["metadata"]["name"] == target for o in objs)
+    stream = RunKeys(config["data"]["FARM_RUN"]).tasks
+    kinds = set()
+    for trigger in scaled["spec"]["triggers"]:
+        assert trigger["type"] == "redis-streams"
+        meta = trigger["metadata"]
+        assert meta["stream"] == stream
+        assert meta["consumerGroup"] == WORKERS_GROUP
+        assert meta["address"].split(".")[0] == "redis-0"
+        kinds |= {"lagCount", "pendingEntriesCount"} & set(meta)
+    assert kinds == {"lagCount", "pendingEntriesCount"}
+
+
+def test_vllm_serves_rl_routes_on_gpu_nodes() -> None:
+    sts = _named(_base_objects(), "StatefulSet", "inference")
+    pod = sts["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["command"][:2] == ["vllm", "serve"]
+    assert {"name": "VLLM_SERVER_DEV_MODE", "value": "1"} in container["env"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert "nvidia.com/gpu.present" in pod["nodeSelector"]
+
+
+def test_inference_urls_name_every_server_pod() -> None:
+    objs = _base_objects()
+    config = next(o for o in objs if o["kind"] == "ConfigMap")
+    sts = _named(objs, "StatefulSet", "inference")
+    urls = config["data"]["FARM_INFERENCE_URLS"].split(",")
+    assert urls == [f"http://inference-{i}.inference:8000" for i in range(sts["spec"]["replicas"])]
+
+
+def test_redis_persists_with_aof() -> None:
+    sts = _named(_base_objects(), "StatefulSet", "redis")
+    args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--appendonly") + 1] == "yes"
+    assert sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS, ids=lambda p: str(p.relative_to(K8S)))
+def test_kustomization_references_resolve(kustomization: Path) -> None:
+    kust = yaml.safe_load(kustomization.read_text())
+    refs = list(kust.get("resources", []))
+    refs += [p["path"] for p in kust.get("patches", []) if "path" in p]
+    refs += [f for gen in kust.get("configMapGenerator", []) for f in gen.get("files", [])]
+    assert refs, "kustomization references nothing"
+    for ref in refs:
+        target = kustomization.parent / ref
+        assert target.exists(), f"{kustomization}: {ref} does not exist"
+        if target.is_dir():
+            assert (target / "kustomization.yaml").is_file(), f"{ref} is not a kustomization"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_renders_and_validates(overlay: str) -> None:
+    objs = _render(overlay)
+    for obj in objs:
+        _validate(obj)
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"]["namespace"] == "rollout-farm", obj["metadata"]["name"]
+
+
+def test_cpu_overlay_asks_for_no_gpu_and_runs_the_cpu_policy_server() -> None:
+    text = yaml.safe_dump_all(_render("cpu"))
+    assert "nvidia.com/gpu" not in text
+    assert "vllm" not in text
+    sts = _named(_render("cpu"), "StatefulSet", "inference")
+    command = sts["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command == ["python", "-m", "inference"]
