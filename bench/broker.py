@@ -1,0 +1,223 @@
+"""Broker benchmark: publish -> consume -> ack of trajectory groups.
+
+Groups of 8 trajectories at 1k, 8k and 32k tokens each go through the real
+Producer and Consumer (decode, commit) against a private redis-server. The
+ceiling is measured in the same run with `redis-benchmark`: pipelined XADD of a
+payload of the same size, which does no consuming or acking at all. Latency
+(publish to consume) is measured at half of the measured peak rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from broker.codec import encode
+from broker.connection import RedisSettings, connect
+from broker.consumer import Consumer, ConsumerConfig
+from broker.keys import LEARNER_GROUP, RunKeys
+from broker.messages import Task, Trajectory, TrajectoryGroup, Turn
+from broker.producer import Producer, Retention
+
+KEYS = RunKeys("bench")
+
+
+@dataclass
+class Row:
+    tokens: int
+    entry_bytes: int
+    entries: int
+    farm_entries_s: float
+    farm_mb_s: float
+    raw_xadd_mb_s: float
+    ratio: float
+    half_rate_entries_s: float
+    p50_ms: float
+    p99_ms: float
+
+
+def make_group(tokens: int, index: int) -> TrajectoryGroup:
+    rng = np.random.default_rng(index)
+    task = Task(f"b{index}", "toy@{}", 8, index, 0)
+    trajs = tuple(
+        Trajectory(
+            (
+                Turn(
+                    rng.integers(0, 50_000, 64),
+                    rng.integers(0, 50_000, tokens),
+                    -rng.random(tokens, dtype=np.float32),
+                    0,
+                    1.0,
+                    True,
+                    False,
+                ),
+            ),  # fmt: skip
+            "terminated",
+            sample_index=i,
+        )
+        for i in range(8)
+    )
+    return TrajectoryGroup(task.task_id, task, trajs, "bench")
+
+
+def start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], int]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp),
+         "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    for _ in range(100):
+        if (
+            subprocess.run(
+                ["redis-cli", "-p", str(port), "ping"], capture_output=True
+            ).stdout.strip()
+            == b"PONG"
+        ):
+            return proc, port
+        time.sleep(0.05)
+    raise RuntimeError("redis-server did not start")
+
+
+def raw_ceiling(port: int, payload: bytes, requests: int) -> float:
+    """MB/s of pipelined XADD of `payload`, as redis-benchmark measures it.
+
+    redis-benchmark's -x cuts an argument at its first NUL byte, so the payload
+    is mapped to NUL-free bytes of the same length; only its size matters here."""
+    payload = payload.replace(b"\x00", b"\x01")
+    cmd = ["redis-benchmark", "-p", str(port), "-n", str(requests), "-c", "4", "-P", "8",
+           "--csv", "-x", "XADD", "{bench}:raw", "MAXLEN", "~", "200", "*", "b"]  # fmt: skip
+    out = subprocess.run(cmd, input=payload, capture_output=True, check=True, timeout=600).stdout
+    line = out.decode().strip().splitlines()[-1]
+    rps = float(line.split(",")[1].strip('"'))
+    return rps * len(payload) / 1e6
+
+
+async def farm_pass(
+    port: int, tokens: int, count: int, rate: float | None
+) -> tuple[float, list[float]]:
+    """Publish `count` groups (at `rate`/s, or flat out), consume and ack them all.
+    Returns (entries/s, publish-to-consume latencies in ms)."""
+    redis = await connect(RedisSettings.from_url(f"redis://127.0.0.1:{port}/0"))
+    await redis.delete(KEYS.trajectories(), KEYS.seen(LEARNER_GROUP))
+    producer = Producer(redis, Retention(maxlen=1000))
+    cfg = ConsumerConfig(group=LEARNER_GROUP, consumer="bench", block_ms=100, count=32)
+    consumer = Consumer(redis, KEYS, [KEYS.trajectories()], cfg, expect=TrajectoryGroup)
+    await consumer.ensure_groups()
+    template = make_group(tokens, 0)
+    latencies: list[float] = []
+
+    async def produce() -> None:
+        batch = 1 if rate is not None else 8
+        started = time.perf_counter()
+        for i in range(0, count, batch):
+            groups = [
+                replace(template, group_id=f"g{j}", created_at=time.time())
+                for j in range(i, min(i + batch, count))
+            ]
+            await producer.publish(KEYS.trajectories(), groups)
+            if rate is not None:
+                await asyncio.sleep(max(0.0, started + (i + batch) / rate - time.perf_counter()))
+
+    async def consume() -> None:
+        got = 0
+        while got < count:
+            deliveries = await consumer.read()
+            now = time.time()
+            latencies.extend((now - d.message.created_at) * 1000 for d in deliveries)
+            await consumer.commit(deliveries)
+            got += len(deliveries)
+
+    started = time.perf_counter()
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(produce(), name="produce")
+        tg.create_task(consume(), name="consume")
+    elapsed = time.perf_counter() - started
+    await redis.xgroup_destroy(KEYS.trajectories(), LEARNER_GROUP)
+    await redis.aclose()
+    return count / elapsed, latencies
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+
+
+async def measure(port: int, tokens: int, count: int, repeats: int) -> Row:
+    payload = encode(make_group(tokens, 0))[b"b"]
+    peaks = [(await farm_pass(port, tokens, count, None))[0] for _ in range(repeats)]
+    peak = statistics.median(peaks)
+    raws = [raw_ceiling(port, payload, count) for _ in range(repeats)]
+    raw = statistics.median(raws)
+    half = peak / 2
+    _, lat = await farm_pass(port, tokens, max(50, count // 2), half)
+    mb = peak * len(payload) / 1e6
+    return Row(
+        tokens,
+        len(payload),
+        count,
+        peak,
+        mb,
+        raw,
+        mb / raw,
+        half,
+        percentile(lat, 50),
+        percentile(lat, 99),
+    )
+
+
+def table(rows: list[Row]) -> str:
+    head = (f"{'tokens/traj':>11} {'entry KB':>9} {'farm ent/s':>10} {'farm MB/s':>9} "
+            f"{'raw XADD MB/s':>13} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7}  (latency at {'half peak'})")  # fmt: skip
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"{r.tokens:>11} {r.entry_bytes / 1024:>9.1f} {r.farm_entries_s:>10.0f} {r.farm_mb_s:>9.1f} "
+            f"{r.raw_xadd_mb_s:>13.1f} {r.ratio:>6.2f} {r.p50_ms:>7.2f} {r.p99_ms:>7.2f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench broker", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small counts, one repeat (under a minute)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = p.parse_args(argv)
+    if not (shutil.which("redis-server") and shutil.which("redis-benchmark")):
+        print("redis-server and redis-benchmark are required (Debian: redis-server, redis-tools)")
+        return 2
+    plan = {1024: 2000, 8192: 400, 32768: 120}
+    repeats = 1 if args.quick else 3
+    if args.quick:
+        plan = {k: max(40, v // 4) for k, v in plan.items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, port = start_redis(Path(tmp))
+        try:
+            rows = [asyncio.run(measure(port, t, n, repeats)) for t, n in plan.items()]
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+    else:
+        print(
+            "broker: publish -> consume -> ack, groups of 8 trajectories; medians of",
+            repeats,
+            "runs",
+        )
+        print(table(rows))
+        print("raw XADD = redis-benchmark, pipelined XADD of the same payload (no consume, no ack)")
+    return 0
