@@ -23,30 +23,15 @@ Conventions (documented in docs/learner.md):
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from learner.config import Aggregation, Algorithm
+
 EPS = 1e-6
-
-
-class Algorithm(enum.StrEnum):
-    """Advantage estimator."""
-
-    GRPO = "grpo"
-    REBN = "rebn"
-    RLOO = "rloo"
-    REINFORCE = "reinforce"
-
-
-class Aggregation(enum.StrEnum):
-    """How per-token losses become one number."""
-
-    TOKEN_MEAN = "token-mean"  # every completion token of the batch weighs the same
-    SEQ_MEAN = "seq-mean"  # every sequence weighs the same, tokens averaged within it
 
 
 # rewards[group][episode][turn]

@@ -22,8 +22,23 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from learner.algorithms import Aggregation, Algorithm
 from learner.errors import ConfigError
+
+
+class Algorithm(enum.StrEnum):
+    """Advantage estimator."""
+
+    GRPO = "grpo"
+    REBN = "rebn"
+    RLOO = "rloo"
+    REINFORCE = "reinforce"
+
+
+class Aggregation(enum.StrEnum):
+    """How per-token losses become one number."""
+
+    TOKEN_MEAN = "token-mean"  # every completion token of the batch weighs the same
+    SEQ_MEAN = "seq-mean"  # every sequence weighs the same, tokens averaged within it
 
 
 class StalePolicy(enum.StrEnum):

@@ -1,0 +1,36 @@
+"""Prometheus metrics of the learner, on the default registry.
+
+Names are the canonical ones of HELPERS.md (the deploy/ dashboards use them);
+the ``farm_learner_advantage_*``, ``farm_learner_ratio_*``, ``farm_learner_grad_norm``
+and ``farm_learner_dropped_groups_total`` gauges/counters are additions.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+STEPS = Counter("farm_learner_steps", "Optimizer steps taken")
+STEP_SECONDS = Histogram("farm_learner_step_seconds", "Wall time of one step (wait + compute)",
+                         buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))  # fmt: skip
+WAIT_SECONDS = Histogram("farm_learner_wait_seconds", "Time a step waited for a full batch",
+                         buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60))  # fmt: skip
+SAMPLES = Counter("farm_learner_samples", "Sequences trained")
+LOSS = Gauge("farm_learner_loss", "Policy loss of the last step")
+REWARD_MEAN = Gauge("farm_learner_reward_mean", "Mean episode return of the last batch")
+CLIP_FRACTION = Gauge("farm_learner_clip_fraction", "Fraction of tokens with the PPO clip active")
+ENTROPY = Gauge("farm_learner_entropy", "Mean token entropy of the last step")
+POLICY_VERSION = Gauge("farm_learner_policy_version", "Policy version after the last step")
+STALENESS = Histogram("farm_learner_staleness_steps", "Policy versions between rollout and training",
+                      buckets=(0, 1, 2, 3, 4, 6, 8, 16, 32, 64))  # fmt: skip
+STALE_GROUPS = Counter("farm_learner_stale_groups", "Groups beyond max_staleness", ["action"])
+ZERO_VARIANCE = Counter("farm_learner_zero_variance_groups", "Groups whose returns were all equal")
+INFRA_FAILED = Counter("farm_learner_infra_failed_groups", "Groups spoiled by infrastructure")
+PUSH_SECONDS = Histogram("farm_learner_weight_push_seconds", "Push and verify new weights",
+                         buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))  # fmt: skip
+LAST_STEP = Gauge("farm_learner_last_step_timestamp_seconds", "Unix time of the last step")
+TASKS_ISSUED = Counter("farm_learner_tasks_issued", "Tasks published inside the admission budget")
+ADVANTAGE_MEAN = Gauge("farm_learner_advantage_mean", "Mean per-turn advantage of the last step")
+ADVANTAGE_STD = Gauge("farm_learner_advantage_std", "Std of per-turn advantages of the last step")
+RATIO_MEAN = Gauge("farm_learner_ratio_mean", "Mean importance ratio to the behaviour policy")
+RATIO_MAX = Gauge("farm_learner_ratio_max", "Largest importance ratio of the last step")
+GRAD_NORM = Gauge("farm_learner_grad_norm", "Gradient norm before clipping")

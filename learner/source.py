@@ -1,0 +1,136 @@
+"""Where live batches come from: the trajectories stream(s), with task feeding.
+
+`LiveSource` reads `TrajectoryGroup`s through `broker.consumer.Consumer` (group
+``LEARNER_GROUP``) until it holds ``groups_per_batch`` complete groups, issuing
+tasks through the `TaskFeeder` while it waits. Its invariant: an entry is acked
+(`commit_trained`) only after a checkpoint that includes its effect is durable,
+so after a SIGKILL the resumed learner (same consumer name) gets its own
+pending entries back first and trains each group exactly once relative to the
+weights it resumed from. Groups that decode but are unusable (token ids outside
+the vocabulary, non-finite logprobs, wrong group size) are dead-lettered here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import redis.asyncio as aioredis
+
+from broker.codec import encode
+from broker.consumer import Consumer, ConsumerConfig, Delivery
+from broker.errors import BudgetError
+from broker.keys import LEARNER_GROUP, RunKeys
+from broker.messages import DeadLetter, TrajectoryGroup
+from learner.tasks import TaskFeeder
+
+log = logging.getLogger(__name__)
+
+
+def problem_with(group: TrajectoryGroup, vocab_size: int) -> str | None:
+    """Why a decoded group cannot be trained, or None when it can."""
+    if len(group.trajectories) != group.task.group_size:
+        return f"{len(group.trajectories)} trajectories for group_size {group.task.group_size}"
+    for trajectory in group.trajectories:
+        for turn in trajectory.turns:
+            for ids in (turn.prompt_ids, turn.completion_ids):
+                if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+                    return f"token id outside the vocabulary (size {vocab_size})"
+            if len(turn.logprobs) and not bool(np.all(np.isfinite(turn.logprobs))):
+                return "non-finite behaviour logprob"
+            if not math.isfinite(turn.reward):
+                return "non-finite reward"
+    return None
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch of complete groups and the time spent waiting for it."""
+
+    deliveries: list[Delivery]
+    wait_s: float
+
+    @property
+    def groups(self) -> list[TrajectoryGroup]:
+        return [d.message for d in self.deliveries]  # type: ignore[misc]
+
+
+class LiveSource:
+    """Consumes the trajectories stream(s), feeds tasks, acks after checkpoints."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: RunKeys,
+        consumer_config: ConsumerConfig,
+        feeder: TaskFeeder | None,
+        vocab_size: int,
+    ) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.consumer = Consumer(redis, keys, keys.all_trajectories, consumer_config,
+                                 expect=TrajectoryGroup)  # fmt: skip
+        self.feeder = feeder
+        self.vocab_size = vocab_size
+        self.buffer: list[Delivery] = []
+        self.issued = 0
+
+    @staticmethod
+    def consumer_config(name: str, reclaim_idle_s: float, max_deliveries: int) -> ConsumerConfig:
+        return ConsumerConfig(group=LEARNER_GROUP, consumer=name, block_ms=500,
+                              reclaim_idle_ms=int(reclaim_idle_s * 1000),
+                              max_deliveries=max_deliveries)  # fmt: skip
+
+    async def start(self) -> None:
+        await self.consumer.ensure_groups()
+
+    async def top_up(self, version: int, step: int) -> None:
+        if self.feeder is not None:
+            self.issued += len(await self.feeder.top_up(len(self.buffer), version, step))
+
+    async def next_batch(
+        self, size: int, version: int, step: int, stop: asyncio.Event
+    ) -> Batch | None:
+        """Block until `size` groups are buffered (None if `stop` is set first)."""
+        started = time.perf_counter()
+        while len(self.buffer) < size:
+            if stop.is_set():
+                return None
+            await self.top_up(version, step)
+            got = await self.consumer.read(count=size - len(self.buffer))
+            fresh = sum(1 for d in got if d.deliveries == 1)
+            if self.feeder is not None and fresh:
+                try:
+                    await self.feeder.release(fresh)
+                except BudgetError as exc:  # groups nobody issued through the budget
+                    log.warning("admission release: %s", exc)
+            self.buffer += await self._screen(got)
+        wait_s = time.perf_counter() - started
+        batch, self.buffer = self.buffer[:size], self.buffer[size:]
+        await self.top_up(version, step)
+        return Batch(batch, wait_s)
+
+    async def _screen(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
+        good: list[Delivery] = []
+        for d in deliveries:
+            assert isinstance(d.message, TrajectoryGroup)
+            reason = problem_with(d.message, self.vocab_size)
+            if reason is None:
+                good.append(d)
+                continue
+            log.warning("dead-lettering group %s (%s): %s", d.message.group_id, d.entry_id, reason)
+            letter = DeadLetter(source_stream=d.stream, entry_id=d.entry_id, reason=reason,
+                                fields=encode(d.message), deliveries=d.deliveries,
+                                consumer=self.consumer.config.consumer)  # fmt: skip
+            await self.consumer.commit([d], publish=[(self.keys.deadletter, letter)])
+        return good
+
+    async def commit_trained(self, deliveries: Sequence[Delivery]) -> None:
+        """Ack entries whose effect a durable checkpoint now holds."""
+        if deliveries:
+            await self.consumer.commit(deliveries)

@@ -1,0 +1,242 @@
+"""Task feeding: the JSONL dataset, the curriculum sampler, the horizon, the budget.
+
+The dataset holds one JSON object per line: ``{"env_spec": "toy@{...}",
+"difficulty": 0, "max_turns": null, "meta": {}}`` (only ``env_spec`` is
+required). `TaskSampler` draws rows with a seeded generator; with a curriculum
+it draws only rows of the current difficulty level and moves the level up when
+the success rate over the last `window` episodes reaches `promote_above`, down
+when it falls to `demote_below`. Its state round-trips through JSON so that a
+checkpoint can hold it.
+
+`TaskFeeder.top_up` is the only place tasks are issued: it takes slots from
+the broker's `AdmissionBudget` (passing the learner's buffered groups as the
+reserve), so tasks in flight plus groups buffered never exceed
+``(max_staleness + 1) x groups_per_batch`` however many workers run. It also
+publishes the current horizon to ``RunKeys.horizon``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import redis.asyncio as aioredis
+
+from broker.admission import AdmissionBudget
+from broker.keys import RunKeys
+from broker.messages import Task
+from broker.producer import Producer
+from learner.errors import TaskSourceError
+from learner.metrics import TASKS_ISSUED
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """One dataset line."""
+
+    env_spec: str
+    difficulty: int = 0
+    max_turns: int | None = None
+    meta: dict[str, Any] | None = None
+
+
+def load_dataset(path: Path) -> list[TaskRow]:
+    """Read and validate the JSONL dataset; errors name the line."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise TaskSourceError(f"cannot read task dataset {path}: {exc}") from exc
+    rows: list[TaskRow] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            unknown = set(data) - {"env_spec", "difficulty", "max_turns", "meta"}
+            if unknown:
+                raise ValueError(f"unknown keys {sorted(unknown)}")
+            spec = data["env_spec"]
+            if not isinstance(spec, str) or not spec:
+                raise ValueError("env_spec must be a non-empty string")
+            rows.append(TaskRow(spec, int(data.get("difficulty", 0)), data.get("max_turns"),
+                                data.get("meta")))  # fmt: skip
+        except (ValueError, KeyError, TypeError) as exc:
+            raise TaskSourceError(f"{path}:{number}: {exc}") from exc
+    if not rows:
+        raise TaskSourceError(f"task dataset {path} has no rows")
+    return rows
+
+
+@dataclass(frozen=True)
+class CurriculumRules:
+    enabled: bool = False
+    window: int = 32
+    promote_above: float = 0.8
+    demote_below: float = 0.2
+    success_threshold: float = 0.5
+
+
+class TaskSampler:
+    """Seeded draws from the dataset, optionally following a difficulty curriculum."""
+
+    def __init__(self, rows: list[TaskRow], seed: int, rules: CurriculumRules) -> None:
+        self.rows = rows
+        self.rules = rules
+        self.levels = sorted({r.difficulty for r in rows})
+        self.level_index = 0
+        self.recent: deque[bool] = deque(maxlen=rules.window)
+        self.rng = np.random.default_rng(seed)
+
+    @property
+    def level(self) -> int:
+        return self.levels[self.level_index]
+
+    def draw(self) -> tuple[TaskRow, int]:
+        """A row and a task seed."""
+        pool = (
+            [r for r in self.rows if r.difficulty == self.level]
+            if self.rules.enabled
+            else self.rows
+        )
+        row = pool[int(self.rng.integers(len(pool)))]
+        return row, int(self.rng.integers(2**31 - 1))
+
+    def observe(self, episode_returns: list[float]) -> None:
+        """Feed finished episodes; move the level when the window says so."""
+        if not self.rules.enabled:
+            return
+        for r in episode_returns:
+            self.recent.append(r >= self.rules.success_threshold)
+        if len(self.recent) < self.rules.window:
+            return
+        rate = sum(self.recent) / len(self.recent)
+        if rate >= self.rules.promote_above and self.level_index < len(self.levels) - 1:
+            self.level_index += 1
+            self.recent.clear()
+        elif rate <= self.rules.demote_below and self.level_index > 0:
+            self.level_index -= 1
+            self.recent.clear()
+
+    def state(self) -> dict[str, Any]:
+        return {"level_index": self.level_index, "recent": list(self.recent),
+                "rng": self.rng.bit_generator.state}  # fmt: skip
+
+    def restore(self, state: dict[str, Any]) -> None:
+        if not state:
+            return
+        self.level_index = min(int(state["level_index"]), len(self.levels) - 1)
+        self.recent.clear()
+        self.recent.extend(bool(x) for x in state["recent"])
+        self.rng.bit_generator.state = state["rng"]
+
+
+@dataclass(frozen=True)
+class HorizonSchedule:
+    """Max turns rising by one every `every` steps from `start` to `end` (None: off)."""
+
+    start: int | None = None
+    end: int | None = None
+    every: int = 10
+
+    def at(self, step: int) -> int | None:
+        if self.start is None or self.end is None:
+            return None
+        return min(self.end, self.start + step // self.every)
+
+
+class TaskFeeder:
+    """Issues tasks inside the admission budget."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: RunKeys,
+        sampler: TaskSampler,
+        horizon: HorizonSchedule,
+        group_size: int,
+        limit: int,
+    ) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.sampler = sampler
+        self.horizon = horizon
+        self.group_size = group_size
+        self.limit = limit
+        self.budget = AdmissionBudget(redis, keys)
+        self.producer = Producer(redis)
+        self._published_horizon: int | None = None
+
+    async def start(self, in_flight: int) -> None:
+        """Set the limit and re-count what is already in flight (fresh run or resume)."""
+        await self.budget.set_limit(self.limit)
+        await self.budget.reset()
+        if in_flight:
+            await self.budget.try_acquire(in_flight)
+
+    async def top_up(self, buffered: int, version: int, step: int) -> list[Task]:
+        """Issue as many tasks as the budget allows now; return them."""
+        horizon = self.horizon.at(step)
+        if horizon is not None and horizon != self._published_horizon:
+            await self.redis.set(self.keys.horizon, horizon)
+            self._published_horizon = horizon
+        granted = await self.budget.try_acquire(self.limit, reserve=buffered)
+        tasks: list[Task] = []
+        for _ in range(granted):
+            row, seed = self.sampler.draw()
+            meta = dict(row.meta or {})
+            meta["difficulty"] = row.difficulty
+            tasks.append(Task(
+                task_id=f"{self.keys.run}-{uuid.uuid4().hex[:16]}", env_spec=row.env_spec,
+                group_size=self.group_size, seed=seed, policy_version=version,
+                max_turns=row.max_turns if horizon is None else horizon, meta=meta,
+            ))  # fmt: skip
+        if tasks:
+            await self.producer.publish(self.keys.tasks, tasks)
+            TASKS_ISSUED.inc(len(tasks))
+        return tasks
+
+    async def release(self, n: int) -> None:
+        if n:
+            await self.budget.release(n)
+
+
+async def _group_info(redis: aioredis.Redis, stream: str, group: str) -> dict[str, Any] | None:
+    if not await redis.exists(stream):
+        return None
+    for info in await redis.xinfo_groups(stream):
+        name = info["name"]
+        if (name.decode() if isinstance(name, bytes) else name) == group:
+            return info
+    return None
+
+
+async def count_in_flight(redis: aioredis.Redis, keys: RunKeys, workers_group: str,
+                          learner_group: str) -> int:  # fmt: skip
+    """Tasks issued whose groups the learner has not consumed yet, from the streams.
+
+    Workers publish a group and ack its task in one transaction, so every issued
+    task is exactly one of: undelivered or pending on the tasks stream, or its
+    group undelivered on a trajectories stream. (The learner's own pending
+    groups are buffered, not in flight.) A lag Redis cannot tell counts the
+    whole stream: over-counting only makes admission stricter.
+    """
+    total = 0
+    streams = [(keys.tasks, workers_group, True)]
+    streams += [(s, learner_group, False) for s in keys.all_trajectories]
+    for stream, group, with_pending in streams:
+        info = await _group_info(redis, stream, group)
+        if info is None:
+            total += int(await redis.xlen(stream))
+            continue
+        lag = info.get("lag")
+        total += int(await redis.xlen(stream)) if lag is None else int(lag)
+        if with_pending:
+            total += int(info.get("pending", 0))
+    return total
