@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import shutil
 import statistics
 import subprocess
@@ -19,6 +20,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -61,7 +63,7 @@ def make_group(tokens: int, index: int) -> TrajectoryGroup:
                     True,
                     False,
                 ),
-            ),  # fmt: skip
+            ),
             "terminated",
             sample_index=i,
         )
@@ -107,46 +109,56 @@ def raw_ceiling(port: int, payload: bytes, requests: int) -> float:
     return rps * len(payload) / 1e6
 
 
+async def _produce(port: int, tokens: int, count: int, rate: float | None) -> None:
+    redis = await connect(RedisSettings.from_url(f"redis://127.0.0.1:{port}/0"))
+    producer = Producer(redis, Retention(maxlen=1000))
+    template = make_group(tokens, 0)
+    batch = 1 if rate is not None else 8
+    started = time.perf_counter()
+    for i in range(0, count, batch):
+        groups = [
+            replace(template, group_id=f"g{j}", created_at=time.time())
+            for j in range(i, min(i + batch, count))
+        ]
+        await producer.publish(KEYS.trajectories(), groups)
+        if rate is not None:
+            await asyncio.sleep(max(0.0, started + (i + batch) / rate - time.perf_counter()))
+    await redis.aclose()
+
+
+def _producer_process(port: int, tokens: int, count: int, rate: float | None, go: Any) -> None:
+    go.wait()
+    asyncio.run(_produce(port, tokens, count, rate))
+
+
 async def farm_pass(
     port: int, tokens: int, count: int, rate: float | None
 ) -> tuple[float, list[float]]:
-    """Publish `count` groups (at `rate`/s, or flat out), consume and ack them all.
+    """Publish `count` groups (at `rate`/s, or flat out) from a producer process, as a
+    worker pod would, and consume and ack them all here, as the learner would.
     Returns (entries/s, publish-to-consume latencies in ms)."""
     redis = await connect(RedisSettings.from_url(f"redis://127.0.0.1:{port}/0"))
     await redis.delete(KEYS.trajectories(), KEYS.seen(LEARNER_GROUP))
-    producer = Producer(redis, Retention(maxlen=1000))
-    cfg = ConsumerConfig(group=LEARNER_GROUP, consumer="bench", block_ms=100, count=32)
+    cfg = ConsumerConfig(group=LEARNER_GROUP, consumer="bench", block_ms=100, count=8)
     consumer = Consumer(redis, KEYS, [KEYS.trajectories()], cfg, expect=TrajectoryGroup)
     await consumer.ensure_groups()
-    template = make_group(tokens, 0)
+    ctx = multiprocessing.get_context("spawn")
+    go = ctx.Event()
+    producer = ctx.Process(target=_producer_process, args=(port, tokens, count, rate, go))
+    producer.start()
+    await asyncio.sleep(1.0)  # let the producer finish its imports before the clock starts
     latencies: list[float] = []
-
-    async def produce() -> None:
-        batch = 1 if rate is not None else 8
-        started = time.perf_counter()
-        for i in range(0, count, batch):
-            groups = [
-                replace(template, group_id=f"g{j}", created_at=time.time())
-                for j in range(i, min(i + batch, count))
-            ]
-            await producer.publish(KEYS.trajectories(), groups)
-            if rate is not None:
-                await asyncio.sleep(max(0.0, started + (i + batch) / rate - time.perf_counter()))
-
-    async def consume() -> None:
-        got = 0
-        while got < count:
-            deliveries = await consumer.read()
-            now = time.time()
-            latencies.extend((now - d.message.created_at) * 1000 for d in deliveries)
-            await consumer.commit(deliveries)
-            got += len(deliveries)
-
+    go.set()
     started = time.perf_counter()
-    async with asyncio.TaskGroup() as tg:
-        tg.create_task(produce(), name="produce")
-        tg.create_task(consume(), name="consume")
+    got = 0
+    while got < count:
+        deliveries = await consumer.read()
+        now = time.time()
+        latencies.extend((now - d.message.created_at) * 1000 for d in deliveries)
+        await consumer.commit(deliveries)
+        got += len(deliveries)
     elapsed = time.perf_counter() - started
+    await asyncio.to_thread(producer.join, 30)
     await redis.xgroup_destroy(KEYS.trajectories(), LEARNER_GROUP)
     await redis.aclose()
     return count / elapsed, latencies
