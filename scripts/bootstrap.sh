@@ -32,7 +32,11 @@ apt_install() {
 
 system_packages() {
   if command -v apt-get >/dev/null 2>&1; then
-    apt_install redis-server redis-tools docker.io bubblewrap debootstrap iptables ca-certificates
+    # prometheus: promtool and a real scraper for the monitoring tests;
+    # docker-compose: offline validation of deploy/compose.
+    apt_install redis-server redis-tools docker.io bubblewrap debootstrap iptables ca-certificates \
+      prometheus docker-compose
+    command -v kubectl >/dev/null 2>&1 || apt_install kubernetes-client
   else
     log "not a Debian host: install redis-server, docker and bubblewrap yourself"
   fi
