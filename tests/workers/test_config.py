@@ -1,0 +1,83 @@
+"""WorkerConfig: precedence, validation, and a --help that imports no torch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workers.__main__ import load_config
+from workers.errors import ConfigError
+
+BASE = ["--inference-urls", "http://a:1,http://b:2", "--model", "/m"]
+
+
+def test_precedence_cli_over_env_over_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    toml = tmp_path / "w.toml"
+    toml.write_text('run = "from-toml"\nconcurrency = 7\nmax_turns = 3\n')
+    monkeypatch.setenv("FARM_CONCURRENCY", "11")
+    monkeypatch.setenv("FARM_MAX_TURNS", "4")
+    cfg = load_config([*BASE, "--config", str(toml), "--max-turns", "5"])
+    assert cfg.run == "from-toml"
+    assert cfg.concurrency == 11
+    assert cfg.max_turns == 5
+    assert cfg.inference_urls == ["http://a:1", "http://b:2"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--model", "/m"], "at least one inference server"),
+        ([*BASE, "--concurrency", "0"], "concurrency"),
+        ([*BASE, "--run", "bad name"], "run"),
+        ([*BASE, "--redis-url", "http://x"], "redis_url"),
+        (["--inference-urls", "ftp://x", "--model", "/m"], "inference_urls"),
+        ([*BASE, "--sandbox-backend", "chroot"], "sandbox_backend"),
+        ([*BASE, "--env-step-timeout-s", "10", "--episode-timeout-s", "5"], "env_step_timeout_s"),
+    ],
+)
+def test_bad_values_are_clear_errors(argv: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        load_config(argv)
+
+
+def test_unknown_toml_key_and_missing_file(tmp_path: Path) -> None:
+    toml = tmp_path / "w.toml"
+    toml.write_text("concurrensy = 3\n")
+    with pytest.raises(ConfigError, match="concurrensy"):
+        load_config([*BASE, "--config", str(toml)])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config([*BASE, "--config", str(tmp_path / "nope.toml")])
+
+
+def test_worker_ids_default_unique() -> None:
+    assert load_config(BASE).worker_id != load_config(BASE).worker_id
+
+
+def test_help_lists_every_option_without_torch() -> None:
+    code = (
+        "import sys, runpy\n"
+        "sys.argv = ['workers', '--help']\n"
+        "try:\n    runpy.run_module('workers', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "assert not any(m.split('.')[0] in ('torch', 'transformers') for m in sys.modules), 'heavy import'\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=os.environ
+    )
+    assert out.returncode == 0, out.stderr
+    from workers.config import WorkerConfig
+
+    for name in WorkerConfig.model_fields:
+        assert "--" + name.replace("_", "-") in out.stdout
+
+
+def test_bad_config_exits_2() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "workers", "--model", "/m"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2
+    assert "at least one inference server" in out.stderr

@@ -1,0 +1,72 @@
+"""Token bookkeeping: the turn-by-turn token diff equals the chat template's full rendering."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from workers.tokens import ChatCodec, load_codec
+
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+
+
+@pytest.fixture(scope="module")
+def codec(tiny_model_dir: Path) -> ChatCodec:
+    return load_codec(str(tiny_model_dir))
+
+
+def _episode_ids(codec: ChatCodec, system: str | None, tools, obs: list[str], replies: list[str]):
+    """Token ids the worker would send: initial prompt, then completion + diff per turn."""
+    end = codec.stop_token_ids[0]
+    ids = codec.initial_prompt(obs[0], system, tools)
+    for reply, nxt in zip(replies, obs[1:], strict=False):
+        completion = [*codec.encode(reply), end]
+        ids += completion + codec.next_prompt(completion, nxt)
+    return ids
+
+
+@pytest.mark.parametrize("system", [None, "You are terse."])
+@pytest.mark.parametrize("tools", [None, TOOLS])
+def test_incremental_ids_equal_full_template(codec: ChatCodec, system, tools) -> None:
+    obs = ["What is 3+4?", " wrong, try again\n", "ünïcödé <tool_response> ✓", "done?"]
+    replies = ["8", "7\n", '<tool_call>{"name": "add"}</tool_call>']
+    messages = [{"role": "system", "content": system}] if system else []
+    for o, r in zip(obs, [*replies, None], strict=True):
+        messages.append({"role": "user", "content": o})
+        if r is not None:
+            messages.append({"role": "assistant", "content": r})
+    full = codec._tok.apply_chat_template(
+        messages, tools=tools, tokenize=True, add_generation_prompt=True, return_dict=False
+    )
+    assert _episode_ids(codec, system, tools, obs, replies) == list(full)
+
+
+def test_cut_completion_gets_the_whole_end_of_turn(codec: ChatCodec) -> None:
+    # A completion cut by max_tokens has no end-of-turn token; the prompt side adds it.
+    with_end = codec.next_prompt([*codec.encode("ab"), codec.stop_token_ids[0]], "obs")
+    without = codec.next_prompt(codec.encode("ab"), "obs")
+    assert without == [codec.stop_token_ids[0], *with_end]
+
+
+def test_template_that_rewrites_content_uses_full_rendering(tiny_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir), local_files_only=True)
+    tok.chat_template = tok.chat_template.replace("message.content +", "message.content.strip() +")
+    codec = ChatCodec(tok)
+    ids = codec.next_prompt([*codec.encode("x"), codec.stop_token_ids[0]], "  padded  ")
+    assert codec._obs_cache["user"] is None  # the cached split was refused
+    assert "user\npadded<|im_end|>" in codec.decode(ids, skip_special=False)
+
+
+def test_allowed_token_ids_cover_vocabulary_and_stops(codec: ChatCodec) -> None:
+    allowed = codec.allowed_token_ids(("12", "3"))
+    assert allowed is not None
+    assert set(codec.encode("123")) | set(codec.stop_token_ids) == set(allowed)
+    assert codec.allowed_token_ids(None) is None
+
+
+def test_non_text_observation_is_rendered_as_messages(codec: ChatCodec) -> None:
+    ids = codec.next_prompt([codec.stop_token_ids[0]], {"role": "tool", "content": "42"})
+    assert "<tool_response>\n42\n</tool_response>" in codec.decode(ids, skip_special=False)

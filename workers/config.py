@@ -1,0 +1,168 @@
+"""The rollout worker's configuration: one pydantic-settings class, every field a CLI flag.
+
+Precedence: CLI flags > ``FARM_*`` environment variables > a TOML file given with
+``--config``. Importing this module imports neither torch nor transformers, so
+``python -m workers --help`` answers at once. Unknown keys are rejected.
+"""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from workers.errors import ConfigError
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+
+
+class WorkerConfig(BaseSettings):
+    """Everything `python -m workers` needs; see docs/workers.md for the reference."""
+
+    model_config = SettingsConfigDict(env_prefix="FARM_", extra="forbid", validate_default=True)
+
+    # --- where things are ------------------------------------------------------------------
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL")
+    run: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="run name")
+    inference_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="inference servers, comma-separated (at least one)"
+    )
+    inference_api_key: str | None = Field(None, description="bearer token for the servers")
+    model: Path = Field(description="model/tokenizer directory (its chat template is used)")
+    worker_id: str = Field(
+        default_factory=_default_worker_id,
+        pattern=r"^[A-Za-z0-9_.:-]{1,128}$",
+        description="consumer name in the tasks group (default: host-random, so pods are stateless)",
+    )
+    partitions: int = Field(1, ge=1, le=256, description="trajectories stream partitions")
+    env_modules: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Python modules imported at start-up to register extra environments (comma-separated)",
+    )
+    # --- concurrency -----------------------------------------------------------------------
+    concurrency: int = Field(
+        256, ge=1, le=100_000, description="episodes run at once; tasks are read only within it"
+    )
+    group_size: int | None = Field(
+        None, ge=1, le=4096, description="override every task's group size n (default: the task's)"
+    )
+    # --- sampling --------------------------------------------------------------------------
+    max_tokens: int = Field(256, ge=1, le=1_000_000, description="max completion tokens per turn")
+    temperature: float = Field(1.0, ge=0.0, le=10.0, description="sampling temperature")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass")
+    # --- per-episode limits ----------------------------------------------------------------
+    max_turns: int = Field(
+        32,
+        ge=1,
+        le=100_000,
+        description="hard cap on turns (the horizon/task value applies below it)",
+    )
+    max_context_tokens: int = Field(
+        4096, ge=16, le=10_000_000, description="prompt+completion tokens an episode may reach"
+    )
+    episode_timeout_s: float = Field(600.0, gt=0.0, description="wall-clock limit per episode")
+    env_step_timeout_s: float = Field(
+        120.0, gt=0.0, description="limit on one env reset/step; beyond it: category timeout"
+    )
+    episode_retries: int = Field(
+        2, ge=0, le=10, description="re-runs of an episode cut short by inference/sandbox faults"
+    )
+    # --- sandbox ---------------------------------------------------------------------------
+    sandbox_backend: Literal["none", "docker", "bwrap"] = Field(
+        "none", description="sandbox pool handed to envs that need one (none: no pool)"
+    )
+    # --- broker and lifecycle --------------------------------------------------------------
+    reclaim_idle_s: float = Field(
+        60.0, gt=0.0, description="idle seconds before a dead worker's tasks are taken over"
+    )
+    max_deliveries: int = Field(5, ge=1, description="deliveries before a task is dead-lettered")
+    shutdown_grace_s: float = Field(
+        30.0, ge=0.0, description="on SIGTERM, time allowed for in-flight groups to finish"
+    )
+    inference_timeout_s: float = Field(
+        60.0, gt=0.0, description="per-request timeout of the generation client"
+    )
+    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port (0: none)")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+
+    @field_validator("inference_urls", "env_modules", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [u.strip() for u in value.split(",") if u.strip()]
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
+
+    @field_validator("inference_urls")
+    @classmethod
+    def _http_urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"inference URL {url!r} must start with http:// or https://")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkerConfig:
+        if not self.inference_urls:
+            raise ValueError("inference_urls: at least one inference server is required")
+        if self.env_step_timeout_s > self.episode_timeout_s:
+            raise ValueError("env_step_timeout_s must not exceed episode_timeout_s")
+        return self
+
+    @classmethod
+    def load(cls, cli: dict[str, Any], toml_file: Path | None = None) -> WorkerConfig:
+        """Resolve CLI values > FARM_* env > TOML; raise ConfigError listing every problem."""
+        if toml_file is not None and not toml_file.is_file():
+            raise ConfigError(f"config file {toml_file} does not exist")
+
+        class _Resolved(cls):  # type: ignore[valid-type,misc]
+            @classmethod
+            def settings_customise_sources(
+                cls_,
+                settings_cls: type[BaseSettings],
+                init_settings: PydanticBaseSettingsSource,
+                env_settings: PydanticBaseSettingsSource,
+                dotenv_settings: PydanticBaseSettingsSource,
+                file_secret_settings: PydanticBaseSettingsSource,
+            ) -> tuple[PydanticBaseSettingsSource, ...]:
+                sources = [init_settings, env_settings]
+                if toml_file is not None:
+                    sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
+                return tuple(sources)
+
+        try:
+            resolved = _Resolved(**cli)
+        except ValidationError as exc:
+            lines = ["invalid worker configuration:"]
+            for err in exc.errors():
+                where = ".".join(str(p) for p in err["loc"]) or "(config)"
+                lines.append(f"  {where}: {err['msg']}")
+            raise ConfigError("\n".join(lines)) from exc
+        except ValueError as exc:  # malformed TOML
+            raise ConfigError(f"cannot read {toml_file}: {exc}") from exc
+        return cls.model_construct(**dict(resolved))
+
+    def redacted(self) -> dict[str, Any]:
+        """The resolved config for the start-up log, secrets hidden."""
+        data = self.model_dump(mode="json")
+        if data.get("inference_api_key"):
+            data["inference_api_key"] = "***"
+        return data

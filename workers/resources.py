@@ -1,0 +1,37 @@
+"""The process-wide resources a worker sets up besides Redis and inference.
+
+- `import_env_modules`: imports the modules named in `--env-modules`, which register
+  extra environments in the `envs` registry (a plugin mechanism: the worker needs no
+  code change to run a new environment);
+- `open_sandbox`: the sandbox pool handed to environments that take one, or no pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from workers.errors import ConfigError
+
+
+def import_env_modules(modules: Sequence[str]) -> None:
+    """Import each module (they call `envs.register`); a missing one is a config error."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ConfigError(f"cannot import env module {name!r}: {exc}") from exc
+
+
+@contextlib.asynccontextmanager
+async def open_sandbox(backend: str) -> AsyncIterator[Any]:
+    """Yield a started `SandboxPool` for `backend`, or None for backend "none"."""
+    if backend == "none":
+        yield None
+        return
+    from sandbox import SandboxConfig, SandboxPool
+
+    async with SandboxPool(SandboxConfig(backend=backend)) as pool:
+        yield pool

@@ -1,0 +1,197 @@
+"""The worker loop: read tasks within the concurrency limit, run groups, commit, shut down.
+
+Invariants:
+- a task is acked only by the commit that publishes its complete group (one atomic
+  `Consumer.commit`), so a worker that dies at any point leaves its tasks pending, to be
+  reclaimed by another worker after `reclaim_idle_s`; consumers dedup on the group id;
+- the worker never holds more than `concurrency` episodes' worth of tasks (plus at most one
+  group): it reads only as many tasks as its free slots allow;
+- tasks still running are kept fresh (XCLAIM JUSTID) so no live worker's task is reclaimed;
+- on stop (SIGTERM) it stops reading, lets running groups finish within `shutdown_grace_s`,
+  then cancels the rest *without acking* them, and returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import zlib
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from broker.consumer import Consumer, ConsumerConfig, Delivery
+from broker.errors import BrokerError
+from broker.keys import WORKERS_GROUP, RunKeys
+from broker.messages import Task
+from workers import metrics
+from workers.config import WorkerConfig
+from workers.episode import EpisodeContext, EpisodeSettings
+from workers.group import run_group
+from workers.lag import LagMonitor
+
+log = logging.getLogger(__name__)
+
+
+def episode_settings(cfg: WorkerConfig) -> EpisodeSettings:
+    return EpisodeSettings(
+        max_tokens=cfg.max_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_context_tokens=cfg.max_context_tokens,
+        episode_timeout_s=cfg.episode_timeout_s,
+        env_step_timeout_s=cfg.env_step_timeout_s,
+    )
+
+
+class Worker:
+    """One rollout worker process's task loop."""
+
+    def __init__(self, cfg: WorkerConfig, redis: Any, ctx: EpisodeContext) -> None:
+        self.cfg = cfg
+        self.keys = RunKeys(cfg.run, partitions=cfg.partitions)
+        self._redis = redis
+        self._ctx = ctx
+        self._settings = episode_settings(cfg)
+        self._consumer = Consumer(
+            redis,
+            self.keys,
+            streams=[self.keys.tasks],
+            config=ConsumerConfig(
+                group=WORKERS_GROUP,
+                consumer=cfg.worker_id,
+                reclaim_idle_ms=int(cfg.reclaim_idle_s * 1000),
+                max_deliveries=cfg.max_deliveries,
+            ),
+            expect=Task,
+        )
+        self._reserved = 0  # episodes of tasks read and not yet finished
+        self._freed = asyncio.Event()
+        self._running: dict[str, asyncio.Task[None]] = {}  # entry id -> group task
+        self.lag = LagMonitor()
+        self.groups_published = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Take tasks until `stop` is set, then drain within the grace period."""
+        await self._consumer.ensure_groups()
+        async with asyncio.TaskGroup() as tg:
+            aux = [
+                tg.create_task(self.lag.run(), name="event-loop-lag"),
+                tg.create_task(self._keep_alive(), name="task-keep-alive"),
+            ]
+            try:
+                async with asyncio.TaskGroup() as groups:
+                    await self._read_loop(stop, groups)
+                    await self._drain()
+            finally:
+                for task in aux:
+                    task.cancel()
+        log.info(
+            "worker %s stopped; %d groups published", self.cfg.worker_id, self.groups_published
+        )
+
+    async def _read_loop(self, stop: asyncio.Event, groups: asyncio.TaskGroup) -> None:
+        typical = self.cfg.group_size or 1
+        while not stop.is_set():
+            free = self.cfg.concurrency - self._reserved
+            if free <= 0:
+                self._freed.clear()
+                await _first(stop, self._freed)
+                continue
+            try:
+                batch = await self._consumer.read(count=max(1, free // typical))
+            except (RedisError, BrokerError) as exc:
+                log.warning("reading tasks failed (%s); retrying in 1s", exc)
+                await asyncio.sleep(1.0)
+                continue
+            for delivery in batch:
+                task = delivery.message
+                assert isinstance(task, Task)  # the consumer was built with expect=Task
+                n = self.cfg.group_size or task.group_size
+                typical = n
+                self._reserved += n
+                metrics.TASKS_IN_PROGRESS.inc()
+                self._running[delivery.entry_id] = groups.create_task(
+                    self._process(delivery, n), name=f"group:{task.task_id}"
+                )
+
+    async def _process(self, delivery: Delivery, n: int) -> None:
+        task = delivery.message
+        assert isinstance(task, Task)
+        if n != task.group_size:
+            task = dataclasses.replace(task, group_size=n)
+        try:
+            max_turns = await self._max_turns(task)
+            group = await run_group(
+                self._ctx,
+                self._settings,
+                task,
+                max_turns=max_turns,
+                retries=self.cfg.episode_retries,
+                worker_id=self.cfg.worker_id,
+            )
+            stream = self.keys.trajectories(zlib.crc32(task.task_id.encode()) % self.cfg.partitions)
+            await self._consumer.commit([delivery], publish=[(stream, group)])
+            self.groups_published += 1
+            metrics.GROUPS_PUBLISHED.inc()
+        except RedisError as exc:
+            # Not acked: the task stays pending and is redone (here or elsewhere).
+            log.warning("could not commit %s (left pending): %s", task.task_id, exc)
+        finally:
+            self._reserved -= n
+            self._running.pop(delivery.entry_id, None)
+            metrics.TASKS_IN_PROGRESS.dec()
+            self._freed.set()
+
+    async def _max_turns(self, task: Task) -> int:
+        """Horizon from Redis if the learner published one, else the task's, capped by config."""
+        try:
+            async with asyncio.timeout(5):
+                raw = await self._redis.get(self.keys.horizon)
+            horizon = int(raw) if raw is not None else None
+        except (RedisError, ValueError, TimeoutError) as exc:
+            log.warning("cannot read horizon (%s); using the task's", exc)
+            horizon = None
+        limit = horizon or task.max_turns or self.cfg.max_turns
+        return max(1, min(limit, self.cfg.max_turns))
+
+    async def _drain(self) -> None:
+        """Let running groups finish within the grace period; cancel (not ack) the rest."""
+        running = list(self._running.values())
+        if not running:
+            return
+        log.info(
+            "stopping: waiting up to %.0fs for %d groups", self.cfg.shutdown_grace_s, len(running)
+        )
+        _, pending = await asyncio.wait(running, timeout=self.cfg.shutdown_grace_s)
+        for task in pending:
+            task.cancel()
+        if pending:
+            log.info("left %d unfinished tasks pending for reclaim", len(pending))
+
+    async def _keep_alive(self) -> None:
+        """Reset the idle time of running tasks so live work is never reclaimed."""
+        interval = max(0.5, self.cfg.reclaim_idle_s / 3)
+        while True:
+            await asyncio.sleep(interval)
+            ids = list(self._running)
+            if not ids:
+                continue
+            try:
+                async with asyncio.timeout(5):
+                    await self._redis.xclaim(
+                        self.keys.tasks, WORKERS_GROUP, self.cfg.worker_id, 0, ids, justid=True
+                    )
+            except (RedisError, TimeoutError) as exc:
+                log.warning("keep-alive of %d tasks failed: %s", len(ids), exc)
+
+
+async def _first(*events: asyncio.Event) -> None:
+    """Wait until any of `events` is set."""
+    waiters = [asyncio.create_task(e.wait(), name="event-wait") for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
