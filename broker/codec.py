@@ -55,16 +55,27 @@ def _turn_to(t: Turn) -> list[Any]:
 
 
 def _turn_from(v: list[Any]) -> Turn:
+    # Hot path of every consumer: build the frozen Turn without __post_init__'s
+    # asarray round trips, keeping its checks (frombuffer already gives int32/float32).
     prompt, completion, logprobs, weight_version, reward, terminated, truncated = v
-    return Turn(
+    completion_ids = np.frombuffer(completion, dtype="<i4")
+    lp = np.frombuffer(logprobs, dtype="<f4")
+    if len(lp) != len(completion_ids):
+        raise ValueError(f"{len(lp)} logprobs for {len(completion_ids)} completion tokens")
+    turn = object.__new__(Turn)
+    turn.__dict__.update(
         prompt_ids=np.frombuffer(prompt, dtype="<i4"),
-        completion_ids=np.frombuffer(completion, dtype="<i4"),
-        logprobs=np.frombuffer(logprobs, dtype="<f4"),
-        weight_version=weight_version,
-        reward=reward,
-        terminated=terminated,
-        truncated=truncated,
+        completion_ids=completion_ids,
+        logprobs=lp,
+        weight_version=int(weight_version),
+        reward=float(reward),
+        terminated=bool(terminated),
+        truncated=bool(truncated),
     )
+    return turn
+
+
+_CATEGORIES = {c.value: c for c in ErrorCategory}
 
 
 def _traj_to(t: Trajectory) -> list[Any]:
@@ -79,7 +90,7 @@ def _traj_from(v: list[Any]) -> Trajectory:
     return Trajectory(
         turns=tuple(_turn_from(t) for t in turns),
         finish_reason=finish_reason,
-        error=ErrorCategory(error),
+        error=_CATEGORIES[error],
         error_detail=error_detail,
         sample_index=sample_index,
         timings=timings,
