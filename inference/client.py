@@ -1,0 +1,307 @@
+"""The generation client: token ids in, token ids + raw logprobs + weight versions out, over many servers.
+
+Routing: a request with a `session_id` goes to the server that served that session before
+(sticky, so a multi-turn episode reuses its server's prefix cache) while that server is healthy;
+otherwise to the healthy server with the fewest outstanding requests. A connection error, a
+timeout or a 5xx/408/429 marks the server unhealthy and the call moves to another server after a
+capped exponential backoff, until `retry_budget_s` is spent (then `InferenceUnavailable`). A 4xx
+is the request's fault and raises `InferenceRequestError` at once. A generation cut short by a
+server pause in `abort` mode (finish reason `abort`) is continued with the tokens so far appended
+to the prompt, so callers get whole generations whose per-token weight versions show the switch.
+Cancelling `generate()` closes the HTTP request, and the server aborts the sequence. A background
+task checks `/health` on every server. Every network await has a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from inference import metrics
+from inference.config import ClientConfig
+from inference.errors import InferenceError, InferenceRequestError, InferenceUnavailable
+
+__all__ = [
+    "ClientConfig",
+    "Generation",
+    "GenerationClient",
+    "InferenceRequestError",
+    "InferenceUnavailable",
+    "SamplingParams",
+]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-call sampling settings (vLLM field names)."""
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None  # restrict sampling to these ids
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise ValueError("allowed_token_ids must be None or non-empty")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One finished generation."""
+
+    token_ids: list[int]  # sampled tokens, including a final stop/EOS token
+    logprobs: list[float]  # raw-model logprob of each token (temperature 1, no filtering)
+    weight_versions: list[int]  # weight version that sampled each token (-1: non-integer label)
+    finish_reason: str  # "stop", "length" or "abort" (abort only once resumes are exhausted)
+    server: str  # base URL of the server that produced the last part
+
+
+class _Retryable(Exception):
+    """A failure of the server, not of the request: try another server."""
+
+    def __init__(self, message: str, outcome: str = "error") -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+@dataclass
+class _Server:
+    url: str
+    healthy: bool = True
+    outstanding: int = 0
+    picks: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def expand_versions(spans: list[dict[str, Any]], count: int) -> list[int]:
+    """vLLM weight-version spans -> one integer version per generated token."""
+    out: list[int] = []
+    for span in spans:
+        label = str(span["version"])
+        number = int(label) if label.lstrip("-").isdigit() else -1
+        out.extend([number] * (int(span["end"]) - int(span["start"])))
+    if len(out) != count:
+        raise _Retryable(f"weight_versions cover {len(out)} tokens, expected {count}")
+    return out
+
+
+class GenerationClient:
+    """Async client over several policy servers; `await start()` before use, `await close()` after."""
+
+    def __init__(self, urls: Sequence[str], config: ClientConfig | None = None) -> None:
+        if not urls:
+            raise ValueError("at least one server URL is needed")
+        self.config = config or ClientConfig()
+        self._servers = {u.rstrip("/"): _Server(u.rstrip("/")) for u in urls}
+        self._sticky: OrderedDict[str, str] = OrderedDict()
+        self._session: aiohttp.ClientSession | None = None
+        self._health_task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._tiebreak = itertools.count()
+        for url in self._servers:
+            metrics.CLIENT_HEALTHY.labels(server=url).set(1)
+            metrics.CLIENT_OUTSTANDING.labels(server=url).set(0)
+
+    async def start(self) -> GenerationClient:
+        if self._closed:
+            raise InferenceError("client is closed")
+        headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+        self._session = aiohttp.ClientSession(headers=headers)
+        self._health_task = asyncio.create_task(self._health_loop(), name="inference-client-health")
+        return self
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+        if self._session is not None:
+            await self._session.close()
+
+    async def __aenter__(self) -> GenerationClient:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def end_session(self, session_id: str) -> None:
+        """Forget a finished episode's sticky server."""
+        self._sticky.pop(session_id, None)
+
+    def session_server(self, session_id: str) -> str | None:
+        return self._sticky.get(session_id)
+
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, session_id: str | None = None
+    ) -> Generation:
+        """Generate from `prompt_ids`; raises InferenceUnavailable / InferenceRequestError."""
+        if self._session is None or self._closed:
+            raise InferenceError("client is not started (or already closed)")
+        deadline = time.monotonic() + self.config.retry_budget_s
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        resumes, delay, excluded = 0, self.config.backoff_initial_s, set[str]()
+        last_error = "no attempt made"
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise InferenceUnavailable(
+                    f"no server answered within the retry budget: {last_error}"
+                )
+            server = self._pick(session_id, excluded)
+            body = self._body(list(prompt_ids) + tokens, params, params.max_tokens - len(tokens))
+            try:
+                choice = await self._call(
+                    server, body, min(self.config.request_timeout_s, remaining)
+                )
+            except _Retryable as exc:
+                last_error = f"{server.url}: {exc}"
+                self._mark_failed(server, session_id, excluded)
+                await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 2, self.config.backoff_max_s)
+                continue
+            if session_id is not None:
+                self._pin(session_id, server.url)
+            new = choice["token_ids"]
+            tokens += new
+            logprobs += choice["logprobs"]["token_logprobs"]
+            versions += expand_versions(choice["weight_versions"], len(new))
+            finish = choice["finish_reason"]
+            if (
+                finish == "abort"
+                and resumes < self.config.max_abort_resumes
+                and len(tokens) < params.max_tokens
+            ):
+                resumes += 1  # the server was paused mid-generation: continue where it stopped
+                continue
+            return Generation(tokens, logprobs, versions, finish, server.url)
+
+    def _body(self, prompt: list[int], params: SamplingParams, max_tokens: int) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "return_weight_versions": True,
+            "stop_token_ids": list(params.stop_token_ids),
+        }
+        if self.config.model is not None:
+            body["model"] = self.config.model
+        if params.seed is not None:
+            body["seed"] = params.seed
+        if params.allowed_token_ids is not None:
+            body["allowed_token_ids"] = list(params.allowed_token_ids)
+        return body
+
+    def _pick(self, session_id: str | None, excluded: set[str]) -> _Server:
+        if len(excluded) >= len(self._servers):
+            excluded.clear()  # every server failed once: start another round over all of them
+        pinned = self._sticky.get(session_id) if session_id is not None else None
+        if pinned is not None and pinned not in excluded and self._servers[pinned].healthy:
+            self._sticky.move_to_end(session_id)  # type: ignore[arg-type]
+            return self._servers[pinned]
+        open_ = [s for s in self._servers.values() if s.url not in excluded]
+        candidates = [s for s in open_ if s.healthy] or open_
+        server = min(candidates, key=lambda s: (s.outstanding, s.picks))
+        server.picks = next(self._tiebreak)
+        return server
+
+    def _pin(self, session_id: str, url: str) -> None:
+        self._sticky[session_id] = url
+        self._sticky.move_to_end(session_id)
+        while len(self._sticky) > self.config.max_sessions:
+            self._sticky.popitem(last=False)
+
+    def _mark_failed(self, server: _Server, session_id: str | None, excluded: set[str]) -> None:
+        server.healthy = False
+        metrics.CLIENT_HEALTHY.labels(server=server.url).set(0)
+        excluded.add(server.url)
+        if session_id is not None and self._sticky.get(session_id) == server.url:
+            del self._sticky[session_id]
+
+    async def _call(self, server: _Server, body: dict[str, Any], limit_s: float) -> dict[str, Any]:
+        assert self._session is not None
+        server.outstanding += 1
+        metrics.CLIENT_OUTSTANDING.labels(server=server.url).set(server.outstanding)
+        started, outcome = time.monotonic(), "error"
+        try:
+            limit = aiohttp.ClientTimeout(total=limit_s, sock_connect=self.config.connect_timeout_s)
+            async with self._session.post(
+                server.url + "/v1/completions", json=body, timeout=limit
+            ) as resp:
+                data = await resp.json(content_type=None)
+                status = resp.status
+            if status == 200:
+                choice = _check_choice(data)
+                outcome = "abort" if choice["finish_reason"] == "abort" else "ok"
+                return choice
+            message = (
+                data.get("error", {}).get("message", str(data))
+                if isinstance(data, dict)
+                else str(data)
+            )
+            if 400 <= status < 500 and status not in (408, 429):
+                outcome = "bad_request"
+                raise InferenceRequestError(status, message)
+            raise _Retryable(f"HTTP {status}: {message}")
+        except TimeoutError as exc:
+            outcome = "timeout"
+            raise _Retryable("timed out", "timeout") from exc
+        except (aiohttp.ClientError, ValueError) as exc:
+            raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            server.outstanding -= 1
+            metrics.CLIENT_OUTSTANDING.labels(server=server.url).set(server.outstanding)
+            metrics.CLIENT_LATENCY.labels(server=server.url).observe(time.monotonic() - started)
+            metrics.CLIENT_REQUESTS.labels(server=server.url, outcome=outcome).inc()
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.gather(*(self._check(s) for s in self._servers.values()))
+            await asyncio.sleep(self.config.health_interval_s)
+
+    async def _check(self, server: _Server) -> None:
+        assert self._session is not None
+        try:
+            limit = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
+            async with self._session.get(server.url + "/health", timeout=limit) as resp:
+                server.healthy = resp.status == 200
+        except (TimeoutError, aiohttp.ClientError):
+            server.healthy = False
+        metrics.CLIENT_HEALTHY.labels(server=server.url).set(1 if server.healthy else 0)
+
+
+def _check_choice(data: Any) -> dict[str, Any]:
+    """The first choice of a completion response, or _Retryable if it is not what we asked for."""
+    try:
+        choice = data["choices"][0]
+        ids, lps = choice["token_ids"], choice["logprobs"]["token_logprobs"]
+        if (
+            not isinstance(ids, list)
+            or len(ids) != len(lps)
+            or not isinstance(choice["weight_versions"], list)
+        ):
+            raise _Retryable("response token_ids/logprobs/weight_versions are inconsistent")
+        return choice
+    except (KeyError, IndexError, TypeError) as exc:
+        raise _Retryable(f"malformed completion response: {exc!r}") from exc

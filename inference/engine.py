@@ -1,0 +1,367 @@
+"""The CPU policy engine: a batching loop over a transformers causal LM with per-sequence KV caches.
+
+Requests queue in `waiting`; each loop turn admits what fits into the running batch (after a
+short collection window when the engine was idle), then runs one forward pass for the
+sequences that need a prefill and one for those decoding, so concurrent requests share
+forward passes. Each sequence keeps its own KV tensors; a step left-pads them into one
+`DynamicCache`, with an attention mask and explicit position ids, so sequences of any length
+batch together and each row computes exactly what a lone forward pass would. Forward passes run
+in a worker thread under `_lock`, which is also what pause and weight reload take, so weights
+never change in the middle of a step. Invariants: every submitted request's future resolves
+exactly once (tokens, an abort, or an error); tokens carry the weight version that sampled them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from transformers import DynamicCache
+
+from inference import metrics
+from inference.errors import EngineError
+from inference.sampling import SampleSpec, raw_logprobs, sample, top_logprobs
+
+log = logging.getLogger(__name__)
+
+PauseMode = Literal["abort", "wait", "keep"]
+
+
+@dataclass(frozen=True)
+class GenParams:
+    """Validated sampling parameters of one request (shared by its `n` sequences)."""
+
+    n: int
+    max_tokens: int
+    spec: SampleSpec
+    seed: int | None
+    stop_token_ids: frozenset[int]
+    ignore_eos: bool
+
+
+class Sequence:
+    """One choice being generated: its tokens, raw logprobs, versions and KV cache."""
+
+    def __init__(self, prompt: list[int], params: GenParams, index: int) -> None:
+        self.prompt = prompt
+        self.params = params
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.tops: list[list[tuple[int, float]]] = []
+        self.versions: list[str] = []
+        self.pending: list[int] = list(prompt)  # tokens not yet in the KV cache
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.finish_reason: str | None = None
+        self.stop_reason: int | None = None
+        self.generator: torch.Generator | None = None
+        if params.seed is not None:
+            # Choice i of a seeded request draws from seed + i, so choices differ yet repeat.
+            self.generator = torch.Generator().manual_seed(params.seed + index)
+
+    @property
+    def past_len(self) -> int:
+        return 0 if self.kv is None else self.kv[0][0].shape[1]
+
+
+class GenRequest:
+    """A submitted completion: `n` sequences and a future resolved once all have finished."""
+
+    def __init__(self, prompt: list[int], params: GenParams) -> None:
+        self.seqs = [Sequence(prompt, params, i) for i in range(params.n)]
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def finished(self) -> bool:
+        return all(s.finish_reason is not None for s in self.seqs)
+
+    def resolve(self, error: Exception | None = None) -> None:
+        if self.done.done():
+            return
+        if error is None:
+            self.done.set_result(None)
+        else:
+            self.done.set_exception(error)
+
+
+def version_number(label: str) -> int:
+    """The gauge value of a version label: the integer, or -1 for a non-integer label."""
+    try:
+        return int(label)
+    except ValueError:
+        return -1
+
+
+class Engine:
+    """Owns the model; `run()` is the batching loop; pause/resume/reload are safe between steps."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        eos_ids: frozenset[int],
+        pad_id: int,
+        max_model_len: int,
+        max_batch: int,
+        batch_window_s: float,
+        version: str,
+    ) -> None:
+        self.model = model.eval()
+        self.eos_ids = eos_ids
+        self.pad_id = pad_id
+        self.max_model_len = max_model_len
+        self.max_batch = max_batch
+        self.batch_window_s = batch_window_s
+        self.version = version
+        self.paused = False
+        self._holding = False  # new requests are held (a pause was asked for)
+        self._waiting: deque[GenRequest] = deque()
+        self._held: deque[GenRequest] = deque()
+        self._running: list[GenRequest] = []
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._drained = asyncio.Event()
+        metrics.WEIGHT_VERSION.set(version_number(version))
+        metrics.PAUSED.set(0)
+
+    # --- requests --------------------------------------------------------------------------
+    def submit(self, request: GenRequest) -> None:
+        (self._held if self._holding else self._waiting).append(request)
+        self._wake.set()
+        self._update_gauges()
+
+    def abort(self, request: GenRequest) -> None:
+        """Finish every unfinished sequence of `request` with reason `abort`; resolve it."""
+        for seq in request.seqs:
+            if seq.finish_reason is None:
+                seq.finish_reason = "abort"
+        for queue in (self._waiting, self._held):
+            if request in queue:
+                queue.remove(request)
+        request.resolve()
+        self._update_gauges()
+
+    # --- control ---------------------------------------------------------------------------
+    async def pause(self, mode: PauseMode) -> None:
+        """Stop generating. abort: end in-flight requests now; wait: let them finish; keep: freeze them."""
+        self._holding = True
+        if mode == "wait":
+            self._drained.clear()
+            if self._waiting or self._running:
+                self._wake.set()
+                await self._drained.wait()
+        async with self._lock:  # no forward pass is in flight past this point
+            self.paused = True
+            if mode == "abort":
+                for request in [*self._running, *self._waiting]:
+                    self.abort(request)
+                self._running.clear()
+        metrics.PAUSED.set(1)
+        self._update_gauges()
+
+    def resume(self) -> None:
+        self.paused = False
+        self._holding = False
+        self._waiting.extend(self._held)
+        self._held.clear()
+        self._wake.set()
+        metrics.PAUSED.set(0)
+        self._update_gauges()
+
+    def set_version(self, label: str) -> None:
+        self.version = label
+        metrics.WEIGHT_VERSION.set(version_number(label))
+
+    async def reload_weights(self, path: Path) -> None:
+        """Load safetensors weights from `path` (file or HF directory); all-or-nothing."""
+        started = time.perf_counter()
+        tensors = await asyncio.to_thread(_read_weights, path)
+        async with self._lock:
+            await asyncio.to_thread(_copy_weights, self.model, tensors)
+        metrics.RELOAD_SECONDS.observe(time.perf_counter() - started)
+
+    # --- the loop --------------------------------------------------------------------------
+    async def run(self) -> None:
+        """The batching loop; runs until cancelled."""
+        while True:
+            await self._wake.wait()
+            if not self._running and self._waiting and self.batch_window_s > 0:
+                await asyncio.sleep(self.batch_window_s)  # let concurrent requests arrive together
+            async with self._lock:
+                if not self.paused:
+                    self._admit()
+                    if self._running:
+                        await self._step()
+            self._after_step()
+
+    def _admit(self) -> None:
+        busy = sum(len(r.seqs) for r in self._running)
+        while self._waiting and (
+            not self._running or busy + len(self._waiting[0].seqs) <= self.max_batch
+        ):
+            request = self._waiting.popleft()
+            self._running.append(request)
+            busy += len(request.seqs)
+
+    async def _step(self) -> None:
+        live = [s for r in self._running for s in r.seqs if s.finish_reason is None]
+        groups = [g for g in ([s for s in live if s.kv is None], [s for s in live if s.kv]) if g]
+        version = self.version
+        try:
+            results = await asyncio.to_thread(self._forward_and_sample, groups)
+        except Exception as exc:  # a failed forward fails its requests, never the loop
+            log.exception("forward pass failed")
+            for request in self._running:
+                request.resolve(EngineError(f"forward pass failed: {exc}", status=500))
+            self._running.clear()
+            return
+        for seq, (token, logprob, tops) in results:
+            if seq.finish_reason is None:  # aborted while the step ran: drop its token
+                self._append(seq, token, logprob, tops, version)
+
+    def _append(
+        self, seq: Sequence, token: int, logprob: float, tops: list[tuple[int, float]], version: str
+    ) -> None:
+        seq.tokens.append(token)
+        seq.logprobs.append(logprob)
+        seq.tops.append(tops)
+        seq.versions.append(version)
+        seq.pending = [token]
+        metrics.TOKENS_GENERATED.inc()
+        if token in seq.params.stop_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", token
+        elif token in self.eos_ids and not seq.params.ignore_eos:
+            seq.finish_reason = "stop"
+        elif len(seq.tokens) >= seq.params.max_tokens:
+            seq.finish_reason = "length"
+        elif len(seq.prompt) + len(seq.tokens) >= self.max_model_len:
+            seq.finish_reason = "length"
+
+    def _after_step(self) -> None:
+        for request in [r for r in self._running if r.finished()]:
+            self._running.remove(request)
+            request.resolve()
+        if not self._running and not self._waiting:
+            self._drained.set()
+            self._wake.clear()
+        elif self.paused:
+            self._wake.clear()
+        self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        metrics.RUNNING.set(sum(len(r.seqs) for r in self._running))
+        metrics.WAITING.set(len(self._waiting) + len(self._held))
+
+    # --- worker-thread side ----------------------------------------------------------------
+    def _forward_and_sample(
+        self, groups: list[list[Sequence]]
+    ) -> list[tuple[Sequence, tuple[int, float, list[tuple[int, float]]]]]:
+        out = []
+        with torch.inference_mode():
+            for group in groups:
+                metrics.BATCH_SIZE.observe(len(group))
+                logits = self._forward(group)
+                for seq, row in zip(group, logits, strict=True):
+                    logprobs = raw_logprobs(row)
+                    token = sample(row, seq.params.spec, seq.generator)
+                    tops = top_logprobs(logprobs, seq.params.spec.top_logprobs)
+                    out.append((seq, (token, float(logprobs[token]), tops)))
+        return out
+
+    def _forward(self, group: list[Sequence]) -> torch.Tensor:
+        """One forward pass over `group`; appends the new KV to each sequence; last-token logits."""
+        past = max(s.past_len for s in group)
+        width = max(len(s.pending) for s in group)
+        batch = len(group)
+        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((batch, past + width), dtype=torch.long)
+        positions = torch.zeros((batch, width), dtype=torch.long)
+        for i, seq in enumerate(group):
+            n, p = len(seq.pending), seq.past_len
+            input_ids[i, width - n :] = torch.tensor(seq.pending)
+            mask[i, past - p : past] = 1
+            mask[i, past + width - n :] = 1
+            positions[i, width - n :] = torch.arange(p, p + n)
+        cache = self._padded_cache(group, past)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        for i, seq in enumerate(group):
+            n = len(seq.pending)
+            new = [(layer.keys[i, :, -n:], layer.values[i, :, -n:]) for layer in cache.layers]
+            if seq.kv is None:
+                seq.kv = [(k.clone(), v.clone()) for k, v in new]
+            else:
+                seq.kv = [
+                    (torch.cat([ok, k], dim=1), torch.cat([ov, v], dim=1))
+                    for (ok, ov), (k, v) in zip(seq.kv, new, strict=True)
+                ]
+        return out.logits[:, -1, :]
+
+    def _padded_cache(self, group: list[Sequence], past: int) -> DynamicCache:
+        if past == 0:
+            return DynamicCache(config=self.model.config)
+        layers = []
+        template = next(s.kv for s in group if s.kv)
+        for layer, (k0, _) in enumerate(template):
+            shape = (len(group), k0.shape[0], past, k0.shape[2])
+            keys, values = torch.zeros(shape, dtype=k0.dtype), torch.zeros(shape, dtype=k0.dtype)
+            for i, seq in enumerate(group):
+                if seq.kv:
+                    k, v = seq.kv[layer]
+                    keys[i, :, past - k.shape[1] :] = k
+                    values[i, :, past - v.shape[1] :] = v
+            layers.append((keys, values))
+        return DynamicCache(ddp_cache_data=layers, config=self.model.config)
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(path.glob("*.safetensors"))
+    elif path.is_file():
+        files = [path]
+    else:
+        raise EngineError(f"weights path {str(path)!r} does not exist")
+    if not files:
+        raise EngineError(f"no *.safetensors files in {str(path)!r}")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            tensors.update(load_file(file))
+        except (SafetensorError, OSError) as exc:
+            raise EngineError(f"cannot read {file.name}: {exc}") from exc
+    return tensors
+
+
+def _copy_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Validate every name and shape first, then copy, so a bad file changes nothing."""
+    state = model.state_dict()
+    unknown = sorted(set(tensors) - set(state))
+    if unknown:
+        raise EngineError(f"weights contain unknown tensors: {unknown[:5]}")
+    for name, tensor in tensors.items():
+        if tuple(tensor.shape) != tuple(state[name].shape):
+            raise EngineError(
+                f"shape of {name} is {tuple(tensor.shape)}, model has {tuple(state[name].shape)}"
+            )
+    by_storage: dict[int, list[str]] = {}
+    for name, tensor in state.items():
+        by_storage.setdefault(tensor.data_ptr(), []).append(name)
+    missing = [names[0] for names in by_storage.values() if not any(n in tensors for n in names)]
+    if missing:
+        raise EngineError(f"weights lack tensors: {sorted(missing)[:5]}")
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            state[name].copy_(tensor)

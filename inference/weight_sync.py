@@ -1,0 +1,361 @@
+"""The weight-sync client: move every inference server to a new weight version and verify it.
+
+File path (`FileWeightSync`, the default): save the model as safetensors in Hugging Face layout to
+`<root>/v<version>` (written to a temporary directory, then renamed, so a server never reads a
+half-written version), then on every server, concurrently: `POST /pause?mode=keep`,
+`POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": dir}}`,
+`POST /update_weight_version {"new_version": "<version>"}`, `POST /reset_prefix_cache`,
+`POST /resume` (resume also runs after a failure, so a server is never left paused; it then keeps
+serving its old version under its old label). A failed server is retried `attempts` times. Last,
+`GET /weight_info` on every server must report the new version; otherwise `WeightSyncError` names
+each server that is not serving it. The farm never believes a version a server has not confirmed.
+The weight directory must be readable by the servers at the same path (shared or local disk).
+
+NCCL path (`NcclWeightSync`): vLLM's `/init_weight_transfer_engine`, `/start_weight_update`,
+`/update_weights` (while the transport broadcasts), `/finish_weight_update {"weight_version"}`.
+The tensor transport is pluggable: `VllmNcclTransport` imports vLLM only when used; the CPU
+server answers the same routes with `FileStandInTransport` (see inference/transfer.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+
+from inference import metrics
+from inference.config import WeightSyncConfig
+from inference.errors import WeightSyncError
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+
+
+class _StepFailed(Exception):
+    """One control call failed (status or connection); the message says which and why."""
+
+
+class _ControlClient:
+    """Shared HTTP plumbing: authorised JSON calls with a timeout, errors as _StepFailed."""
+
+    def __init__(self, urls: Sequence[str], config: WeightSyncConfig) -> None:
+        if not urls:
+            raise ValueError("at least one server URL is needed")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.config = config
+
+    def _session(self) -> aiohttp.ClientSession:
+        headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+        return aiohttp.ClientSession(
+            headers=headers, timeout=aiohttp.ClientTimeout(total=self.config.timeout_s)
+        )
+
+    async def _call(
+        self, session: aiohttp.ClientSession, method: str, url: str, json: Any = None
+    ) -> Any:
+        try:
+            async with session.request(method, url, json=json) as resp:
+                text = await resp.text()
+                if resp.status != 200:
+                    raise _StepFailed(
+                        f"{method} {url.rsplit('/', 1)[-1]} -> HTTP {resp.status}: {text[:300]}"
+                    )
+                return await resp.json(content_type=None) if text.strip() else None
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            raise _StepFailed(
+                f"{method} {url.rsplit('/', 1)[-1]}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def _with_retries(self, url: str, attempt: Any) -> str | None:
+        """Run `attempt()` up to `attempts` times; None on success, else the last reason."""
+        reason = "not attempted"
+        for i in range(self.config.attempts):
+            try:
+                await attempt()
+                return None
+            except _StepFailed as exc:
+                reason = str(exc)
+                metrics.SYNC_FAILURES.labels(server=url).inc()
+                if i + 1 < self.config.attempts:
+                    await asyncio.sleep(self.config.backoff_s)
+        return reason
+
+    async def _paused(self, session: aiohttp.ClientSession, url: str, steps: Any) -> None:
+        await self._call(session, "POST", f"{url}/pause?mode={self.config.pause_mode}")
+        try:
+            await steps()
+        finally:
+            try:
+                await self._call(session, "POST", f"{url}/resume")
+            except _StepFailed:
+                pass  # the update's own failure (if any) is what gets reported; verify catches the rest
+
+    async def verify(self, version: int, failures: dict[str, str] | None = None) -> None:
+        """Every server must report `version` on /weight_info; raise WeightSyncError otherwise."""
+        failures = dict(failures or {})
+        async with self._session() as session:
+            for url in self.urls:
+                try:
+                    info = await self._call(session, "GET", f"{url}/weight_info")
+                    served = str(info.get("weight_version")) if isinstance(info, dict) else None
+                except _StepFailed as exc:
+                    failures.setdefault(url, str(exc))
+                    continue
+                if served is not None and served.lstrip("-").isdigit():
+                    metrics.SYNC_SERVED_VERSION.labels(server=url).set(int(served))
+                if served != str(version):
+                    failures.setdefault(url, f"serves version {served!r}")
+        if failures:
+            raise WeightSyncError(version, failures)
+
+
+class FileWeightSync(_ControlClient):
+    """Weight push through files: `await push(model, tokenizer_dir, version)`."""
+
+    async def push(self, model: Any, tokenizer_dir: str | Path | None, version: int) -> Path:
+        """Save `model`, load it on every server, verify; returns the weight directory."""
+        path = await asyncio.to_thread(
+            save_weights, model, tokenizer_dir, self.config.root_dir, version
+        )
+        await self.push_path(path, version)
+        await asyncio.to_thread(
+            prune_versions, self.config.root_dir, self.config.keep_versions, path
+        )
+        return path
+
+    async def push_path(self, path: Path, version: int) -> None:
+        """Load an already saved weight directory on every server and verify the version."""
+        async with self._session() as session:
+
+            async def update(url: str) -> None:
+                async def steps() -> None:
+                    rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+                    await self._call(session, "POST", f"{url}/collective_rpc", rpc)
+                    await self._call(
+                        session,
+                        "POST",
+                        f"{url}/update_weight_version",
+                        {"new_version": str(version)},
+                    )
+                    await self._call(session, "POST", f"{url}/reset_prefix_cache")
+
+                await self._paused(session, url, steps)
+
+            reasons = await asyncio.gather(
+                *(self._with_retries(u, lambda u=u: update(u)) for u in self.urls)
+            )
+        await self.verify(version, {u: r for u, r in zip(self.urls, reasons, strict=True) if r})
+
+
+def save_weights(model: Any, tokenizer_dir: str | Path | None, root: Path, version: int) -> Path:
+    """Write `<root>/v<version>` atomically: safetensors weights (+ config, tokenizer files)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"v{version:08d}"
+    tmp = root / f".tmp-v{version:08d}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    if hasattr(model, "save_pretrained"):
+        model.save_pretrained(tmp)
+    else:
+        from safetensors.torch import save_file
+
+        tmp.mkdir()
+        tensors: Mapping[str, Any] = model
+        save_file(
+            {k: v.detach().contiguous().clone() for k, v in tensors.items()},
+            tmp / "model.safetensors",
+        )
+    if tokenizer_dir is not None:
+        for name in TOKENIZER_FILES:
+            if (Path(tokenizer_dir) / name).is_file():
+                shutil.copy2(Path(tokenizer_dir) / name, tmp / name)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
+
+
+def prune_versions(root: Path, keep: int, current: Path) -> None:
+    """Remove all but the newest `keep` version directories (never `current`)."""
+    versions = sorted(p for p in Path(root).glob("v*") if p.is_dir())
+    for old in versions[:-keep]:
+        if old != current:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+class Transport(Protocol):
+    """Moves tensors to the servers between /start_weight_update and /finish_weight_update."""
+
+    def init_info(self, server_index: int) -> dict[str, Any]: ...
+
+    async def start(self) -> None: ...
+
+    def update_info(self, tensors: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    async def send(self, tensors: Mapping[str, Any]) -> None: ...
+
+
+def tensor_metadata(tensors: Mapping[str, Any]) -> dict[str, Any]:
+    """vLLM's NCCLWeightTransferUpdateInfo fields for `tensors`."""
+    return {
+        "names": list(tensors),
+        "dtype_names": [str(t.dtype).removeprefix("torch.") for t in tensors.values()],
+        "shapes": [list(t.shape) for t in tensors.values()],
+    }
+
+
+class FileStandInTransport:
+    """The CPU server's stand-in for NCCL: tensors go through a safetensors file it reads."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self._file = self.directory / "transfer.safetensors"
+
+    def init_info(self, server_index: int) -> dict[str, Any]:
+        return {
+            "master_address": "file",
+            "master_port": 0,
+            "rank_offset": 1 + server_index,
+            "world_size": 0,
+        }
+
+    async def start(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def update_info(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
+        return tensor_metadata(tensors) | {"cpu_weights_path": str(self._file)}
+
+    async def send(self, tensors: Mapping[str, Any]) -> None:
+        from safetensors.torch import save_file
+
+        data = {k: v.detach().contiguous().clone() for k, v in tensors.items()}
+        await asyncio.to_thread(save_file, data, self._file)
+
+
+class NcclWeightSync(_ControlClient):
+    """Weight push over vLLM's NCCL routes; `await init()` once, then `await push(tensors, version)`."""
+
+    def __init__(self, urls: Sequence[str], config: WeightSyncConfig, transport: Transport) -> None:
+        super().__init__(urls, config)
+        self.transport = transport
+
+    async def init(self) -> None:
+        """Form the transfer group: the trainer side and every server join at the same time."""
+        async with self._session() as session:
+            joins = [
+                self._call(
+                    session,
+                    "POST",
+                    f"{url}/init_weight_transfer_engine",
+                    {"init_info": self.transport.init_info(i)},
+                )
+                for i, url in enumerate(self.urls)
+            ]
+            await asyncio.gather(self.transport.start(), *joins)
+
+    async def push(self, tensors: Mapping[str, Any], version: int) -> None:
+        # The stand-in transport must write before servers read; NCCL needs both sides at once.
+        if isinstance(self.transport, FileStandInTransport):
+            await self.transport.send(tensors)
+        update = {"update_info": self.transport.update_info(tensors)}
+        async with self._session() as session:
+
+            async def start_all() -> None:
+                await asyncio.gather(
+                    *(
+                        self._call(session, "POST", f"{u}/pause?mode={self.config.pause_mode}")
+                        for u in self.urls
+                    )
+                )
+                await asyncio.gather(
+                    *(self._call(session, "POST", f"{u}/start_weight_update") for u in self.urls)
+                )
+
+            async def transfer() -> None:
+                calls = [
+                    self._call(session, "POST", f"{u}/update_weights", update) for u in self.urls
+                ]
+                if not isinstance(self.transport, FileStandInTransport):
+                    calls.append(self.transport.send(tensors))
+                await asyncio.gather(*calls)
+                body = {"weight_version": str(version)}
+                await asyncio.gather(
+                    *(
+                        self._call(session, "POST", f"{u}/finish_weight_update", body)
+                        for u in self.urls
+                    )
+                )
+
+            failures: dict[str, str] = {}
+            try:
+                await start_all()
+                await transfer()
+            except _StepFailed as exc:  # a collective transfer fails as a whole
+                failures = {u: str(exc) for u in self.urls}
+                for url in self.urls:
+                    metrics.SYNC_FAILURES.labels(server=url).inc()
+            finally:
+                for url in self.urls:
+                    try:
+                        await self._call(session, "POST", f"{url}/resume")
+                    except _StepFailed:
+                        pass  # verify() reports a server that cannot be reached
+        await self.verify(version, failures)
+
+
+class VllmNcclTransport:
+    """NCCL broadcast from the trainer through vLLM's own trainer-side helper (GPU only).
+
+    Imports vLLM lazily; not exercised by the CPU test suite. `init_info` follows vLLM's
+    NCCLWeightTransferInitInfo (master_address, master_port, rank_offset, world_size); the
+    trainer is rank 0 and server i (one GPU worker each) is rank 1 + i.
+    """
+
+    def __init__(self, master_address: str, master_port: int, num_servers: int) -> None:
+        self.master_address = master_address
+        self.master_port = master_port
+        self.world_size = 1 + num_servers
+        self._group: Any = None
+
+    def init_info(self, server_index: int) -> dict[str, Any]:
+        return {
+            "master_address": self.master_address,
+            "master_port": self.master_port,
+            "rank_offset": 1 + server_index,
+            "world_size": self.world_size,
+        }
+
+    async def start(self) -> None:
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+
+        # The servers join the group when /init_weight_transfer_engine runs; rendezvous blocks.
+        self._group = await asyncio.to_thread(
+            NCCLWeightTransferEngine.trainer_init,
+            {
+                "master_address": self.master_address,
+                "master_port": self.master_port,
+                "world_size": self.world_size,
+            },
+        )
+
+    def update_info(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
+        return tensor_metadata(tensors)
+
+    async def send(self, tensors: Mapping[str, Any]) -> None:
+        from vllm.distributed.weight_transfer.nccl_engine import (
+            NCCLTrainerSendWeightsArgs,
+            NCCLWeightTransferEngine,
+        )
+
+        args = NCCLTrainerSendWeightsArgs(group=self._group)
+        await asyncio.to_thread(
+            NCCLWeightTransferEngine.trainer_send_weights, iter(tensors.items()), args
+        )
