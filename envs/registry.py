@@ -28,6 +28,9 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")
 _BUILTINS: dict[str, str] = {
     "toy": "envs.toy:make_toy",
     "http": "envs.http:make_http_env",
+    "code": "envs.code:make_code_env",
+    "codegym": "envs.codegym:make_codegym_env",
+    "stateful": "envs.stateful:make_stateful_env",
 }
 _registry: dict[str, Factory | str] = dict(_BUILTINS)
 

@@ -5,7 +5,7 @@ Each step parses the action (any syntax ``envs.parsing`` knows), runs the calls 
 order and returns their results as the observation. A malformed call, an unknown
 tool or bad arguments produce an error observation and
 ``info["error"] == ErrorCategory.FORMAT`` with a zero reward; the episode goes on.
-A subclass ends the episode by calling ``self.finish(reward)`` from a tool.
+A subclass ends the episode by calling ``self.end_episode(reward)`` from a tool.
 Tools may be coroutines.
 """
 
@@ -40,7 +40,7 @@ class ToolEnv(Env):
         """Start an episode; return the first observation and info."""
         raise NotImplementedError
 
-    def finish(self, reward: float) -> None:
+    def end_episode(self, reward: float) -> None:
         """End the episode with ``reward`` (called from a tool)."""
         self._done, self._reward = True, float(reward)
 

@@ -33,7 +33,7 @@ class Shop(ToolEnv):
     @tool
     async def checkout(self) -> str:
         """Pay and end the episode."""
-        self.finish(1.0 if self.cart == ["apple", "apple"] else 0.0)
+        self.end_episode(1.0 if self.cart == ["apple", "apple"] else 0.0)
         return "paid"
 
     def helper(self) -> None:
