@@ -1,14 +1,144 @@
-"""`farm` command line: demo, up, status."""
+"""`farm` command line: `up`, `demo` and `status`.
+
+`farm up` runs the local stack until Ctrl-C; `farm demo` runs it with demo
+settings in a fresh directory and writes a reward curve and a summary; `farm
+status` prints a running farm's state from Redis with the broker's own
+`run_state`/`format_state`. Flags override `FARM_*` environment variables, which
+override `--config FILE.toml`. `--help` imports neither torch nor matplotlib.
+"""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import logging
 import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from farm.errors import FarmError
+
+
+def _stack_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, help="TOML file with farm settings")
+    p.add_argument("--run", help="run name (default demo)")
+    p.add_argument("--redis-url", help="use this Redis instead of starting a private one")
+    p.add_argument("--redis-port", type=int, help="port of the private Redis (default: free)")
+    p.add_argument(
+        "--inference-urls", help="use these servers (comma-separated) instead of the CPU one"
+    )
+    p.add_argument("--inference-port", type=int, help="CPU policy server port (default: free)")
+    p.add_argument("--model", type=Path, help="model directory (default: build the tiny model)")
+    p.add_argument("--workers", type=int, help="worker processes (default 2)")
+    p.add_argument("--worker-concurrency", type=int, help="tasks per worker at once")
+    p.add_argument("--sandbox-backend", choices=["docker", "bwrap"], help="workers' sandbox")
+    p.add_argument("--env-spec", help='environment of the tasks (default toy@{"difficulty": 0})')
+    p.add_argument("--tasks", type=Path, help="learner's JSONL dataset (default: from env-spec)")
+    p.add_argument("--max-steps", type=int, help="stop after this many learner steps")
+    p.add_argument("--work-dir", type=Path, help="run directory (default .farm)")
+    p.add_argument("--metrics-port", type=int, help="supervisor /metrics port (0: none)")
+    p.add_argument("--status-interval-s", type=float, help="status refresh period (s)")
+    p.add_argument("--learner-arg", action="append", dest="learner_args", metavar="ARG",
+                   help="extra flag for the learner (repeatable)")  # fmt: skip
+    p.add_argument("--worker-arg", action="append", dest="worker_args", metavar="ARG",
+                   help="extra flag for each worker (repeatable)")  # fmt: skip
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="farm", description="Rollout farm on one machine.")
+    sub = root.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="run the local stack until Ctrl-C")
+    _stack_flags(up)
+    up.add_argument("--quiet", action="store_true", help="children's logs to files only")
+    demo = sub.add_parser("demo", help="train the toy environment and plot the reward")
+    _stack_flags(demo)
+    demo.add_argument("--time-limit-s", type=float, default=270.0, help="stop after (s)")
+    demo.add_argument("--verbose", action="store_true", help="show the children's logs")
+    status = sub.add_parser("status", help="a running farm's state from Redis")
+    status.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="Redis URL")
+    status.add_argument("--run", default="demo", help="run name")
+    status.add_argument("--watch", type=float, default=0.0, help="repeat every N seconds")
+    return root
+
+
+def _config_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    keys = (
+        "run", "redis_url", "redis_port", "inference_urls", "inference_port", "model",
+        "workers", "worker_concurrency", "sandbox_backend", "env_spec", "tasks", "max_steps",
+        "work_dir", "metrics_port", "status_interval_s", "learner_args", "worker_args",
+    )  # fmt: skip
+    return {k: getattr(args, k) for k in keys}
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    print(f"farm {' '.join(args)}: not yet built (the local-stack issue adds it)")
-    return 2
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        if args.command == "status":
+            return asyncio.run(_status(args))
+        if args.command == "up":
+            return asyncio.run(_up(args))
+        return asyncio.run(_demo(args))
+    except FarmError as exc:
+        print(f"farm: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _up(args: argparse.Namespace) -> int:
+    from farm.app import run_farm
+    from farm.config import load_config
+    from farm.console import Console
+
+    cfg = load_config(args.config, **_config_kwargs(args))
+    console = Console(log_dir=cfg.work_dir / "logs", echo_children=not args.quiet)
+    outcome = await run_farm(cfg, console)
+    print(f"farm stopped ({outcome.stop_reason})")
+    return 0
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    from farm import demo
+    from farm.app import run_farm
+    from farm.config import load_config
+    from farm.console import Console
+
+    kwargs = _config_kwargs(args)
+    kwargs["work_dir"] = kwargs["work_dir"] or demo.default_output_dir()
+    kwargs["max_steps"] = kwargs["max_steps"] or 40
+    kwargs["learner_args"] = [*demo.DEMO_LEARNER_ARGS, *(kwargs["learner_args"] or [])]
+    kwargs["worker_args"] = [*demo.DEMO_WORKER_ARGS, *(kwargs["worker_args"] or [])]
+    cfg = load_config(args.config, **kwargs)
+    console = Console(log_dir=cfg.work_dir / "logs", echo_children=args.verbose)
+    console.line("farm", f"demo in {cfg.work_dir} (logs in {cfg.work_dir / 'logs'})")
+    started = time.monotonic()
+    outcome = await run_farm(cfg, console, time_limit_s=args.time_limit_s)
+    summary = demo.summarize(outcome, time.monotonic() - started)
+    paths = demo.write_outputs(cfg.work_dir, summary)
+    print((cfg.work_dir / "summary.txt").read_text(), end="")
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0 if summary["steps"] > 0 else 1
+
+
+async def _status(args: argparse.Namespace) -> int:
+    from broker.connection import RedisSettings, connect
+    from broker.errors import BrokerError
+    from broker.keys import RunKeys
+    from broker.status import format_state, run_state
+
+    try:
+        keys = RunKeys(args.run)
+        redis = await connect(RedisSettings.from_url(args.redis_url, retry_budget_s=5.0))
+    except (ValueError, BrokerError) as exc:
+        raise FarmError(str(exc)) from exc
+    try:
+        while True:
+            print(format_state(await run_state(redis, keys)), flush=True)
+            if not args.watch:
+                return 0
+            await asyncio.sleep(args.watch)
+    finally:
+        await redis.aclose()
 
 
 if __name__ == "__main__":

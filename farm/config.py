@@ -1,0 +1,137 @@
+"""The one-machine farm's configuration: one pydantic-settings model, CLI > env > TOML.
+
+`FarmConfig` holds what `farm up` and `farm demo` need to build the stack: where
+Redis and the inference servers are (started locally when not given), how many
+workers, what the learner trains on and for how long, and where the run's files
+go. Flags given on the command line win, then `FARM_*` environment variables, then
+a TOML file given with `--config`. Unknown keys are rejected everywhere. This module
+imports neither torch nor transformers, so `farm --help` answers at once.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from farm.errors import ConfigError
+
+
+class FarmConfig(BaseSettings):
+    """Everything the local stack needs; see docs/farm.md."""
+
+    model_config = SettingsConfigDict(env_prefix="FARM_", extra="forbid", validate_default=True)
+
+    run: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="run name")
+    redis_url: str | None = Field(
+        None, description="Redis to use; None starts a private redis-server (AOF on)"
+    )
+    redis_port: int = Field(0, ge=0, le=65535, description="port of the private Redis (0: free)")
+    inference_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="inference servers (comma-separated); empty starts the CPU policy server",
+    )
+    inference_port: int = Field(0, ge=0, le=65535, description="CPU policy server port (0: free)")
+    model: Path | None = Field(
+        None, description="Hugging Face model directory; None builds the tiny model in work_dir"
+    )
+    workers: int = Field(2, ge=0, le=256, description="worker processes")
+    worker_concurrency: int | None = Field(
+        None, ge=1, le=100_000, description="tasks each worker runs at once (None: its default)"
+    )
+    sandbox_backend: str | None = Field(
+        None, pattern=r"^(docker|bwrap)$", description="workers' sandbox backend (None: default)"
+    )
+    env_spec: str = Field(
+        'toy@{"difficulty": 0}', min_length=1, description="environment the tasks use"
+    )
+    tasks: Path | None = Field(
+        None, description="learner's JSONL task dataset; None writes one line with env_spec"
+    )
+    max_steps: int = Field(0, ge=0, description="learner steps before the farm stops (0: never)")
+    learner_args: list[str] = Field(
+        default_factory=list, description="extra flags passed to `python -m learner`"
+    )
+    worker_args: list[str] = Field(
+        default_factory=list, description="extra flags passed to each `python -m workers`"
+    )
+    work_dir: Path = Field(Path(".farm"), description="run directory: model, Redis, logs")
+    metrics_port: int = Field(9400, ge=0, le=65535, description="supervisor /metrics (0: none)")
+    status_interval_s: float = Field(5.0, gt=0.0, le=3600.0, description="status refresh period")
+    restart_max: int = Field(5, ge=0, le=1000, description="crashes per child within 5 min")
+
+    @field_validator("inference_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [u.strip().rstrip("/") for u in value.split(",") if u.strip()]
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
+
+    @field_validator("env_spec")
+    @classmethod
+    def _env_spec_shape(cls, value: str) -> str:
+        name, _, kwargs = value.partition("@")
+        if not name or (kwargs and not isinstance(_json_object(kwargs), dict)):
+            raise ValueError(f"expected name@{{json object}}, got {value!r}")
+        return value
+
+
+def _json_object(text: str) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
+def load_config(toml: Path | None = None, **cli: Any) -> FarmConfig:
+    """Resolve CLI values > FARM_* env > TOML; flags left as None fall through."""
+    if toml is not None and not toml.is_file():
+        raise ConfigError(f"config file {toml} does not exist")
+    given = {k: v for k, v in cli.items() if v is not None}
+
+    class _Resolved(FarmConfig):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+            if toml is not None:
+                sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml))
+            return tuple(sources)
+
+    try:
+        resolved = _Resolved(**given)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from exc
+    except ValueError as exc:  # malformed TOML
+        raise ConfigError(f"cannot read {toml}: {exc}") from exc
+    return FarmConfig.model_construct(**dict(resolved))
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "config"
+        parts.append(f"{where}: {err['msg']}")
+    return "invalid farm configuration: " + "; ".join(parts)

@@ -1,0 +1,204 @@
+"""The one-machine stack: which processes `farm up` runs, with which flags, in which order.
+
+`prepare()` readies the run directory (the tiny model when no model is given, the
+task file when none is given) and `build_stack()` turns a `FarmConfig` into the
+supervisor's `ProcessSpec`s, in start order: a private `redis-server` (own
+directory, AOF on) unless a Redis URL is given, the CPU policy server unless
+inference URLs are given, the learner, then the workers. Each role gets its own
+free metrics port; the console view scrapes them. Layout of the run directory:
+
+    <work_dir>/model/        tiny model (when built here)
+    <work_dir>/redis/        the private Redis's AOF
+    <work_dir>/weights/      weight versions the learner pushes to the servers
+    <work_dir>/checkpoints/  learner checkpoints (a restarted learner resumes from them)
+    <work_dir>/tasks.jsonl   the learner's dataset (when written here)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from farm.config import FarmConfig
+from farm.errors import StartupError
+from farm.supervisor import LineSink, Probe, ProcessSpec
+
+PYTHON = sys.executable
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The resolved stack: its processes and the addresses the farm itself uses."""
+
+    specs: tuple[ProcessSpec, ...]
+    redis_url: str
+    inference_urls: tuple[str, ...]
+    model: Path
+    tasks: Path
+
+    @property
+    def metrics_urls(self) -> dict[str, str]:
+        return {s.name: s.metrics_url for s in self.specs if s.metrics_url}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def prepare(cfg: FarmConfig, sink: LineSink) -> tuple[Path, Path]:
+    """Make the run directory; build the tiny model and the task file when not given."""
+    work = cfg.work_dir.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    model = cfg.model.resolve() if cfg.model else work / "model"
+    if cfg.model is None and not (model / "config.json").is_file():
+        sink("farm", f"building the tiny model in {model}")
+        await _run_to_completion(
+            "build-model", [PYTHON, "-m", "inference.tiny", str(model)], sink, 300
+        )
+    if not (model / "config.json").is_file():
+        raise StartupError(f"no model at {model} (config.json missing)")
+    tasks = cfg.tasks.resolve() if cfg.tasks else work / "tasks.jsonl"
+    if cfg.tasks is None:
+        tasks.write_text(json.dumps({"env_spec": cfg.env_spec}) + "\n")
+    elif not tasks.is_file():
+        raise StartupError(f"task file {tasks} does not exist")
+    return model, tasks
+
+
+async def _run_to_completion(name: str, argv: list[str], sink: LineSink, limit_s: float) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), limit_s)
+    except TimeoutError as exc:
+        proc.kill()
+        await proc.wait()
+        raise StartupError(f"{name} took longer than {limit_s:.0f}s") from exc
+    if proc.returncode != 0:
+        for line in out.decode("utf-8", "replace").splitlines()[-20:]:
+            sink(name, line)
+        raise StartupError(f"{name} failed with status {proc.returncode}")
+
+
+def build_stack(cfg: FarmConfig, model: Path, tasks: Path) -> Stack:
+    work = cfg.work_dir.resolve()
+    specs: list[ProcessSpec] = []
+    redis_url = cfg.redis_url
+    if redis_url is None:
+        redis_spec, redis_url = _redis(work / "redis", cfg.redis_port or free_port())
+        specs.append(redis_spec)
+    inference_urls = list(cfg.inference_urls)
+    if not inference_urls:
+        port = cfg.inference_port or free_port()
+        inference_urls = [f"http://127.0.0.1:{port}"]
+        specs.append(_policy_server(model, port))
+    common = [
+        "--redis-url", redis_url, "--run", cfg.run,
+        "--inference-urls", ",".join(inference_urls), "--model", str(model),
+    ]  # fmt: skip
+    specs.append(_learner(cfg, work, tasks, common))
+    for i in range(cfg.workers):
+        specs.append(_worker(cfg, i, common))
+    return Stack(tuple(specs), redis_url, tuple(inference_urls), model, tasks)
+
+
+def _redis(directory: Path, port: int) -> tuple[ProcessSpec, str]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise StartupError("redis-server is not installed; install it or pass --redis-url")
+    directory.mkdir(parents=True, exist_ok=True)
+    argv = (
+        binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
+        "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+        "--protected-mode", "yes", "--daemonize", "no",
+    )  # fmt: skip
+    url = f"redis://127.0.0.1:{port}/0"
+
+    async def ready() -> bool:
+        client = aioredis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        try:
+            return bool(await client.ping())
+        except (RedisError, OSError):
+            return False
+        finally:
+            await client.aclose()
+
+    # Redis stops last and gets time to finish its AOF rewrite on SIGTERM.
+    return ProcessSpec("redis", argv, ready=ready, ready_timeout_s=30, stop_timeout_s=30), url
+
+
+def _policy_server(model: Path, port: int) -> ProcessSpec:
+    url = f"http://127.0.0.1:{port}"
+    argv = (PYTHON, "-m", "inference", "--model", str(model), "--host", "127.0.0.1")
+    return ProcessSpec(
+        "inference",
+        (*argv, "--port", str(port)),
+        ready=_http_ok(f"{url}/health"),
+        ready_timeout_s=180,
+        metrics_url=f"{url}/metrics",
+    )
+
+
+def _learner(cfg: FarmConfig, work: Path, tasks: Path, common: list[str]) -> ProcessSpec:
+    port = free_port()
+    argv = [
+        PYTHON, "-m", "learner", *common, "--tasks", str(tasks),
+        "--metrics-port", str(port), "--weights-dir", str(work / "weights"),
+        "--checkpoint-dir", str(work / "checkpoints"), "--resume",
+    ]  # fmt: skip
+    if cfg.max_steps:
+        argv += ["--max-steps", str(cfg.max_steps)]
+    return ProcessSpec(
+        "learner",
+        (*argv, *cfg.learner_args),
+        finishes_stack=cfg.max_steps > 0,
+        stop_timeout_s=60,  # lets it finish a checkpoint
+        metrics_url=f"http://127.0.0.1:{port}/metrics",
+    )
+
+
+def _worker(cfg: FarmConfig, index: int, common: list[str]) -> ProcessSpec:
+    port = free_port()
+    # A stable id: a restarted worker first takes back its own pending tasks.
+    argv = [
+        PYTHON, "-m", "workers", *common, "--worker-id", f"farm-worker-{index}",
+        "--metrics-port", str(port),
+    ]  # fmt: skip
+    if cfg.worker_concurrency:
+        argv += ["--concurrency", str(cfg.worker_concurrency)]
+    if cfg.sandbox_backend:
+        argv += ["--sandbox-backend", cfg.sandbox_backend]
+    return ProcessSpec(
+        f"worker-{index}",
+        (*argv, *cfg.worker_args),
+        stop_timeout_s=45,  # its own shutdown grace is 30 s
+        metrics_url=f"http://127.0.0.1:{port}/metrics",
+    )
+
+
+def _http_ok(url: str) -> Probe:
+    timeout = aiohttp.ClientTimeout(total=2.0)
+
+    async def ready() -> bool:
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as session,
+                session.get(url) as response,
+            ):
+                return response.status == 200
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+
+    return ready
