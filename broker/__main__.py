@@ -49,6 +49,8 @@ def parser() -> argparse.ArgumentParser:
         "--redis-url", default=os.environ.get("FARM_REDIS_URL", "redis://127.0.0.1:6379/0")
     )
     p.add_argument("--run", default=os.environ.get("FARM_RUN", "demo"))
+    p.add_argument("--tls-ca-file", default=os.environ.get("FARM_REDIS_CA_FILE"),
+                   help="CA bundle for rediss:// URLs")  # fmt: skip
     p.add_argument("--redis-wait", type=float, default=10.0, help="seconds to keep retrying Redis")
     sub = p.add_subparsers(dest="command", required=True)
     st = sub.add_parser("status", help="streams, groups, lag, pending, dead letters")
@@ -177,7 +179,9 @@ COMMANDS: dict[str, Callable[[aioredis.Redis, RunKeys, argparse.Namespace], Awai
 
 
 async def amain(args: argparse.Namespace) -> int:
-    settings = RedisSettings.from_url(args.redis_url, retry_budget_s=args.redis_wait)
+    settings = RedisSettings.from_url(
+        args.redis_url, retry_budget_s=args.redis_wait, tls_ca_file=args.tls_ca_file
+    )
     redis = await connect(settings)
     try:
         return await COMMANDS[args.command](redis, RunKeys(args.run), args)

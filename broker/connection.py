@@ -13,10 +13,11 @@ import logging
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from broker.errors import RedisUnavailable
+from broker.errors import RedisAuthFailed, RedisUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +32,13 @@ class RedisSettings:
     socket_timeout_s: float = 5.0  # every command; blocking reads block for less
     connect_timeout_s: float = 3.0
     retry_budget_s: float = 30.0  # total time connect() keeps retrying
+    tls_ca_file: str | None = None  # CA bundle that signs the server's certificate (rediss://)
 
     @classmethod
-    def from_url(cls, url: str, **overrides: float) -> RedisSettings:
+    def from_url(cls, url: str, **overrides: float | str | None) -> RedisSettings:
         if not url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"unsupported Redis URL scheme in {url!r}")
-        return cls(url=url, **overrides)
+        return cls(url=url, **overrides)  # type: ignore[arg-type]
 
     @property
     def max_block_ms(self) -> int:
@@ -44,8 +46,12 @@ class RedisSettings:
         return max(1, int(self.socket_timeout_s * 1000 * 0.6))
 
     def client(self) -> aioredis.Redis:
+        tls: dict[str, str] = {}
+        if self.url.startswith("rediss://") and self.tls_ca_file:
+            tls["ssl_ca_certs"] = self.tls_ca_file
         return aioredis.Redis.from_url(
             self.url,
+            **tls,
             socket_timeout=self.socket_timeout_s,
             socket_connect_timeout=self.connect_timeout_s,
             health_check_interval=30,
@@ -63,6 +69,11 @@ async def connect(settings: RedisSettings) -> aioredis.Redis:
         try:
             await client.ping()
             return client
+        except AuthenticationError as exc:  # a ConnectionError subclass, but never transient
+            await client.aclose()
+            raise RedisAuthFailed(
+                f"Redis at {_redact(settings.url)} refused the credentials: {exc}"
+            ) from exc
         except TRANSIENT as exc:
             if loop.time() + delay > deadline:
                 await client.aclose()

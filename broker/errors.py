@@ -3,6 +3,7 @@
     BrokerError
     ├── DecodeError        an entry's envelope or body cannot be decoded
     ├── RedisUnavailable   Redis could not be reached within the retry budget
+    ├── RedisAuthFailed    Redis refused the credentials (not retried)
     └── BudgetError        the admission budget was misused (bad limit, over-release)
 
 Library exceptions (redis-py, msgpack) are translated at this boundary.
@@ -21,6 +22,10 @@ class DecodeError(BrokerError):
 
 class RedisUnavailable(BrokerError):
     """Redis did not answer within the configured retry budget."""
+
+
+class RedisAuthFailed(BrokerError):
+    """Redis rejected the user name or password; retrying would not help."""
 
 
 class BudgetError(BrokerError):

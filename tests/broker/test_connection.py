@@ -1,0 +1,121 @@
+"""Connection options against real redis-servers: ACL users, TLS, retention, metrics."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+
+import pytest
+from prometheus_client import REGISTRY
+from redis.exceptions import NoPermissionError
+
+from broker.connection import RedisSettings, connect
+from broker.consumer import Consumer, ConsumerConfig
+from broker.errors import RedisAuthFailed, RedisUnavailable
+from broker.keys import WORKERS_GROUP, RunKeys
+from broker.messages import Task
+from broker.producer import Producer, Retention
+from tests.broker.helpers import make_task
+from tests.conftest import free_port, require
+
+KEYS = RunKeys("c")
+
+
+async def test_acl_user_and_password(redis_server):
+    admin = await connect(RedisSettings.from_url(redis_server.url))
+    await admin.execute_command("ACL", "SETUSER", "farm", "on", ">s3cret", "~{c}:*", "+@all")
+    await admin.aclose()
+    url = f"redis://farm:s3cret@127.0.0.1:{redis_server.port}/0"
+    client = await connect(RedisSettings.from_url(url))
+    try:
+        assert await Producer(client).publish(KEYS.tasks, [make_task("a")])
+        with pytest.raises(NoPermissionError):
+            await client.set("outside-the-run", 1)
+    finally:
+        await client.aclose()
+    wrong = RedisSettings.from_url(
+        f"redis://farm:nope@127.0.0.1:{redis_server.port}/0", retry_budget_s=0.3
+    )
+    with pytest.raises(RedisAuthFailed, match=r"farm:\*\*\*@"):
+        await connect(wrong)
+
+
+@pytest.fixture
+def tls_server(tmp_path):
+    require(shutil.which("openssl") is not None, "openssl")
+    require(shutil.which("redis-server") is not None, "redis-server")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)  # fmt: skip
+    port = free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+         "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert),
+         "--tls-auth-clients", "no", "--save", "", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    time.sleep(0.5)
+    yield port, cert
+    proc.terminate()
+    proc.wait(10)
+
+
+async def test_rediss_url_with_ca_file(tls_server):
+    port, cert = tls_server
+    settings = RedisSettings.from_url(f"rediss://localhost:{port}/0", tls_ca_file=str(cert))
+    client = await connect(settings)
+    try:
+        assert await client.ping()
+    finally:
+        await client.aclose()
+    plain = RedisSettings.from_url(f"redis://localhost:{port}/0", retry_budget_s=0.3)
+    with pytest.raises(RedisUnavailable):
+        await connect(plain)
+
+
+async def test_retention_modes(redis_server):
+    client = await connect(RedisSettings.from_url(redis_server.url))
+    try:
+        capped = Producer(client, Retention(mode="maxlen", maxlen=10))
+        for _ in range(20):
+            await capped.publish("{c}:capped", [make_task(f"t{i}") for i in range(50)])
+        assert 10 <= await client.xlen("{c}:capped") < 1000  # approximate trimming: whole nodes
+        windowed = Producer(client, Retention(mode="minid", max_age_s=0.2))
+        await windowed.publish("{c}:window", [make_task("old")] * 200)
+        time.sleep(0.4)
+        await windowed.publish("{c}:window", [make_task("new")] * 200)
+        assert await client.xlen("{c}:window") < 400
+        with pytest.raises(ValueError):
+            Retention(maxlen=0)
+    finally:
+        await client.aclose()
+
+
+async def test_counters_follow_the_traffic(redis_server):
+    client = await connect(RedisSettings.from_url(redis_server.url))
+
+    def value(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    try:
+        before = value("farm_broker_published_total", stream=KEYS.tasks)
+        acked = value("farm_broker_acked_total", stream=KEYS.tasks, group=WORKERS_GROUP)
+        dead = value("farm_broker_deadlettered_total", stream=KEYS.tasks)
+        await Producer(client).publish(KEYS.tasks, [make_task("m1"), make_task("m2")])
+        await client.xadd(KEYS.tasks, {b"bad": b"1"})
+        c = Consumer(
+            client,
+            KEYS,
+            [KEYS.tasks],
+            ConsumerConfig(group=WORKERS_GROUP, consumer="m", block_ms=10),
+            expect=Task,
+        )
+        await c.ensure_groups()
+        await c.commit(await c.read())
+        assert value("farm_broker_published_total", stream=KEYS.tasks) == before + 2
+        assert value("farm_broker_acked_total", stream=KEYS.tasks, group=WORKERS_GROUP) == acked + 2
+        assert value("farm_broker_deadlettered_total", stream=KEYS.tasks) == dead + 1
+    finally:
+        await client.aclose()
