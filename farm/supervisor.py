@@ -148,6 +148,7 @@ class _Child:
         except OSError as exc:
             raise StartupError(f"cannot start {spec.name} ({spec.argv[0]}): {exc}") from exc
         self.proc = proc
+        self.sink("farm", f"{spec.name} started (pid {proc.pid})")
         CHILD_UP.labels(process=spec.name).set(1)
         try:
             async with asyncio.TaskGroup() as tg:
