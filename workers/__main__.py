@@ -44,9 +44,8 @@ def load_config(argv: list[str]) -> WorkerConfig:
 
 async def serve(cfg: WorkerConfig, stop: asyncio.Event) -> int:
     """Build the worker's parts, run until `stop`, close everything."""
-    from inference.client import ClientConfig, GenerationClient, SamplingParams
-
     from broker.connection import RedisSettings, connect
+    from inference.client import ClientConfig, GenerationClient, SamplingParams
     from workers.episode import EpisodeContext
     from workers.resources import import_env_modules, open_sandbox
     from workers.tokens import load_codec
@@ -57,7 +56,11 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event) -> int:
     redis = await connect(RedisSettings.from_url(cfg.redis_url))
     client = GenerationClient(
         cfg.inference_urls,
-        ClientConfig(api_key=cfg.inference_api_key, request_timeout_s=cfg.inference_timeout_s),
+        ClientConfig(
+            api_key=cfg.inference_api_key,
+            request_timeout_s=cfg.inference_timeout_s,
+            retry_budget_s=cfg.inference_retry_budget_s,
+        ),
     )
     try:
         await client.start()

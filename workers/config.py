@@ -94,6 +94,11 @@ class WorkerConfig(BaseSettings):
     inference_timeout_s: float = Field(
         60.0, gt=0.0, description="per-request timeout of the generation client"
     )
+    inference_retry_budget_s: float = Field(
+        120.0,
+        gt=0.0,
+        description="time one generate call may spend failing over before the episode is retried",
+    )
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port (0: none)")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
 

@@ -136,11 +136,33 @@ async def _loop(
         max_tokens=cfg.max_tokens,
         temperature=cfg.temperature,
         top_p=cfg.top_p,
-        stop_token_ids=list(ctx.codec.stop_token_ids),
+        stop_token_ids=tuple(ctx.codec.stop_token_ids),
         allowed_token_ids=ctx.codec.allowed_token_ids(getattr(env, "action_vocabulary", None)),
     )
-    context: list[int] = list(prompt)
     session = f"{task.task_id}/{index}"
+    try:
+        return await _turns(
+            ctx, cfg, task, max_turns, env, env_name, state, prompt, params, session
+        )
+    finally:
+        end_session = getattr(ctx.client, "end_session", None)
+        if end_session is not None:
+            end_session(session)  # the sticky-server entry must not outlive the episode
+
+
+async def _turns(
+    ctx: EpisodeContext,
+    cfg: EpisodeSettings,
+    task: Task,
+    max_turns: int,
+    env: Any,
+    env_name: str,
+    state: _State,
+    prompt: list[int],
+    params: Any,
+    session: str,
+) -> str:
+    context: list[int] = list(prompt)
     while True:
         room = cfg.max_context_tokens - len(context)
         if room <= 0:
@@ -160,7 +182,7 @@ async def _loop(
         metrics.ENV_STEPS.labels(env=env_name).inc()
         if info.get("error") == ErrorCategory.FORMAT:
             metrics.ERRORS.labels(category=ErrorCategory.FORMAT.value).inc()
-        versions = gen.weight_versions
+        versions = [v for v in gen.weight_versions if v >= 0]  # -1: a non-integer label
         state.turns.append(
             Turn(
                 prompt_ids=prompt,

@@ -37,7 +37,7 @@ class ChatCodec:
         self._tail = self._assistant_tail()
         self._obs_cache: dict[str, tuple[list[int], list[int]] | None] = {}
         self._first_cache: dict[tuple[str | None, str], tuple[list[int], list[int]] | None] = {}
-        self._allowed_cache: dict[tuple[str, ...], list[int]] = {}
+        self._allowed_cache: dict[tuple[str, ...], tuple[int, ...]] = {}
 
     # --- public ------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -77,14 +77,14 @@ class ChatCodec:
             return [*rest, *self._observation_diff(as_messages(observation))]
         return [*rest, *split[0], *self.encode(observation), *split[1]]
 
-    def allowed_token_ids(self, vocabulary: Sequence[str] | None) -> list[int] | None:
+    def allowed_token_ids(self, vocabulary: Sequence[str] | None) -> tuple[int, ...] | None:
         """Token ids of every vocabulary string plus the stop tokens; None: no restriction."""
         if not vocabulary:
             return None
         key = tuple(vocabulary)
         if key not in self._allowed_cache:
             ids = {i for word in key for i in self.encode(word)}
-            self._allowed_cache[key] = sorted(ids | set(self.stop_token_ids))
+            self._allowed_cache[key] = tuple(sorted(ids | set(self.stop_token_ids)))
         return self._allowed_cache[key]
 
     # --- template rendering ------------------------------------------------------------------

@@ -77,7 +77,10 @@ def test_help_lists_every_option_without_torch() -> None:
 
 def test_bad_config_exits_2() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "workers", "--model", "/m"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "workers", "--model", "/m"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 2
     assert "at least one inference server" in out.stderr

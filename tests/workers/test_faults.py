@@ -1,0 +1,117 @@
+"""Faults inside one worker: an env that raises, an env that hangs, a dead inference server."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from broker.keys import RunKeys
+from broker.messages import ErrorCategory, Task
+from tests.workers import testenvs  # noqa: F401  (registers the test environments)
+from tests.workers.farm import pending_ids, publish_tasks, redis_client, running_worker, wait_groups
+
+
+async def test_env_that_raises_and_env_that_hangs(
+    redis_server, policy_server, tiny_model_dir: Path
+) -> None:
+    keys = RunKeys("faults")
+    tasks = [
+        Task("raise", "wk-raise", group_size=2, seed=1, policy_version=0),
+        Task("hang", "wk-hang", group_size=2, seed=1, policy_version=0),
+        Task("fine", 'wk-dialogue@{"turns": 2}', group_size=2, seed=1, policy_version=0),
+    ]
+    async with redis_client(redis_server.url) as redis:
+        await publish_tasks(redis, keys, tasks)
+        async with running_worker(
+            redis, tiny_model_dir, [policy_server.url], run="faults",
+            env_step_timeout_s=1.0, episode_timeout_s=5.0,
+        ):  # fmt: skip
+            found = {g.group_id: g for g in await wait_groups(redis, keys, 3, timeout=60)}
+        assert await pending_ids(redis, keys) == []  # every task acked after its group
+    raised, hung, fine = found["raise"], found["hang"], found["fine"]
+    for t in raised.trajectories:
+        assert (t.finish_reason, t.error) == ("error", ErrorCategory.ENV)
+        assert "environment bug" in t.error_detail
+    assert raised.infra_failed
+    for t in hung.trajectories:
+        assert (t.finish_reason, t.error) == ("error", ErrorCategory.TIMEOUT)
+        assert t.timings["total"] < 4.0  # the step limit, not the episode limit, ended it
+    for t in fine.trajectories:  # the worker survived both and still works
+        assert (t.finish_reason, t.error) == ("terminated", ErrorCategory.NONE)
+    assert not fine.infra_failed
+
+
+async def test_episode_limits_truncate_with_reason(
+    redis_server, policy_server, tiny_model_dir: Path
+) -> None:
+    keys = RunKeys("limits")
+    tasks = [
+        Task(
+            "turns",
+            'wk-dialogue@{"turns": 50}',
+            group_size=1,
+            seed=1,
+            policy_version=0,
+            max_turns=2,
+        ),
+        Task(
+            "ctx", 'wk-dialogue@{"turns": 50, "pad": 150}', group_size=1, seed=2, policy_version=0
+        ),
+    ]
+    wall = Task("wall", 'wk-dialogue@{"turns": 100000}', group_size=1, seed=3, policy_version=0)
+    urls = [policy_server.url]
+    async with redis_client(redis_server.url) as redis:
+        await redis.set(keys.horizon, 3)  # the learner's horizon overrides the task's max_turns
+        await publish_tasks(redis, keys, tasks)
+        async with running_worker(
+            redis, tiny_model_dir, urls, run="limits", max_context_tokens=400
+        ):
+            found = {g.group_id: g.trajectories[0] for g in await wait_groups(redis, keys, 2, 60)}
+        await redis.delete(keys.horizon)
+        await publish_tasks(redis, keys, [wall])
+        async with running_worker(
+            redis, tiny_model_dir, urls, run="limits", max_context_tokens=3500,
+            max_turns=100000, episode_timeout_s=0.8, env_step_timeout_s=0.5,
+        ):  # fmt: skip
+            found |= {g.group_id: g.trajectories[0] for g in await wait_groups(redis, keys, 3, 60)}
+    assert found["turns"].finish_reason == "truncated:max_turns" and len(found["turns"].turns) == 3
+    assert found["ctx"].finish_reason == "truncated:context"
+    total = sum(len(t.prompt_ids) + len(t.completion_ids) for t in found["ctx"].turns)
+    assert total <= 400 and len(found["ctx"].turns) < 4
+    assert found["wall"].finish_reason == "truncated:wall_time", found["wall"].finish_reason
+    assert found["wall"].timings["total"] < 1.5
+    for traj in found.values():
+        assert traj.error is ErrorCategory.NONE and traj.turns[-1].truncated
+
+
+@pytest.mark.slow
+async def test_one_of_two_servers_killed_mid_run(
+    redis_server, server_factory, tiny_model_dir: Path
+) -> None:
+    keys = RunKeys("failover")
+    a, b = server_factory(), server_factory()
+    tasks = [
+        Task(
+            f"t{i}",
+            'wk-dialogue@{"turns": 3, "step_s": 0.05}',
+            group_size=2,
+            seed=10 * i,
+            policy_version=0,
+        )
+        for i in range(6)
+    ]
+    async with redis_client(redis_server.url) as redis:
+        await publish_tasks(redis, keys, tasks)
+        async with running_worker(
+            redis, tiny_model_dir, [a.url, b.url], run="failover", concurrency=16
+        ):
+            await wait_groups(redis, keys, 1, timeout=60)
+            a.kill()
+            found = await wait_groups(redis, keys, len(tasks), timeout=120)
+    assert sorted(g.group_id for g in found) == sorted(t.task_id for t in tasks)
+    for g in found:
+        assert not g.infra_failed, [t.error_detail for t in g.trajectories]
+        assert all(t.finish_reason == "terminated" for t in g.trajectories)
+    await asyncio.sleep(0)

@@ -1,0 +1,60 @@
+"""Small environments the worker tests register (imported in-process and by
+`python -m workers --env-modules tests.workers.testenvs`).
+
+- `wk-dialogue`: multi-turn; records what it saw and said in `TRANSCRIPTS[seed]`;
+  `step_s` makes each step sleep, `pad` lengthens observations (to keep a task in flight while a test kills things).
+- `wk-raise`: its step raises (an env bug).
+- `wk-hang`: its step never returns (an env hang).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import envs
+from envs import Env
+
+TRANSCRIPTS: dict[int, list[tuple[str, str]]] = {}  # seed -> [(kind, text)], kind: obs/action
+
+
+class Dialogue(Env):
+    system_prompt = "Reply briefly."
+
+    def __init__(self, turns: int = 3, step_s: float = 0.0, pad: int = 0) -> None:
+        self.turns, self.step_s, self.pad, self.k, self.seed = turns, step_s, pad, 0, 0
+
+    async def areset(self, *, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        self.seed, self.k = seed or 0, 0
+        obs = f"Hello #{self.seed}: tell me about ünïcödé {self.seed % 7}."
+        TRANSCRIPTS[self.seed] = [("obs", obs)]
+        return obs, {}
+
+    async def astep(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self.step_s:
+            await asyncio.sleep(self.step_s)
+        self.k += 1
+        obs = f"Observation {self.k}: you wrote {len(action)} characters.\n" + "." * self.pad
+        TRANSCRIPTS[self.seed] += [("action", action), ("obs", obs)]
+        return obs, float(self.k), self.k >= self.turns, False, {}
+
+
+class Raising(Env):
+    def reset(self, *, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        return "go", {}
+
+    def step(self, action: Any) -> Any:
+        raise RuntimeError("environment bug")
+
+
+class Hanging(Env):
+    async def areset(self, *, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        return "go", {}
+
+    async def astep(self, action: Any) -> Any:
+        await asyncio.Event().wait()  # never set
+
+
+for _name, _factory in (("wk-dialogue", Dialogue), ("wk-raise", Raising), ("wk-hang", Hanging)):
+    if _name not in envs.registered():
+        envs.register(_name, _factory)
