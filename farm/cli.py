@@ -128,7 +128,7 @@ async def _status(args: argparse.Namespace) -> int:
 
     try:
         keys = RunKeys(args.run)
-        redis = await connect(RedisSettings.from_url(args.redis_url, retry_budget_s=5.0))
+        redis = await connect(RedisSettings.from_url(args.redis_url, retry_budget_s=2.0))
     except (ValueError, BrokerError) as exc:
         raise FarmError(str(exc)) from exc
     try:
