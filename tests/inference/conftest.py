@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -112,3 +113,14 @@ def process_factory(model_dir: Path) -> Iterator[Callable[..., list[ServerProces
     yield make
     for proc in started:
         proc.stop()
+
+
+async def eventually(
+    predicate: Callable[[], bool], within_s: float = 10.0, step: float = 0.01
+) -> None:
+    """Wait until `predicate()` holds (state inside a server has no event to wait on); fail on timeout."""
+    for _ in range(int(within_s / step)):
+        if predicate():
+            return
+        await asyncio.sleep(step)
+    raise AssertionError("condition not reached in time")
