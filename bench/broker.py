@@ -153,6 +153,11 @@ async def farm_pass(
     got = 0
     while got < count:
         deliveries = await consumer.read()
+        if not deliveries and not producer.is_alive():
+            rest = await consumer.read(block_ms=500)  # drain what it published before exiting
+            if not rest:
+                raise RuntimeError(f"producer exited (code {producer.exitcode}) after {got} of {count}")
+            deliveries = rest
         now = time.time()
         latencies.extend((now - d.message.created_at) * 1000 for d in deliveries)
         await consumer.commit(deliveries)
