@@ -1,8 +1,9 @@
 """The ``codegym`` environment: tool use over a coding problem whose state lives in the sandbox.
 
-At reset the environment opens a sandbox session for the episode, ships the
-runtime and the environment's source into it, and instantiates the class with a
-task config. Every tool call then runs in that session against the committed
+At reset the environment opens a sandbox session for the episode and
+instantiates the class there with a task config (the runtime and the
+environment's source travel with every request, so a session the sandbox had to
+reopen still works). Every tool call then runs in that session against the committed
 state snapshot, under ``tool_timeout_s``: the new state is committed only when
 the call finishes cleanly in time; a timeout, a limit violation or an exception
 in the tool leaves the state as it was and the observation is an error. The
@@ -13,6 +14,7 @@ Unknown tools and malformed calls are format errors. ``tools`` is set at reset.
 from __future__ import annotations
 
 import json
+import logging
 import random
 from contextlib import AsyncExitStack
 from typing import Any
@@ -27,6 +29,8 @@ from envs.errors import EnvInfraError, EnvStateError
 from envs.parsing import parse_tool_calls
 from envs.sandboxed import open_session, require_pool
 from envs.toolenv import format_error
+
+log = logging.getLogger(__name__)
 
 SYSTEM_PROMPT = (
     "You solve the task by calling tools, one or more per turn, written as "
@@ -76,13 +80,25 @@ class CodeGym:
         self._state: str | None = None  # committed snapshot (JSON text)
         self._done = True
 
+    def _files(self) -> dict[str, str]:
+        # Shipped with every call: a session the sandbox had to reopen starts empty.
+        return {
+            "codegym_runtime.py": runtime_source(),
+            f"{self.source.name}.py": self.source.source,
+        }
+
     def _request(self, op: str, **fields: Any) -> dict[str, Any]:
         return {"op": op, "module": self.source.name, "class": self.source.class_name, **fields}
 
     async def _close_session(self) -> None:
         stack, self._stack, self._sb = self._stack, None, None
-        if stack is not None:
+        if stack is None:
+            return
+        try:
             await stack.aclose()
+        except EnvInfraError as exc:
+            # The episode is over either way; a failed release is the pool's to reap.
+            log.warning("codegym: closing the sandbox session failed: %s", exc)
 
     async def areset(self, seed: int | None = None) -> ResetResult:
         await self._close_session()

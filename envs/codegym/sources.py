@@ -11,6 +11,7 @@ proved itself in the sandbox.
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -105,6 +106,7 @@ def get_source(name: str) -> CodeGymSource:
         ) from None
 
 
+@functools.cache
 def runtime_source() -> str:
     """Text of the in-sandbox runtime module."""
     return resources.files("envs.codegym").joinpath("codegym_runtime.py").read_text()
