@@ -62,4 +62,8 @@ async def test_answer_whitespace_tolerated_but_extra_text_wrong() -> None:
     obs, _ = await envs.areset(env, seed=3)
     assert (await envs.astep(env, f" {obs}\n"))[1] == 1.0
     await envs.areset(env, seed=3)
+    assert (await envs.astep(env, f"{obs}<|im_end|>"))[1] == 1.0
+    await envs.areset(env, seed=3)
+    assert (await envs.astep(env, f"<|im_end|>{obs}x<|im_end|>"))[1] == 0.0
+    await envs.areset(env, seed=3)
     assert (await envs.astep(env, f"{obs}{obs}"))[1] == 0.0
