@@ -295,6 +295,10 @@ def _check_choice(data: Any) -> dict[str, Any]:
     """The first choice of a completion response, or _Retryable if it is not what we asked for."""
     try:
         choice = data["choices"][0]
+        if "weight_versions" not in choice:
+            raise InferenceError(
+                "server does not return weight_versions (needs return_weight_versions support)"
+            )
         ids, lps = choice["token_ids"], choice["logprobs"]["token_logprobs"]
         if (
             not isinstance(ids, list)

@@ -28,7 +28,7 @@ from transformers import DynamicCache
 
 from inference import metrics
 from inference.errors import EngineError
-from inference.sampling import SampleSpec, raw_logprobs, sample, top_logprobs
+from inference.sampling import SampleSpec, sample_rows
 
 log = logging.getLogger(__name__)
 
@@ -267,11 +267,11 @@ class Engine:
             for group in groups:
                 metrics.BATCH_SIZE.observe(len(group))
                 logits = self._forward(group)
-                for seq, row in zip(group, logits, strict=True):
-                    logprobs = raw_logprobs(row)
-                    token = sample(row, seq.params.spec, seq.generator)
-                    tops = top_logprobs(logprobs, seq.params.spec.top_logprobs)
-                    out.append((seq, (token, float(logprobs[token]), tops)))
+                specs = [seq.params.spec for seq in group]
+                tokens, logprobs, tops = sample_rows(
+                    logits, specs, [seq.generator for seq in group]
+                )
+                out.extend(zip(group, zip(tokens, logprobs, tops, strict=True), strict=True))
         return out
 
     def _forward(self, group: list[Sequence]) -> torch.Tensor:

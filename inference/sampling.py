@@ -30,34 +30,53 @@ def raw_logprobs(logits: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits.float(), dim=-1)
 
 
-def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    if top_p >= 1.0:
-        return logits
-    sorted_logits, order = torch.sort(logits, descending=True)
+def _top_p_filter(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Rows of `logits` with nucleus filtering at their own `top_p` (1 keeps the row whole)."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
     probs = torch.softmax(sorted_logits, dim=-1)
     # Keep the smallest prefix whose mass reaches top_p; the first token always stays.
-    drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p
+    drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p[:, None]
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(0, order, sorted_logits)
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
-def sample(logits: torch.Tensor, spec: SampleSpec, generator: torch.Generator | None) -> int:
-    """Draw one token id from the sampling distribution defined by `spec`."""
-    work = logits.float()
-    if spec.allowed is not None:
-        masked = torch.full_like(work, float("-inf"))
-        masked[spec.allowed] = work[spec.allowed]
-        work = masked
-    if spec.temperature == 0.0:
-        return int(torch.argmax(work))
-    work = _top_p_filter(work / spec.temperature, spec.top_p)
-    probs = torch.softmax(work, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+def sample_rows(
+    logits: torch.Tensor, specs: list[SampleSpec], generators: list[torch.Generator | None]
+) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
+    """Sample one token per row; return (tokens, raw logprobs of them, top raw logprobs per row).
 
-
-def top_logprobs(logprobs: torch.Tensor, k: int) -> list[tuple[int, float]]:
-    """The k most likely tokens of the raw distribution, most likely first."""
-    if k <= 0:
-        return []
-    values, ids = torch.topk(logprobs, min(k, logprobs.shape[-1]))
-    return [(int(i), float(v)) for i, v in zip(ids, values, strict=True)]
+    Work is batched over rows; only rows with their own seeded generator draw one by one.
+    """
+    logits = logits.float()
+    logprobs = raw_logprobs(logits)
+    work = logits.clone()
+    for i, spec in enumerate(specs):
+        if spec.allowed is not None:
+            row = torch.full_like(work[i], float("-inf"))
+            row[spec.allowed] = work[i, spec.allowed]
+            work[i] = row
+    temps = torch.tensor([s.temperature for s in specs], dtype=work.dtype)
+    greedy = temps == 0
+    work = work / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
+    top_p = torch.tensor([s.top_p for s in specs], dtype=work.dtype)
+    if bool((top_p < 1).any()):
+        work = _top_p_filter(work, top_p)
+    tokens = torch.argmax(work, dim=-1)  # final for greedy rows
+    sampled = [i for i in range(len(specs)) if not greedy[i]]
+    shared = [i for i in sampled if generators[i] is None]
+    if shared:
+        probs = torch.softmax(work[shared], dim=-1)
+        tokens[shared] = torch.multinomial(probs, 1)[:, 0]
+    for i in sampled:
+        if generators[i] is not None:
+            probs = torch.softmax(work[i], dim=-1)
+            tokens[i] = torch.multinomial(probs, 1, generator=generators[i])[0]
+    chosen = logprobs.gather(1, tokens[:, None])[:, 0]
+    k = max(s.top_logprobs for s in specs)
+    tops: list[list[tuple[int, float]]] = [[] for _ in specs]
+    if k > 0:
+        values, ids = torch.topk(logprobs, min(k, logprobs.shape[-1]), dim=-1)
+        for i, spec in enumerate(specs):
+            n = spec.top_logprobs
+            tops[i] = list(zip(ids[i, :n].tolist(), values[i, :n].tolist(), strict=True))
+    return tokens.tolist(), chosen.tolist(), tops

@@ -1,0 +1,152 @@
+"""Inference benchmark: CPU policy server throughput with batching, and weight reload against disk.
+
+Throughput: C concurrent `/v1/completions` requests (each T tokens, EOS ignored) through a real
+in-process server over loopback, against the same requests sent one at a time; the ratio is
+the gain from shared forward passes. Weight sync: `POST /collective_rpc reload_weights` of a
+saved safetensors directory, and a full `FileWeightSync.push` (save + pause + reload + version +
+resume + verify), each against writing the same bytes to disk with fsync in the same run (the
+physical floor of any file-based sync). Medians over repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+async def _throughput(url: str, concurrency: int, tokens: int, repeats: int) -> dict[str, float]:
+    body = {"prompt": list(range(1, 33)), "max_tokens": tokens, "ignore_eos": True, "logprobs": 0,
+            "return_token_ids": True}  # fmt: skip
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+
+        async def one() -> int:
+            async with session.post(url + "/v1/completions", json=body) as resp:
+                data = await resp.json()
+                return len(data["choices"][0]["token_ids"])
+
+        await one()  # warm-up
+        batched, single = [], []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            counts = await asyncio.gather(*(one() for _ in range(concurrency)))
+            batched.append(sum(counts) / (time.perf_counter() - started))
+            started, total = time.perf_counter(), 0
+            for _ in range(max(2, concurrency // 8)):
+                total += await one()
+            single.append(total / (time.perf_counter() - started))
+    return {"batched_tok_s": _median(batched), "single_tok_s": _median(single)}
+
+
+def _write_floor(source: Path, directory: Path) -> float:
+    """Seconds to write the bytes of `source` to a new file and fsync it."""
+    data = source.read_bytes()
+    target = directory / "floor.bin"
+    started = time.perf_counter()
+    with open(target, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    elapsed = time.perf_counter() - started
+    target.unlink()
+    return elapsed
+
+
+async def _weight_sync(server: Any, model_dir: Path, work: Path, repeats: int) -> dict[str, float]:
+    from transformers import AutoModelForCausalLM
+
+    from inference.config import WeightSyncConfig
+    from inference.weight_sync import FileWeightSync
+
+    weights = model_dir / "model.safetensors"
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    sync = FileWeightSync(
+        [server.url], WeightSyncConfig(root_dir=work / "weights", keep_versions=1)
+    )
+    rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(model_dir)}}
+    reload_s, push_s, floor_s = [], [], []
+    async with aiohttp.ClientSession() as session:
+        for version in range(1, repeats + 1):
+            floor_s.append(_write_floor(weights, work))
+            started = time.perf_counter()
+            async with session.post(server.url + "/collective_rpc", json=rpc) as resp:
+                assert resp.status == 200, await resp.text()
+            reload_s.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            await sync.push(model, None, version)
+            push_s.append(time.perf_counter() - started)
+    return {
+        "weight_bytes": weights.stat().st_size,
+        "write_fsync_s": _median(floor_s),
+        "reload_s": _median(reload_s),
+        "push_s": _median(push_s),
+    }
+
+
+async def _run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from inference.config import ServerConfig
+    from inference.server import PolicyServer
+    from inference.tiny import build_tiny_model
+
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        heads = max(4, args.hidden // 64)
+        model_dir = build_tiny_model(work / "model", seed=0, hidden_size=args.hidden, num_layers=args.layers,
+                                     num_heads=heads, num_kv_heads=max(1, heads // 2))  # fmt: skip
+        config = ServerConfig(model=model_dir, port=0, max_batch_size=max(64, args.concurrency))
+        async with PolicyServer(config) as server:
+            result = await _throughput(server.url, args.concurrency, args.tokens, args.repeats)
+            result |= await _weight_sync(server, model_dir, work, args.repeats)
+    result |= {"hidden": args.hidden, "layers": args.layers, "concurrency": args.concurrency,
+               "tokens": args.tokens, "threads": args.threads}  # fmt: skip
+    result["batching_ratio"] = result["batched_tok_s"] / result["single_tok_s"]
+    result["reload_over_write"] = result["reload_s"] / result["write_fsync_s"]
+    result["push_over_write"] = result["push_s"] / result["write_fsync_s"]
+    return result
+
+
+def _table(r: dict[str, Any]) -> str:
+    mb = r["weight_bytes"] / 1e6
+    label = f"tokens/s, {r['concurrency']} concurrent x {r['tokens']} tok"
+    return "\n".join([
+        f"model: hidden {r['hidden']}, {r['layers']} layers, {mb:.1f} MB float32; torch threads {r['threads']}",
+        f"{'measure':<44}{'value':>12}{'baseline':>12}{'ratio':>8}",
+        f"{label:<44}{r['batched_tok_s']:>12.0f}"
+        f"{r['single_tok_s']:>12.0f}{r['batching_ratio']:>7.1f}x   (baseline: one request at a time)",
+        f"{'reload_weights (s)':<44}{r['reload_s']:>12.4f}{r['write_fsync_s']:>12.4f}"
+        f"{r['reload_over_write']:>7.1f}x   (baseline: write+fsync same bytes)",
+        f"{'FileWeightSync.push: save+reload+verify (s)':<44}{r['push_s']:>12.4f}{r['write_fsync_s']:>12.4f}"
+        f"{r['push_over_write']:>7.1f}x",
+    ])  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench inference", description=__doc__)
+    parser.add_argument(
+        "--quick", action="store_true", help="small model and load (under a minute)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.hidden, args.layers, args.concurrency, args.tokens, args.repeats = 64, 2, 16, 32, 3
+    else:
+        args.hidden, args.layers, args.concurrency, args.tokens, args.repeats = 512, 8, 32, 64, 5
+    result = asyncio.run(_run(args))
+    print(json.dumps(result, indent=2) if args.json else _table(result))
+    return 0
