@@ -1,0 +1,202 @@
+"""Sandbox backends: how a sandbox running the agent is started, stopped and reaped.
+
+A backend starts one sandbox with its host socket directory bound in and returns a
+`Handle`; the pool then talks to the agent socket in that directory and never to
+the backend. `BwrapBackend` jails the agent with bubblewrap (new user, pid, net, ipc,
+uts and mount namespaces, read-only /usr, tmpfs work dir, agent as PID 1) and dies
+with the pool. `UnsafeBackend` runs the agent as a plain host process, with rlimits
+but no isolation; it exists for development and says so loudly. The Docker backend
+lives in `sandbox.docker_backend`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from sandbox.config import SandboxConfig
+from sandbox.errors import SandboxUnavailable
+
+log = logging.getLogger(__name__)
+
+AGENT_SOURCE = Path(__file__).with_name("agent.py")
+IN_SANDBOX_SOCKETS = "/run/agent"
+IN_SANDBOX_WORK = "/work"
+
+
+@dataclass
+class Handle:
+    """One started sandbox, as the pool sees it."""
+
+    name: str
+    socket_dir: Path  # host directory holding agent.sock and the session sockets
+    uid: int
+    native: Any = field(default=None, repr=False)  # the container or the process
+
+
+class Backend(Protocol):
+    async def prepare(self) -> None: ...
+    async def start(self, name: str, uid: int, socket_dir: Path) -> Handle: ...
+    async def alive(self, handle: Handle) -> bool: ...
+    async def stop(self, handle: Handle) -> None: ...
+    async def close(self) -> None: ...
+
+
+def owner_token() -> str:
+    """host:pid:starttime of this process; survives pid reuse."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"
+
+
+def owner_alive(token: str) -> bool:
+    """False only when the token names a process on this host that is gone."""
+    host, _, rest = token.partition(":")
+    pid, _, start = rest.partition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True  # not ours to judge: another host's pool may still use it
+    return _start_time(int(pid)) == start
+
+
+def _start_time(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return ""
+    return stat[stat.rindex(b")") + 2 :].split()[19].decode()
+
+
+def reap_socket_dirs(root: Path) -> int:
+    """Remove pool directories under ``root`` whose owner process is gone."""
+    removed = 0
+    if not root.is_dir():
+        return 0
+    for pool_dir in root.iterdir():
+        owner = pool_dir / "owner"
+        try:
+            token = owner.read_text().strip()
+        except OSError:
+            continue
+        if not owner_alive(token):
+            shutil.rmtree(pool_dir, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+class _ProcessBackend:
+    """Shared by bwrap and unsafe: the sandbox is one child process of the pool."""
+
+    def __init__(self, config: SandboxConfig) -> None:
+        self.config = config
+
+    def argv(self, uid: int, socket_dir: Path) -> list[str]:
+        raise NotImplementedError
+
+    async def start(self, name: str, uid: int, socket_dir: Path) -> Handle:
+        await asyncio.to_thread(self._prepare_dirs, uid, socket_dir)
+        # As root, drop to the sandbox's own host uid before exec: RLIMIT_NPROC does not
+        # bind root (a fork bomb would reach the whole host), and a distinct uid per
+        # sandbox keeps process counts and signals apart.
+        ids = {"user": uid, "group": uid, "extra_groups": []} if os.geteuid() == 0 else {}
+        log_path = socket_dir.with_suffix(".log")
+        with open(log_path, "wb") as log_file:  # noqa: ASYNC230 (local file, instant)
+            proc = await asyncio.create_subprocess_exec(
+                *self.argv(uid, socket_dir),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=log_file,
+                start_new_session=True,
+                **ids,
+            )
+        return Handle(name, socket_dir, uid, proc)
+
+    def _prepare_dirs(self, uid: int, socket_dir: Path) -> None:
+        """The sandbox uid must reach its socket dir and read the agent."""
+        pool_dir = socket_dir.parent
+        pool_dir.chmod(0o711)
+        agent = pool_dir / "agent.py"
+        if not agent.exists():
+            shutil.copyfile(AGENT_SOURCE, agent)
+            agent.chmod(0o644)
+        if os.geteuid() == 0:
+            os.chown(socket_dir, uid, uid)
+
+    async def alive(self, handle: Handle) -> bool:
+        return handle.native.returncode is None
+
+    async def stop(self, handle: Handle) -> None:
+        proc: asyncio.subprocess.Process | None = handle.native
+        if proc is not None:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+        shutil.rmtree(handle.socket_dir, ignore_errors=True)
+        handle.socket_dir.with_suffix(".log").unlink(missing_ok=True)
+
+    async def close(self) -> None:
+        return None
+
+
+class BwrapBackend(_ProcessBackend):
+    """bubblewrap: no engine needed; the jail dies with the pool process."""
+
+    async def prepare(self) -> None:
+        if shutil.which("bwrap") is None:
+            raise SandboxUnavailable("bwrap is not installed (apt-get install bubblewrap)")
+
+    def argv(self, uid: int, socket_dir: Path) -> list[str]:
+        cfg = self.config
+        args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1"]
+        args += ["--uid", str(uid), "--gid", str(uid), "--cap-drop", "ALL"]
+        args += ["--ro-bind", "/usr", "/usr"]
+        for link, target in (("/bin", "usr/bin"), ("/sbin", "usr/sbin"), ("/lib", "usr/lib")):
+            args += ["--symlink", target, link]
+        if Path("/usr/lib64").exists():
+            args += ["--symlink", "usr/lib64", "/lib64"]
+        if Path("/etc/ld.so.cache").exists():
+            args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--size", str(64 << 20), "--tmpfs", "/tmp"]
+        args += ["--size", str(cfg.work_mb << 20), "--tmpfs", IN_SANDBOX_WORK]
+        args += ["--bind", str(socket_dir), IN_SANDBOX_SOCKETS]
+        args += ["--ro-bind", str(socket_dir.parent / "agent.py"), "/opt/agent/agent.py"]
+        args += ["--remount-ro", "/"]
+        args += ["--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--chdir", IN_SANDBOX_WORK]
+        args += ["/usr/bin/python3", "-I", "-S", "/opt/agent/agent.py"]
+        args += ["--socket-dir", IN_SANDBOX_SOCKETS, "--work-dir", IN_SANDBOX_WORK]
+        return args
+
+
+class UnsafeBackend(_ProcessBackend):
+    """No isolation at all: the agent runs as this host user. Development only."""
+
+    async def prepare(self) -> None:
+        log.warning(
+            "SANDBOX BACKEND unsafe-no-isolation: untrusted code runs on this host with "
+            "rlimits only (as a throw-away uid when started as root, else as uid %d); "
+            "never use it for model-generated code in production",
+            os.getuid(),
+        )
+
+    def argv(self, uid: int, socket_dir: Path) -> list[str]:
+        work = socket_dir.with_name(socket_dir.name + "-work")
+        python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+        return [python, "-I", str(socket_dir.parent / "agent.py"),
+                "--socket-dir", str(socket_dir), "--work-dir", str(work)]  # fmt: skip
+
+    def _prepare_dirs(self, uid: int, socket_dir: Path) -> None:
+        super()._prepare_dirs(uid, socket_dir)
+        work = socket_dir.with_name(socket_dir.name + "-work")
+        work.mkdir(mode=0o700, exist_ok=True)
+        if os.geteuid() == 0:
+            os.chown(work, uid, uid)
+
+    async def stop(self, handle: Handle) -> None:
+        await super().stop(handle)
+        work = handle.socket_dir.with_name(handle.socket_dir.name + "-work")
+        shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,148 @@
+"""The Docker backend: one hardened container per sandbox, through the Docker SDK.
+
+Containers get no network, a read-only root, tmpfs work and /tmp, all capabilities
+dropped, no-new-privileges, a distinct non-root uid, memory/CPU/pids limits and the
+optional runtime (runsc for gVisor). The agent is PID 1, so the code it runs cannot
+signal it. Every container carries labels naming its owner process; `prepare()`
+removes containers whose owner on this host is gone (an earlier crash), `stop()`
+removes one. The SDK is blocking, so every call runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from sandbox.backends import IN_SANDBOX_SOCKETS, IN_SANDBOX_WORK, Handle, owner_alive
+from sandbox.config import SandboxConfig
+from sandbox.errors import SandboxUnavailable
+
+log = logging.getLogger(__name__)
+
+LABEL = "rollout-farm.sandbox"
+OWNER_LABEL = "rollout-farm.owner"
+
+
+class DockerBackend:
+    """Containers from the offline-built image; see module docstring."""
+
+    def __init__(self, config: SandboxConfig, owner: str) -> None:
+        self.config, self.owner = config, owner
+        self.client = None
+        self.image = ""
+
+    async def prepare(self) -> None:
+        import docker
+        from docker.errors import DockerException, ImageNotFound
+
+        from sandbox.image import image_tag
+
+        self.image = self.config.image or image_tag()
+        try:
+            self.client = await asyncio.to_thread(docker.from_env, timeout=60)
+            await asyncio.to_thread(self.client.ping)
+            await asyncio.to_thread(self.client.images.get, self.image)
+        except ImageNotFound as exc:
+            raise SandboxUnavailable(
+                f"image {self.image} is missing; build it with `python -m sandbox.image build`"
+            ) from exc
+        except DockerException as exc:
+            await self.close()
+            raise SandboxUnavailable(f"Docker engine unavailable: {exc}") from exc
+        reaped = await asyncio.to_thread(self._reap)
+        if reaped:
+            log.warning("reaped %d sandbox containers left by dead pools", reaped)
+
+    def _reap(self) -> int:
+        from docker.errors import APIError, NotFound
+
+        reaped = 0
+        for container in self.client.containers.list(all=True, filters={"label": LABEL}):
+            owner = container.labels.get(OWNER_LABEL, "")
+            if owner == self.owner or owner_alive(owner):
+                continue
+            try:
+                container.remove(force=True)
+                reaped += 1
+            except (NotFound, APIError):
+                continue  # another pool reaped it first
+        return reaped
+
+    async def start(self, name: str, uid: int, socket_dir: Path) -> Handle:
+        from docker.errors import DockerException
+
+        if os.geteuid() == 0:
+            os.chown(socket_dir, uid, uid)
+        else:
+            socket_dir.chmod(0o777)  # noqa: ASYNC240 -- the container uid must create sockets here
+        try:
+            container = await asyncio.to_thread(self._run, name, uid, socket_dir)
+        except DockerException as exc:
+            raise SandboxUnavailable(f"cannot start sandbox container: {exc}") from exc
+        return Handle(name, socket_dir, uid, container)
+
+    def _run(self, name: str, uid: int, socket_dir: Path):
+        cfg = self.config
+        tmpfs_opts = f"mode=0700,uid={uid},gid={uid}"
+        return self.client.containers.run(
+            self.image,
+            command=["python3", "-I", "-S", "/opt/agent/agent.py",
+                     "--socket-dir", IN_SANDBOX_SOCKETS, "--work-dir", IN_SANDBOX_WORK],
+            name=name,
+            detach=True,
+            user=f"{uid}:{uid}",
+            network_mode="none",
+            read_only=True,
+            tmpfs={
+                IN_SANDBOX_WORK: f"size={cfg.work_mb}m,{tmpfs_opts}",
+                "/tmp": "size=64m,mode=1777",
+            },
+            volumes={str(socket_dir): {"bind": IN_SANDBOX_SOCKETS, "mode": "rw"}},
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            mem_limit=f"{cfg.memory_mb}m",
+            memswap_limit=f"{cfg.memory_mb}m",
+            nano_cpus=int(cfg.cpus * 1e9),
+            pids_limit=cfg.pids,
+            runtime=cfg.runtime,
+            labels={LABEL: "1", OWNER_LABEL: self.owner},
+            working_dir=IN_SANDBOX_WORK,
+            environment={"PATH": "/usr/local/bin:/usr/bin:/bin"},
+            ipc_mode="private",
+            log_config={"type": "json-file", "config": {"max-size": "1m"}},
+        )  # fmt: skip
+
+    async def alive(self, handle: Handle) -> bool:
+        from docker.errors import DockerException
+
+        try:
+            await asyncio.to_thread(handle.native.reload)
+        except DockerException:
+            return False
+        return handle.native.status == "running"
+
+    async def stop(self, handle: Handle) -> None:
+        from docker.errors import DockerException, NotFound
+
+        try:
+            if handle.native is not None:
+                await asyncio.to_thread(handle.native.remove, force=True)
+            else:  # the start failed or was cancelled: remove whatever got created
+                await asyncio.to_thread(self._remove_by_name, handle.name)
+        except NotFound:
+            pass
+        except DockerException as exc:
+            log.warning("could not remove sandbox container %s: %s", handle.name, exc)
+        shutil.rmtree(handle.socket_dir, ignore_errors=True)
+
+    def _remove_by_name(self, name: str) -> None:
+        if self.client is not None:
+            self.client.containers.get(name).remove(force=True)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            client, self.client = self.client, None
+            await asyncio.to_thread(client.close)

@@ -1,0 +1,142 @@
+"""One environment session: `run` / `run_python` calls into a long-lived session process.
+
+The session's work directory persists across calls, so environment state can live
+there. Each call is one request on the session's socket. Hostile code comes back as
+a `RunResult` with a violation (and the sandbox is marked for recycling); a session
+process killed by the code it ran is replaced on the same work directory, so the next
+call works. Only a failure of the sandbox itself raises (`SandboxError`).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import posixpath
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from sandbox import metrics
+from sandbox.client import AgentConnection
+from sandbox.errors import AgentProtocolError, SandboxError, SessionLost
+from sandbox.result import RunResult, Violation
+
+if TYPE_CHECKING:
+    from sandbox.pool import Sandbox, SandboxPool
+
+REPLY_MARGIN_S = 15.0  # past the call's own timeout: killing, sweeping and the reply
+
+
+class Session:
+    """Handed out by `SandboxPool.session()`; not shared between concurrent tasks."""
+
+    def __init__(
+        self, pool: SandboxPool, sandbox: Sandbox, sid: str, connection: AgentConnection
+    ) -> None:
+        self.pool, self.sandbox, self.id, self.connection = pool, sandbox, sid, connection
+        self._lost = False
+
+    async def run_python(
+        self,
+        code: str,
+        *,
+        stdin: str | bytes | None = None,
+        files: Mapping[str, str | bytes] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 -- the documented interface
+        collect: Sequence[str] = (),
+    ) -> RunResult:
+        """Run Python source as ``__main__`` in the session's work dir (like ``python -c``)."""
+        if not isinstance(code, str):
+            raise TypeError("code must be a str")
+        return await self._call({"code": code}, stdin, files, timeout, collect)
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: str | bytes | None = None,
+        files: Mapping[str, str | bytes] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 -- the documented interface
+        collect: Sequence[str] = (),
+    ) -> RunResult:
+        """Execute ``argv`` (PATH lookup) in the session's work dir."""
+        if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
+            raise TypeError("argv must be a non-empty sequence of str")
+        return await self._call({"argv": list(argv)}, stdin, files, timeout, collect)
+
+    async def _call(
+        self,
+        what: dict[str, Any],
+        stdin: str | bytes | None,
+        files: Mapping[str, str | bytes] | None,
+        timeout: float | None,  # noqa: ASYNC109 -- enforced by the agent, not asyncio
+        collect: Sequence[str],
+    ) -> RunResult:
+        limits = self.pool.config.limits
+        timeout_s = limits.timeout_s if timeout is None else float(timeout)
+        if not 0 < timeout_s <= 3600:
+            raise ValueError("timeout must be in (0, 3600] seconds")
+        request = {
+            "op": "run",
+            **what,
+            "stdin": _b64(stdin) if stdin is not None else None,
+            "files": {_relative(p): _b64(d) for p, d in (files or {}).items()},
+            "collect": [_relative(p) for p in collect],
+            "timeout": timeout_s,
+            "limits": limits.wire(timeout_s),
+        }
+        if self._lost:
+            self.connection = await self._reopen()
+        began = time.perf_counter()
+        try:
+            reply = await self.connection.request(request, timeout_s + REPLY_MARGIN_S)
+        except ConnectionError:
+            return await self._on_lost(time.perf_counter() - began)
+        except TimeoutError as exc:
+            self.pool.taint(self, "session did not answer")
+            self._lost = True
+            raise SessionLost(f"session {self.id} did not answer within the timeout") from exc
+        except OSError as exc:
+            self._lost = True
+            raise SessionLost(f"session {self.id} failed: {exc!r}") from exc
+        metrics.RUN_SECONDS.observe(time.perf_counter() - began)
+        if not reply.get("ok"):
+            raise AgentProtocolError(f"run refused: {reply.get('error')}")
+        try:
+            result = RunResult.from_reply(reply)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise AgentProtocolError(f"malformed run reply: {exc!r}") from exc
+        if result.violation is not Violation.NONE:
+            metrics.VIOLATIONS.labels(kind=result.violation.value).inc()
+            self.pool.taint(self, f"violation {result.violation.value}")
+        return result
+
+    async def _on_lost(self, duration_s: float) -> RunResult:
+        """The session process died mid-call: the code killed it (or its sandbox)."""
+        metrics.VIOLATIONS.labels(kind=Violation.SESSION_LOST.value).inc()
+        self.pool.taint(self, "session process lost")
+        self._lost = True
+        return RunResult.session_lost(duration_s)
+
+    async def _reopen(self) -> AgentConnection:
+        try:
+            connection = await self.pool.reopen(self)
+        except (SandboxError, OSError, TimeoutError) as exc:
+            raise SessionLost(f"session {self.id} is lost and cannot be reopened: {exc}") from exc
+        self._lost = False
+        return connection
+
+
+def _b64(data: str | bytes) -> str:
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    return base64.b64encode(raw).decode()
+
+
+def _relative(path: str) -> str:
+    """A path inside the work dir; absolute paths and '..' are refused here, not remotely."""
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise ValueError(f"bad path {path!r}")
+    norm = posixpath.normpath(path)
+    if os.path.isabs(norm) or norm in (".", "..") or norm.startswith("../"):
+        raise ValueError(f"path {path!r} is outside the session work directory")
+    return norm

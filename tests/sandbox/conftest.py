@@ -1,0 +1,102 @@
+"""Fixtures for the sandbox tests: real Docker engine and real bubblewrap, no mocks.
+
+`backend` parametrises a test over docker and bwrap; `pool_factory` builds pools and
+closes them (removing every container) after the test. The image is built once per
+test session with the same idempotent build the test script runs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox import SandboxConfig, SandboxPool
+from tests.conftest import require
+
+SOCKET_DIR = Path("/tmp/rf-sbx-test")
+
+
+def docker_available() -> bool:
+    try:
+        import docker
+    except ImportError:
+        return False
+    try:
+        client = docker.from_env(timeout=10)
+    except docker.errors.DockerException:
+        return False
+    try:
+        client.ping()
+        return True
+    except docker.errors.DockerException:
+        return False
+    finally:
+        client.close()
+
+
+def bwrap_available() -> bool:
+    if shutil.which("bwrap") is None:
+        return False
+    probe = ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "/usr/bin/true"]
+    return subprocess.run(probe, capture_output=True, check=False).returncode == 0
+
+
+_image_built: list[str] = []
+
+
+def ensure_image() -> None:
+    if not _image_built:
+        from sandbox.image import build
+
+        _image_built.append(build(quiet=True))
+
+
+def require_backend(name: str) -> None:
+    if name == "docker":
+        require(docker_available(), "a Docker engine")
+        ensure_image()
+    elif name == "bwrap":
+        require(bwrap_available(), "bubblewrap (bwrap)")
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("docker", marks=pytest.mark.docker),
+        pytest.param("bwrap", marks=pytest.mark.bwrap),
+    ]
+)
+def backend(request: pytest.FixtureRequest) -> str:
+    require_backend(request.param)
+    return request.param
+
+
+@pytest.fixture
+async def pool_factory(backend: str) -> AsyncIterator[Callable[..., Any]]:
+    pools: list[SandboxPool] = []
+
+    async def make(**overrides: Any) -> SandboxPool:
+        settings: dict[str, Any] = {
+            "backend": backend,
+            "warm": 1,
+            "socket_dir": SOCKET_DIR,
+            "health_interval_s": 60,
+        }
+        settings.update(overrides)
+        pool = SandboxPool(SandboxConfig(**settings))
+        pools.append(pool)
+        await pool.start()
+        return pool
+
+    yield make
+    for pool in pools:
+        await pool.close()
+
+
+@pytest.fixture
+async def pool(pool_factory: Callable[..., Any]) -> SandboxPool:
+    return await pool_factory()
