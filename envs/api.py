@@ -10,6 +10,7 @@ environment runs unchanged. Optional attributes ``system_prompt``, ``tools`` and
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Protocol, runtime_checkable
 
@@ -46,12 +47,23 @@ class Env:
         """Release resources; the default holds none."""
 
 
-def _accepts_seed(method: Any) -> bool:
+@functools.lru_cache(maxsize=1024)
+def _function_accepts_seed(function: Any) -> bool:
     try:
-        params = inspect.signature(method).parameters
+        params = inspect.signature(function).parameters
     except (TypeError, ValueError):
         return True
     return "seed" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _accepts_seed(method: Any) -> bool:
+    # Signatures are cached per underlying function: inspecting on every reset costs more
+    # than a toy episode.
+    function = getattr(method, "__func__", method)
+    try:
+        return _function_accepts_seed(function)
+    except TypeError:  # unhashable callable
+        return _function_accepts_seed.__wrapped__(function)
 
 
 async def _maybe_await(value: Any) -> Any:
