@@ -3,7 +3,8 @@
 `run_farm` wires the pieces together: `stack.prepare` and `stack.build_stack` decide
 the processes, the `Supervisor` runs them, and two services run beside them while
 the farm is up: the status view (`view.FarmView`, printed through the `Console`
-every `status_interval_s`) and the supervisor's own `/metrics` endpoint.
+every `status_interval_s`) and the time limit; the supervisor's own `/metrics` endpoint is up from before the
+first child starts until the last one has stopped.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from broker.keys import RunKeys
 from farm.config import FarmConfig
 from farm.console import Console
+from farm.errors import StartupError
 from farm.stack import Stack, build_stack, prepare
 from farm.supervisor import RestartPolicy, Supervisor
 from farm.view import FarmStatus, FarmView
@@ -64,21 +66,15 @@ async def run_farm(
             await asyncio.wait_for(stop.wait(), time_limit_s)
         supervisor.request_stop(f"time limit of {time_limit_s:.0f}s reached")
 
-    async def metrics_endpoint(stop: asyncio.Event) -> None:
-        if not cfg.metrics_port:
-            return
-        runner = await serve_metrics(cfg.metrics_port)
-        try:
-            await stop.wait()
-        finally:
-            await runner.cleanup()
-
+    runner = await serve_metrics(cfg.metrics_port) if cfg.metrics_port else None
     try:
-        await supervisor.run(status_view, time_limit, metrics_endpoint)
+        await supervisor.run(status_view, time_limit)
         # One last look, so the summary includes the final step.
         with contextlib.suppress(Exception):
             last[:] = [await asyncio.wait_for(view.poll(), 5.0)]
     finally:
+        if runner is not None:
+            await runner.cleanup()
         await view.close()
         await redis.aclose()
         console.close()
@@ -98,5 +94,9 @@ async def serve_metrics(port: int, host: str = "127.0.0.1") -> web.AppRunner:
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise StartupError(f"cannot serve /metrics on {host}:{port}: {exc}") from exc
     return runner

@@ -1,0 +1,82 @@
+"""A private Prometheus server for tests: loopback port, own config and data directory.
+
+Debian's `prometheus` package provides the binary. `PrometheusServer.query` reads a
+PromQL instant query back through the HTTP API (`/api/v1/query`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+from tests.conftest import free_port, require
+
+
+class PrometheusServer:
+    """`prometheus` scraping `targets` every second until `stop()`."""
+
+    def __init__(self, directory: Path, targets: dict[str, list[str]]) -> None:
+        require(shutil.which("prometheus") is not None, "prometheus (Debian package prometheus)")
+        self.port = free_port()
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [
+                {"job_name": job, "static_configs": [{"targets": hosts}]}
+                for job, hosts in targets.items()
+            ],
+        }
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.log = (directory / "prometheus.log").open("wb")
+        self.process = subprocess.Popen(
+            [
+                "prometheus",
+                f"--config.file={directory / 'prometheus.yml'}",
+                f"--storage.tsdb.path={directory / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def query(self, promql: str) -> list[dict]:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
+            session.get(f"{self.url}/api/v1/query", params={"query": promql}) as response,
+        ):
+            body = await response.json()
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self.log.close()
+
+    async def wait_ready(self, limit_s: float = 30.0) -> None:
+        async with (
+            asyncio.timeout(limit_s),
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as session,
+        ):
+            while True:
+                try:
+                    async with session.get(f"{self.url}/-/ready") as response:
+                        if response.status == 200:
+                            return
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                await asyncio.sleep(0.2)

@@ -1,0 +1,150 @@
+"""`farm up` end to end: the real stack under the supervisor, a crash, Prometheus, Ctrl-C.
+
+Starts `python -m farm up` as a subprocess (private redis-server with AOF, the CPU
+policy server on the tiny model, one worker, the learner), kills the worker with
+SIGKILL and watches the supervisor restart it, reads the supervisor's /metrics
+and the status line, has Debian's Prometheus scrape every process of the farm and
+reads throughput rates back through its HTTP API, then sends SIGINT and checks
+that every process the farm started, restarted ones included, is gone and that
+Redis kept its AOF. One test, because starting the stack is the expensive part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.conftest import free_port
+from tests.deploy.promserver import PrometheusServer
+
+pytestmark = pytest.mark.slow
+
+PID = re.compile(r"^farm\s+\| (\S+) started \(pid (\d+)\)$")
+PORT = re.compile(r"^farm\s+\| process (\S+): .* --(?:metrics-)?port (\d+)")
+
+
+def _alive(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().split()[2] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+class Farm:
+    """The `farm up` subprocess and every line it printed."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+        self.pids: dict[str, list[int]] = {}
+        self.ports: dict[str, int] = {}
+        self.cursor = 0
+
+    async def until(self, pattern: str, limit_s: float) -> re.Match[str]:
+        """The first line matching `pattern` after the previous match (reading more)."""
+        regex = re.compile(pattern)
+        while self.cursor < len(self.lines):
+            self.cursor += 1
+            if m := regex.search(self.lines[self.cursor - 1]):
+                return m
+        async with asyncio.timeout(limit_s):
+            while True:
+                raw = await self.proc.stdout.readline()  # type: ignore[union-attr]
+                if not raw:
+                    raise AssertionError(f"farm exited before {pattern!r}:\n" + self.tail())
+                line = raw.decode().rstrip("\n")
+                self.lines.append(line)
+                if port := PORT.match(line):
+                    self.ports[port[1]] = int(port[2])
+                if started := PID.match(line):
+                    self.pids.setdefault(started[1], []).append(int(started[2]))
+                self.cursor = len(self.lines)
+                if m := regex.search(line):
+                    return m
+
+    def tail(self) -> str:
+        return "\n".join(self.lines[-40:])
+
+
+async def test_farm_up_restarts_a_killed_worker_and_stops_cleanly_on_sigint(
+    tmp_path: Path,
+) -> None:
+    metrics_port = free_port()
+    argv = [
+        sys.executable, "-m", "farm", "up", "--workers", "1", "--work-dir", str(tmp_path),
+        "--metrics-port", str(metrics_port), "--status-interval-s", "1", "--run", "uptest",
+    ]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    farm = Farm(proc)
+    prometheus = None
+    try:
+        await farm.until(r"^farm\s+\| all processes started$", 240)
+        assert set(farm.pids) == {"redis", "inference", "learner", "worker-0"}
+        targets = {n: [f"127.0.0.1:{p}"] for n, p in farm.ports.items() if n != "redis"}
+        targets["supervisor"] = [f"127.0.0.1:{metrics_port}"]
+        prometheus = PrometheusServer(tmp_path / "prometheus", targets)
+        await prometheus.wait_ready()
+
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            async with session.get(url) as response:
+                text = await response.text()
+        assert 'farm_supervisor_child_up{process="worker-0"} 1.0' in text
+
+        os.kill(farm.pids["worker-0"][0], signal.SIGKILL)
+        await farm.until(r"worker-0 exited with status -9; restart in", 30)
+        await farm.until(r"^farm\s+\| worker-0 started \(pid \d+\)$", 30)
+        assert len(farm.pids["worker-0"]) == 2
+
+        await farm.until(r"^worker-0\s+\| ", 60)  # the restarted worker's own output
+        # The status line reads Redis (admission), the learner's and the server's metrics.
+        await farm.until(r"^status\s+\| .*version \d+ \(served [\d,]+\).*\| admission \d+/\d+", 90)
+        await _throughput_reads_back_through_prometheus(prometheus)
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGINT)
+        await farm.until(r"^farm stopped \(received SIGINT\)$", 120)
+        rc = await asyncio.wait_for(proc.wait(), 30)
+    assert rc == 0, farm.tail()
+    for name in ("redis", "inference", "learner"):
+        assert any(re.match(rf"^{name}\s+\| ", line) for line in farm.lines), farm.tail()
+    started = [pid for pids in farm.pids.values() for pid in pids]
+    assert len(started) == 5
+    assert [pid for pid in started if _alive(pid)] == []
+    assert list((tmp_path / "redis").glob("appendonly*")), "Redis kept no AOF"
+    assert (tmp_path / "logs" / "worker-0.log").read_text()
+
+
+async def _throughput_reads_back_through_prometheus(prometheus: PrometheusServer) -> None:
+    """Every farm process is scraped, and episode/token rates come back above zero."""
+    async with asyncio.timeout(60):
+        while True:
+            up = await prometheus.query("up == 1")
+            episodes = await prometheus.query("sum(rate(farm_worker_episodes_total[15s])) > 0")
+            tokens = await prometheus.query(
+                "sum(rate(farm_inference_tokens_generated_total[15s])) > 0"
+            )
+            if (
+                {r["metric"]["job"] for r in up}
+                == {"inference", "learner", "worker-0", "supervisor"}
+                and episodes
+                and tokens
+            ):
+                break
+            await asyncio.sleep(1)
+    assert float(episodes[0]["value"][1]) > 0
+    assert float(tokens[0]["value"][1]) > 0
+    restarts = await prometheus.query('farm_supervisor_restarts_total{process="worker-0"}')
+    assert float(restarts[0]["value"][1]) >= 1
