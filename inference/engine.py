@@ -152,6 +152,7 @@ class Engine:
         """Stop generating. abort: end in-flight requests now; wait: let them finish; keep: freeze them."""
         self._holding = True
         if mode == "wait":
+            self.paused = False  # requests frozen by an earlier keep must run to completion too
             self._drained.clear()
             if self._waiting or self._running:
                 self._wake.set()

@@ -179,3 +179,19 @@ async def test_nccl_route_sequence_with_file_stand_in(
         status == 409
         and (await get(servers[0].url + "/weight_info"))[1] == '{"weight_version": "3"}'
     )
+
+
+async def test_pause_wait_after_keep_finishes_the_frozen_requests(server_factory) -> None:
+    server = await server_factory()
+    url = server.url
+    start = tokens_generated()
+    frozen = asyncio.create_task(
+        post(url + "/v1/completions", completion([1], max_tokens=80, ignore_eos=True))
+    )
+    await wait_for_tokens(start + 3)
+    await post(url + "/pause?mode=keep")
+    assert (await asyncio.wait_for(post(url + "/pause?mode=wait"), 30))[0] == 200
+    assert tokens_generated() - start == 80
+    _, data = await asyncio.wait_for(frozen, 10)
+    assert data["choices"][0]["finish_reason"] == "length"
+    assert (await get(url + "/is_paused"))[1] == '{"is_paused": true}'
