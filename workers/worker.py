@@ -92,7 +92,8 @@ class Worker:
         )
 
     async def _read_loop(self, stop: asyncio.Event, groups: asyncio.TaskGroup) -> None:
-        typical = self.cfg.group_size or 1
+        # Group sizes come with the tasks: until one is seen, read one task at a time.
+        typical = self.cfg.group_size or self.cfg.concurrency
         while not stop.is_set():
             free = self.cfg.concurrency - self._reserved
             if free <= 0:

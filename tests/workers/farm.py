@@ -9,6 +9,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from broker.codec import decode
 from broker.connection import RedisSettings, connect
 from broker.keys import WORKERS_GROUP, RunKeys
@@ -32,14 +34,14 @@ async def groups(redis: Any, keys: RunKeys) -> list[TrajectoryGroup]:
     return [g for g in out if isinstance(g, TrajectoryGroup)]
 
 
-async def wait_groups(redis: Any, keys: RunKeys, n: int, timeout: float) -> list[TrajectoryGroup]:
-    deadline = time.monotonic() + timeout
+async def wait_groups(redis: Any, keys: RunKeys, n: int, within_s: float) -> list[TrajectoryGroup]:
+    deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         found = await groups(redis, keys)
         if len(found) >= n:
             return found
         await asyncio.sleep(0.2)
-    raise AssertionError(f"only {len(await groups(redis, keys))} of {n} groups within {timeout}s")
+    raise AssertionError(f"only {len(await groups(redis, keys))} of {n} groups within {within_s}s")
 
 
 async def pending_ids(redis: Any, keys: RunKeys) -> list[str]:
@@ -74,3 +76,20 @@ async def running_worker(
         stop.set()
         await asyncio.wait_for(task, 60)
         await client.close()
+
+
+async def pending_by_consumer(redis: Any, keys: RunKeys) -> dict[str, int]:
+    try:
+        info = await redis.xpending(keys.tasks, WORKERS_GROUP)
+    except ResponseError:  # no group yet: no worker has started
+        return {}
+    return {c["name"].decode(): int(c["pending"]) for c in info.get("consumers") or []}
+
+
+async def wait_until(predicate: Any, within_s: float, what: str) -> None:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if await predicate():
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
