@@ -78,6 +78,7 @@ fragments = st.sampled_from(
 )  # fmt: skip
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(st.lists(fragments | st.text(max_size=8) | json_values.map(json.dumps), max_size=12))
 def test_parsing_never_raises(parts: list[str]) -> None:
