@@ -189,3 +189,43 @@ async def test_sandbox_failure_is_infra_error(bwrap_pool: Any) -> None:
         await envs.areset(env, seed=0)
     assert err.value.category == ErrorCategory.SANDBOX
     await envs.aclose(env)  # closing after an infrastructure failure does not raise
+
+
+HOSTILE_TOOLS = {
+    "fork_tool": "import os\n        while True:\n            try:\n                os.fork()\n            except OSError:\n                pass",
+    "memory_tool": "x = []\n        while True:\n            x.append(bytearray(50 * 1024 * 1024))",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+async def test_hostile_tools_roll_back_and_env_keeps_working(
+    bwrap_pool: Any, tmp_path: Path
+) -> None:
+    for name, body in HOSTILE_TOOLS.items():
+        (tmp_path / f"{name}.py").write_text(_user_env("pass", tool_body=body))
+    report = await load_directory(tmp_path, bwrap_pool, limit_s=2.0)
+    assert sorted(report.admitted) == sorted(HOSTILE_TOOLS)  # solve() never calls the bomb
+    for name in HOSTILE_TOOLS:
+        env = _env(bwrap_pool, name, tool_timeout_s=1.5)
+        try:
+            await envs.areset(env, seed=0)
+            obs, reward, terminated, _, info = await envs.astep(env, call("Poke"))
+            assert info["rolled_back"] and (reward, terminated) == (0.0, False), obs
+            assert (await envs.astep(env, call("Done", answer="1")))[1:3] == (1.0, True)
+        finally:
+            await envs.aclose(env)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+async def test_codegym_rollback_on_docker(docker_pool: Any) -> None:
+    env = _env(docker_pool, "expression_sum", config_index=1, tool_timeout_s=1.5)
+    try:
+        await envs.areset(env, seed=0)
+        assert (await envs.astep(env, call("Calculate", expression="(1+2)*(3+4)")))[0] == "21"
+        assert (await envs.astep(env, call("Calculate", expression="9**9**9**9")))[4]["rolled_back"]
+        assert (await envs.astep(env, call("History")))[0] == "(1+2)*(3+4)"
+        assert (await envs.astep(env, call("Done", answer=35)))[1:3] == (1.0, True)
+    finally:
+        await envs.aclose(env)
