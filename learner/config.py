@@ -66,6 +66,7 @@ class LearnerConfig(BaseSettings):
     inference_urls: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="inference servers to push weights to (comma-separated)"
     )
+    inference_api_key: str | None = Field(None, description="bearer token for the servers")
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port (0: none)")
     partitions: int = Field(1, ge=1, le=256, description="trajectories stream partitions")
     consumer_name: str = Field("learner", min_length=1, description="consumer name in the group")

@@ -78,6 +78,7 @@ class LiveSource:
         self.feeder = feeder
         self.vocab_size = vocab_size
         self.buffer: list[Delivery] = []
+        self.training = 0  # groups of the batch being trained (popped, not yet a new version)
         self.issued = 0
 
     @staticmethod
@@ -90,14 +91,22 @@ class LiveSource:
         await self.consumer.ensure_groups()
 
     async def top_up(self, version: int, step: int) -> None:
+        # The batch in training counts as buffered until its step is done: a task issued
+        # now samples from the current version, so it must fit in the bound measured
+        # from the last *finished* step, else staleness could reach max_staleness + 1.
         if self.feeder is not None:
-            self.issued += len(await self.feeder.top_up(len(self.buffer), version, step))
+            reserve = len(self.buffer) + self.training
+            self.issued += len(await self.feeder.top_up(reserve, version, step))
 
     async def next_batch(
         self, size: int, version: int, step: int, stop: asyncio.Event
     ) -> Batch | None:
-        """Block until `size` groups are buffered (None if `stop` is set first)."""
+        """Block until `size` groups are buffered (None if `stop` is set first).
+
+        Called once the previous batch's step (and push) is done.
+        """
         started = time.perf_counter()
+        self.training = 0
         while len(self.buffer) < size:
             if stop.is_set():
                 return None
@@ -112,6 +121,7 @@ class LiveSource:
             self.buffer += await self._screen(got)
         wait_s = time.perf_counter() - started
         batch, self.buffer = self.buffer[:size], self.buffer[size:]
+        self.training = len(batch)
         await self.top_up(version, step)
         return Batch(batch, wait_s)
 

@@ -30,6 +30,7 @@ class WeightPusher:
     """Push + verify on every server; `close` releases the client."""
 
     def __init__(self, cfg: LearnerConfig) -> None:
+        from inference.config import WeightSyncConfig
         from inference.weight_sync import FileWeightSync
 
         if cfg.weights_dir is not None:
@@ -40,16 +41,17 @@ class WeightPusher:
             self.weights_dir = Path(tempfile.mkdtemp(prefix="learner-weights-"))
         self.urls = tuple(cfg.inference_urls)
         self.tokenizer_dir = cfg.model
-        self._sync: Any = FileWeightSync(list(self.urls), self.weights_dir)
+        sync_config = WeightSyncConfig(root_dir=self.weights_dir, api_key=cfg.inference_api_key)
+        self._sync: Any = FileWeightSync(list(self.urls), sync_config)
 
     async def push(self, model: torch.nn.Module, version: int) -> PushResult:
+        from inference.errors import InferenceError
+
         try:
-            result = await self._sync.push(model, self.tokenizer_dir, version)
-        except Exception as exc:  # the inference client's errors, translated at this boundary
+            path = await self._sync.push(model, self.tokenizer_dir, version)
+        except (InferenceError, OSError) as exc:  # translated at this boundary
             raise WeightPushError(f"weight push of version {version} failed: {exc}") from exc
-        return PushResult(servers=self.urls, weights_path=str(getattr(result, "path", "")))
+        return PushResult(servers=self.urls, weights_path=str(path))
 
     async def close(self) -> None:
-        close = getattr(self._sync, "close", None)
-        if close is not None:
-            await close()
+        """Nothing to release: the sync client opens one HTTP session per push."""
