@@ -1,0 +1,64 @@
+"""The offline image recipe: mirror discovery from apt sources, content tags, and the
+idempotent build against the real engine."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from sandbox import SandboxConfig
+from sandbox.image import DEFAULT_MIRROR, apt_mirror, image_tag
+from tests.sandbox.conftest import require_backend
+
+
+def test_mirror_from_deb822_sources(tmp_path: Path) -> None:
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: trixie-security\n"
+        "Components: main\n\n"
+        "Types: deb\n# a comment\nURIs: http://mirror.example/debian\nSuites: trixie trixie-updates\n"
+        "Components: main\n"
+    )
+    (tmp_path / "sources.list.d" / "other.list.disabled").write_text(
+        "deb http://x/debian sid main\n"
+    )
+    assert apt_mirror(tmp_path) == ("http://mirror.example/debian", "trixie")
+
+
+def test_mirror_from_one_line_sources_and_default(tmp_path: Path) -> None:
+    assert apt_mirror(tmp_path) == DEFAULT_MIRROR
+    (tmp_path / "sources.list").write_text(
+        "# deb http://old/debian buster main\n"
+        "deb [signed-by=/k.gpg] http://ftp.example/debian/ bookworm main contrib\n"
+    )
+    assert apt_mirror(tmp_path) == ("http://ftp.example/debian", "bookworm")
+
+
+def test_image_tag_is_a_content_hash() -> None:
+    tag = image_tag()
+    assert tag.startswith("rollout-farm/sandbox:") and len(tag.split(":")[1]) == 16
+    assert image_tag() == tag
+
+
+def test_config_rejects_unknown_keys_and_bad_bounds() -> None:
+    with pytest.raises(ValidationError):
+        SandboxConfig(backend="docker", warm_size=3)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError):
+        SandboxConfig(backend="none")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError):
+        SandboxConfig(warm=5, max_sandboxes=2)
+    with pytest.raises(ValidationError):
+        SandboxConfig(socket_dir=Path("/tmp/" + "x" * 60))
+
+
+@pytest.mark.docker
+def test_build_is_idempotent_and_fast_when_tagged() -> None:
+    require_backend("docker")  # builds the image once for the session
+    from sandbox.image import build
+
+    began = time.monotonic()
+    assert build(quiet=True) == image_tag()
+    assert time.monotonic() - began < 5

@@ -1,0 +1,191 @@
+"""Pool behaviour on both backends: warm-up, acquire, recycling, reaping of leftovers,
+session state, strict isolation."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from sandbox import AcquireTimeout, SandboxConfig, SandboxPool, Violation
+from sandbox.backends import owner_token
+from tests.sandbox.conftest import SOCKET_DIR, require_backend
+
+Factory = Callable[..., Any]
+
+
+async def test_warm_sandboxes_are_ready_and_acquire_uses_them(pool_factory: Factory) -> None:
+    pool = await pool_factory(warm=2, sessions_per_sandbox=1)
+    assert pool.stats()["idle"] == 2
+    names = {sb.handle.name for sb in pool._sandboxes}
+    async with pool.session() as a, pool.session() as b:
+        assert {a.sandbox.handle.name, b.sandbox.handle.name} == names  # no cold start
+        assert pool.stats()["busy"] == 2
+
+
+async def test_session_state_persists_across_calls(pool: SandboxPool) -> None:
+    async with pool.session() as s:
+        await s.run_python("open('counter', 'w').write('1')")
+        await s.run_python(
+            "n = int(open('counter').read()); open('counter', 'w').write(str(n + 1))"
+        )
+        r = await s.run(["cat", "counter"])
+        assert r.stdout == "2"
+        mod = await s.run_python(
+            "import helper; print(helper.VALUE)", files={"helper.py": "VALUE = 'from file'"}
+        )
+        assert mod.stdout == "from file\n"
+        io = await s.run_python(
+            "import sys; open('out/result.txt', 'w').write(sys.stdin.read()[::-1])",
+            stdin="abc",
+            files={"out/.keep": b""},
+            collect=["out/result.txt", "missing.txt"],
+        )
+        assert io.files == {"out/result.txt": b"cba"}
+        with pytest.raises(ValueError):
+            await s.run_python("1", files={"../escape": "x"})
+        with pytest.raises(ValueError):
+            await s.run(["cat"], collect=["/etc/passwd"])
+
+
+async def test_sessions_sharing_a_sandbox_have_separate_work_dirs(pool_factory: Factory) -> None:
+    pool = await pool_factory(sessions_per_sandbox=4)
+    async with pool.session() as a, pool.session() as b:
+        assert a.sandbox is b.sandbox
+        await a.run_python("open('mine', 'w').write('a')")
+        r = await b.run_python("import os; print(os.path.exists('mine'), os.getcwd())")
+        pwd_a = (await a.run_python("import os; print(os.getcwd())")).stdout
+        assert r.stdout.split()[0] == "False" and r.stdout.split()[1] != pwd_a.strip()
+
+
+async def test_strict_isolation_puts_each_session_in_its_own_sandbox(
+    pool_factory: Factory,
+) -> None:
+    pool = await pool_factory(sessions_per_sandbox=1, warm=0, max_sandboxes=2)
+    async with pool.session() as a, pool.session() as b:
+        assert a.sandbox is not b.sandbox
+        await a.run_python("import time; open('/tmp/a-was-here', 'w').write('1')")
+        r = await b.run_python(
+            "import os; print(os.path.exists('/tmp/a-was-here'), "
+            "sum(p.isdigit() for p in os.listdir('/proc')))"
+        )
+        seen, nprocs = r.stdout.split()
+        assert seen == "False" and int(nprocs) <= 4  # b sees none of a's processes
+
+
+async def test_acquire_times_out_when_the_pool_is_full(pool_factory: Factory) -> None:
+    pool = await pool_factory(
+        sessions_per_sandbox=1, warm=1, max_sandboxes=1, acquire_timeout_s=0.5
+    )
+    async with pool.session():
+        with pytest.raises(AcquireTimeout):
+            async with pool.session():
+                pass
+    async with pool.session() as s:  # the slot came back
+        assert (await s.run_python("print(1)")).ok
+
+
+async def test_waiters_get_the_slot_when_it_frees(pool_factory: Factory) -> None:
+    pool = await pool_factory(sessions_per_sandbox=1, warm=1, max_sandboxes=1)
+
+    async def hold() -> None:
+        async with pool.session() as s:
+            await s.run_python("import time; time.sleep(0.3)")
+
+    async def wait_then_run() -> str:
+        await asyncio.sleep(0.05)
+        async with pool.session() as s:
+            return (await s.run_python("print('got it')")).stdout
+
+    _, out = await asyncio.gather(hold(), wait_then_run())
+    assert out == "got it\n"
+
+
+async def test_recycle_after_n_sessions_and_after_a_violation(pool_factory: Factory) -> None:
+    pool = await pool_factory(sessions_per_sandbox=1, recycle_after=2, warm=1)
+    names = []
+    for _ in range(3):
+        async with pool.session() as s:
+            names.append(s.sandbox.handle.name)
+    assert names[0] == names[1] != names[2]
+    async with pool.session() as s:
+        before = s.sandbox.handle.name
+        r = await s.run_python("while True: pass", timeout=0.5)
+        assert r.violation is Violation.TIMEOUT
+    async with pool.session() as s:
+        assert s.sandbox.handle.name != before
+        assert (await s.run_python("print('fresh')")).stdout == "fresh\n"
+
+
+async def test_unhealthy_idle_sandbox_is_replaced(pool_factory: Factory) -> None:
+    pool = await pool_factory(warm=1, health_interval_s=0.2)
+    victim = pool._sandboxes[0]
+    await pool.backend.stop(victim.handle)  # the sandbox dies behind the pool's back
+    async with asyncio.timeout(30):
+        # the maintainer has no event to offer a test: poll the pool's own view
+        while victim in pool._sandboxes or pool.stats()["idle"] < 1:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+    async with pool.session() as s:
+        assert s.sandbox is not victim and (await s.run_python("print(1)")).ok
+
+
+async def test_leftovers_of_a_crashed_pool_are_reaped(backend: str) -> None:
+    """A pool whose process 'died' (a dead owner token) leaves sandboxes behind; the
+    next pool removes them. The dead owner is faked by rewriting the token (a real
+    crash of the test process cannot be made here)."""
+    config = SandboxConfig(backend=backend, warm=1, socket_dir=SOCKET_DIR)
+    crashed = SandboxPool(config)
+    dead = f"{owner_token().split(':')[0]}:999999999:1"
+    crashed.owner = dead
+    if backend == "docker":
+        crashed.backend.owner = dead
+    await crashed.start()
+    sandbox = crashed._sandboxes[0]
+    assert crashed._maintainer is not None
+    crashed._maintainer.cancel()  # abandon it, as a crash would, without close()
+    with pytest.raises(asyncio.CancelledError):
+        await crashed._maintainer
+    if backend == "bwrap":
+        await crashed.backend.stop(sandbox.handle)  # bwrap jails die with their parent
+    leftover_dir = crashed.dir
+    assert leftover_dir.exists()
+    async with SandboxPool(config) as fresh:
+        assert not leftover_dir.exists()
+        if backend == "docker":
+            from docker.errors import NotFound
+
+            with pytest.raises(NotFound):
+                fresh.backend.client.containers.get(sandbox.handle.name)
+    assert sandbox.control is not None
+    await sandbox.control.close()  # the test process lives on: release its socket
+    if backend == "docker":
+        await crashed.backend.close()
+
+
+async def test_close_removes_every_container(pool_factory: Factory, backend: str) -> None:
+    pool = await pool_factory(warm=2, sessions_per_sandbox=1)
+    names = [sb.handle.name for sb in pool._sandboxes]
+    await pool.close()
+    if backend == "docker":
+        import docker
+
+        client = docker.from_env()
+        try:
+            left = client.containers.list(all=True, filters={"label": "rollout-farm.sandbox"})
+            assert not set(names) & {c.name for c in left}
+        finally:
+            client.close()
+    assert not pool.dir.exists()
+
+
+async def test_unsafe_backend_is_explicit_and_loud(caplog: pytest.LogCaptureFixture) -> None:
+    require_backend("bwrap")  # same host prerequisites (Linux, a python3)
+    caplog.set_level(logging.WARNING)
+    config = SandboxConfig(backend="unsafe-no-isolation", warm=0, socket_dir=SOCKET_DIR)
+    async with SandboxPool(config) as pool, pool.session() as s:
+        assert (await s.run_python("print('unsandboxed')")).stdout == "unsandboxed\n"
+    assert any("unsafe-no-isolation" in r.message for r in caplog.records)
+    assert SandboxConfig().backend == "docker"  # never the silent default
