@@ -68,7 +68,7 @@ def _type_schema(hint: Any) -> dict[str, Any]:
     return {}
 
 
-def _docstring_parts(doc: str) -> tuple[str, dict[str, str]]:
+def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     """Split a docstring into its description and the ``Args:`` entries."""
     doc = inspect.cleandoc(doc or "")
     head, _, args_block = doc.partition("\nArgs:")
@@ -100,7 +100,7 @@ def _tool_methods(obj: Any) -> dict[str, Callable[..., Any]]:
 
 def function_schema(method: Callable[..., Any]) -> dict[str, Any]:
     """The OpenAI tool schema of one (bound) method."""
-    description, arg_docs = _docstring_parts(method.__doc__ or "")
+    description, arg_docs = parse_docstring(method.__doc__ or "")
     hints = typing.get_type_hints(method)
     properties: dict[str, Any] = {}
     required: list[str] = []

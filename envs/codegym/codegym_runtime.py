@@ -4,8 +4,8 @@ It is shipped into the sandbox session next to an environment's source file and
 never imported by the host. One process answers one request (``request.json``)
 and writes ``response.json``:
 
-- ``init``: instantiate the class with a task config; reply with the tool schemas,
-  the task text and the state (the instance's ``__dict__``, which must be JSON);
+- ``init``: instantiate the class with a task config; reply with the task text
+  and the state (the instance's ``__dict__``, which must be JSON);
 - ``call``: rebuild the instance from ``state.json`` (the committed snapshot the
   host sent), run one tool, reply with its output and the new state;
 - ``solve``: rebuild from the snapshot and run the oracle ``solve()``.
@@ -19,7 +19,7 @@ import json
 import os
 import sys
 
-# inspect, typing and traceback are imported only where needed: together they cost
+# inspect and traceback are imported only where needed: with typing they cost
 # ~30 ms per sandboxed process, more than the rest of a tool call.
 _SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean"}
 _BY_NAME = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict}
@@ -57,49 +57,6 @@ class CodeGymEnv:
         self._codegym_done = True
         self._codegym_reward = 1.0 if correct else 0.0
         return "Correct." if correct else "Incorrect."
-
-
-def _type_schema(hint):
-    import typing
-
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint in _SCALARS:
-        return {"type": _SCALARS[hint]}
-    if hint is list or origin is list:
-        return {"type": "array", **({"items": _type_schema(args[0])} if args else {})}
-    if hint is dict or origin is dict:
-        return {"type": "object"}
-    return {}
-
-
-def _schema(method):
-    import inspect
-    import typing
-
-    doc = inspect.cleandoc(method.__doc__ or "")
-    summary, _, args_block = doc.partition("\nArgs:")
-    arg_docs = {}
-    for line in args_block.splitlines():
-        name, sep, text = line.strip().partition(":")
-        if sep and name.isidentifier():
-            arg_docs[name] = text.strip()
-    hints = typing.get_type_hints(method)
-    properties, required = {}, []
-    for name, param in inspect.signature(method).parameters.items():
-        prop = _type_schema(hints.get(name))
-        if name in arg_docs:
-            prop["description"] = arg_docs[name]
-        properties[name] = prop
-        if param.default is inspect.Parameter.empty:
-            required.append(name)
-    return {
-        "type": "function",
-        "function": {
-            "name": method.__name__,
-            "description": " ".join(summary.split()),
-            "parameters": {"type": "object", "properties": properties, "required": required},
-        },
-    }
 
 
 def _tools(cls):
@@ -178,7 +135,7 @@ def _handle(request):
     op = request["op"]
     if op == "init":
         obj = cls(**request["config"])
-        reply = {"tools": [_schema(m) for _, m in sorted(_tools(cls).items())], "task": obj.task()}
+        reply = {"task": obj.task()}
     elif op == "call":
         obj = _restore(cls)
         reply = _call(obj, cls, request["tool"], request["arguments"])

@@ -8,7 +8,8 @@ state snapshot, under ``tool_timeout_s``: the new state is committed only when
 the call finishes cleanly in time; a timeout, a limit violation or an exception
 in the tool leaves the state as it was and the observation is an error. The
 agent ends with ``Done(answer)``: reward 1 if the answer matches, else 0.
-Unknown tools and malformed calls are format errors. ``tools`` is set at reset.
+Unknown tools and malformed calls are format errors. ``tools`` is read from the
+source statically (``ast``), so it is known before the first reset.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class CodeGym:
             raise ValueError(
                 f"config_index {config.config_index} out of range ({len(self.source.configs)} configs)"
             )
-        self.tools: list[dict[str, Any]] | None = None
+        self.tools: list[dict[str, Any]] | None = list(self.source.tools)
         self._stack: AsyncExitStack | None = None
         self._sb: Any = None
         self._state: str | None = None  # committed snapshot (JSON text)
@@ -125,7 +126,6 @@ class CodeGym:
             raise EnvInfraError(
                 f"codegym {self.source.name!r} failed to start: {reply.problem}", ErrorCategory.ENV
             )
-        self.tools = reply.data["tools"]
         self._state = json.dumps(reply.data["state"])
         self._done = False
         return str(reply.data["task"]), {"env": self.source.name, "config_index": index}

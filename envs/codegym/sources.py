@@ -17,6 +17,9 @@ from importlib import resources
 from typing import Any
 
 from envs.errors import EnvSpecError
+from envs.tools import parse_docstring
+
+_AST_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}
 
 
 @dataclass(frozen=True)
@@ -28,10 +31,68 @@ class CodeGymSource:
     source: str  # the module text, shipped into the sandbox as <name>.py
     configs: tuple[dict[str, Any], ...]  # task configs (literal CONFIGS)
     has_solve: bool  # defines an oracle solve()
+    tools: tuple[dict[str, Any], ...] = ()  # OpenAI schemas, read statically from the source
 
 
 class SourceError(ValueError):
     """A source file is not a usable CodeGym environment; the message says why."""
+
+
+def _annotation_schema(node: ast.expr | None) -> dict[str, Any]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):  # a string annotation
+        try:
+            node = ast.parse(node.value, mode="eval").body
+        except SyntaxError:
+            return {}
+    if isinstance(node, ast.Name):
+        if node.id in _AST_TYPES:
+            return {"type": _AST_TYPES[node.id]}
+        return (
+            {"type": "array"}
+            if node.id == "list"
+            else {"type": "object"}
+            if node.id == "dict"
+            else {}
+        )
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+        if node.value.id == "list":
+            return {"type": "array", "items": _annotation_schema(node.slice)}
+        if node.value.id == "dict":
+            return {"type": "object"}
+    return {}
+
+
+def _tool_schema(fn: ast.FunctionDef) -> dict[str, Any]:
+    """The OpenAI schema of a ``@tool`` method, from its AST alone."""
+    description, arg_docs = parse_docstring(ast.get_docstring(fn) or "")
+    args = fn.args
+    positional = args.args[1:]  # drop self
+    first_default = len(positional) - len(args.defaults)
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    params = [(a, i < first_default) for i, a in enumerate(positional)]
+    params += [(a, d is None) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)]
+    for arg, is_required in params:
+        prop = _annotation_schema(arg.annotation)
+        if arg.arg in arg_docs:
+            prop["description"] = arg_docs[arg.arg]
+        properties[arg.arg] = prop
+        if is_required:
+            required.append(arg.arg)
+    parameters = {"type": "object", "properties": properties, "required": required}
+    return {
+        "type": "function",
+        "function": {"name": fn.name, "description": description, "parameters": parameters},
+    }
+
+
+def _class_tools(cls: ast.ClassDef) -> dict[str, dict[str, Any]]:
+    return {
+        fn.name: _tool_schema(fn)
+        for fn in cls.body
+        if isinstance(fn, ast.FunctionDef)
+        and any(isinstance(d, ast.Name) and d.id == "tool" for d in fn.decorator_list)
+    }
 
 
 def read_source(name: str, text: str) -> CodeGymSource:
@@ -67,7 +128,18 @@ def read_source(name: str, text: str) -> CodeGymSource:
     ):
         raise SourceError("CONFIGS must be a non-empty list of dicts")
     has_solve = any(isinstance(f, ast.FunctionDef) and f.name == "solve" for f in cls.body)
-    return CodeGymSource(name, cls.name, text, tuple(configs), has_solve)
+    tools = {**_base_tools(), **_class_tools(cls)}
+    return CodeGymSource(
+        name, cls.name, text, tuple(configs), has_solve, tuple(v for _, v in sorted(tools.items()))
+    )
+
+
+@functools.cache
+def _base_tools() -> dict[str, dict[str, Any]]:
+    """Tools every environment inherits from the runtime's ``CodeGymEnv`` (``Done``)."""
+    tree = ast.parse(runtime_source())
+    base = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "CodeGymEnv")
+    return _class_tools(base)
 
 
 def _builtin_sources() -> dict[str, CodeGymSource]:

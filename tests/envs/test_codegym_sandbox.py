@@ -27,6 +27,7 @@ def _env(pool: Any, name: str, **kwargs: Any) -> Any:
 @pytest.mark.bwrap
 async def test_episode_tools_and_done(bwrap_pool: Any) -> None:
     env = _env(bwrap_pool, "max_subarray", config_index=0)
+    assert env.tools and env.system_prompt  # known before the first reset
     try:
         obs, info = await envs.areset(env, seed=0)
         assert "subarray" in obs and info["config_index"] == 0

@@ -143,3 +143,27 @@ def test_scenarios_valid_and_tools_mutate_state() -> None:
     assert scenarios["bank_transfer"].initial_state["accounts"]["alice"] == 120  # not aliased
     with pytest.raises(ValueError, match="missing"):
         bank.load_state({"accounts": {}})
+
+
+def test_codegym_tool_schemas_read_statically() -> None:
+    tools = {t["function"]["name"]: t["function"] for t in library()["max_subarray"].tools}
+    assert set(tools) == {"Add", "Done", "GetElement", "Max", "Observe"}
+    assert tools["GetElement"]["parameters"] == {
+        "type": "object",
+        "properties": {"index": {"type": "integer", "description": "Zero-based position."}},
+        "required": ["index"],
+    }
+    assert tools["Done"]["parameters"]["properties"]["answer"]["type"] == "string"
+    text = (
+        "class U(CodeGymEnv):\n    CONFIGS = [{}]\n\n    @tool\n"
+        "    def Look(self, where: 'str', depth: list[int] = [], *, fast: bool) -> str:\n"
+        '        """Look around.\n\n        Args:\n            where: Place.\n        """\n'
+    )
+    look = {t["function"]["name"]: t["function"] for t in read_source("u", text).tools}["Look"]
+    assert look["description"] == "Look around."
+    assert look["parameters"]["required"] == ["where", "fast"]
+    assert look["parameters"]["properties"] == {
+        "where": {"type": "string", "description": "Place."},
+        "depth": {"type": "array", "items": {"type": "integer"}},
+        "fast": {"type": "boolean"},
+    }
