@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +10,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from inference.tiny import SPECIAL_TOKENS, TEXT_TOKENS, build_tiny_model
+from inference.tiny import main as tiny_main
 
 
 def test_loads_with_auto_classes_and_vocab_matches(tmp_path: Path) -> None:
@@ -84,17 +83,12 @@ def test_chat_template_tools_and_generation_prompt(tmp_path: Path) -> None:
     assert plain == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n1+1?<|im_end|>\n"
 
 
-@pytest.mark.slow
-def test_cli_builds_a_loadable_directory(tmp_path: Path) -> None:
+def test_cli_builds_a_loadable_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "cli"
-    proc = subprocess.run(
-        [sys.executable, "-m", "inference.tiny", str(out), "--seed", "5"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == str(out)
+    assert tiny_main([str(out), "--seed", "5"]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
     ref = load_file(build_tiny_model(tmp_path / "ref", seed=5) / "model.safetensors")
     got = load_file(out / "model.safetensors")
     assert all(torch.equal(ref[k], got[k]) for k in ref)
