@@ -52,6 +52,8 @@ class _State:
 
     turns: list[Turn] = field(default_factory=list)
     phase: str = "start"  # "env" while the environment works: a timeout there is a hang
+    timeout: asyncio.Timeout | None = None  # the episode's one timer, moved for env calls
+    deadline: float = 0.0  # loop time at which the episode's wall-time limit expires
     inference_s: float = 0.0
     env_s: float = 0.0
 
@@ -78,7 +80,10 @@ async def run_episode(
     metrics.EPISODES_IN_FLIGHT.inc()
     try:
         env = envs.make(task.env_spec, sandbox=ctx.sandbox)
-        async with asyncio.timeout(cfg.episode_timeout_s):
+        # One timer per episode: its deadline is pulled in to the step limit around each
+        # env call and put back after (cheaper than a timer per call at 10k episodes).
+        state.deadline = asyncio.get_running_loop().time() + cfg.episode_timeout_s
+        async with asyncio.timeout_at(state.deadline) as state.timeout:
             finish = await _loop(ctx, cfg, task, index, max_turns, env, env_name, state)
     except TimeoutError as exc:
         if state.phase == "env" or not state.turns:
@@ -128,7 +133,9 @@ async def _loop(
     state: _State,
 ) -> str:
     """The turn loop; returns the finish reason."""
-    obs, _ = await _env_call(state, cfg, envs.areset(env, seed=task.seed + index), env_name)
+    obs, _ = await _env_call(
+        state, cfg, envs.areset(env, seed=task.seed + index), ctx.sandbox is not None
+    )
     prompt = ctx.codec.initial_prompt(
         obs, getattr(env, "system_prompt", None), getattr(env, "tools", None)
     )
@@ -163,6 +170,7 @@ async def _turns(
     session: str,
 ) -> str:
     context: list[int] = list(prompt)
+    env_steps = metrics.ENV_STEPS.labels(env=env_name)  # labels() is slow: resolve once
     while True:
         room = cfg.max_context_tokens - len(context)
         if room <= 0:
@@ -177,9 +185,9 @@ async def _turns(
         metrics.TOKENS_GENERATED.inc(len(gen.token_ids))
         action = ctx.codec.decode(gen.token_ids)
         obs, reward, terminated, truncated, info = await _env_call(
-            state, cfg, envs.astep(env, action), env_name
+            state, cfg, envs.astep(env, action), ctx.sandbox is not None
         )
-        metrics.ENV_STEPS.labels(env=env_name).inc()
+        env_steps.inc()
         if info.get("error") == ErrorCategory.FORMAT:
             metrics.ERRORS.labels(category=ErrorCategory.FORMAT.value).inc()
         versions = [v for v in gen.weight_versions if v >= 0]  # -1: a non-integer label
@@ -207,17 +215,24 @@ async def _turns(
         context.extend(prompt)
 
 
-async def _env_call(state: _State, cfg: EpisodeSettings, call: Any, env_name: str) -> Any:
-    """Await one env reset/step under the step timeout, timing it."""
+async def _env_call(state: _State, cfg: EpisodeSettings, call: Any, sandboxed: bool) -> Any:
+    """Await one env reset/step under the step limit (and the episode's), timing it."""
     state.phase = "env"
     t0 = time.monotonic()
+    assert state.timeout is not None
+    loop = asyncio.get_running_loop()
+    state.timeout.reschedule(min(state.deadline, loop.time() + cfg.env_step_timeout_s))
     try:
-        async with asyncio.timeout(cfg.env_step_timeout_s):
-            return await call
+        result = await call
     finally:
         elapsed = time.monotonic() - t0
         state.env_s += elapsed
         metrics.ENV_STEP_SECONDS.observe(elapsed)
+        if sandboxed:
+            metrics.SANDBOX_SECONDS.observe(elapsed)
+    state.timeout.reschedule(state.deadline)
+    state.phase = "agent"
+    return result
 
 
 def _with_max_tokens(params: Any, max_tokens: int) -> Any:

@@ -28,7 +28,7 @@ async def test_env_that_raises_and_env_that_hangs(
             redis, tiny_model_dir, [policy_server.url], run="faults",
             env_step_timeout_s=1.0, episode_timeout_s=5.0,
         ):  # fmt: skip
-            found = {g.group_id: g for g in await wait_groups(redis, keys, 3, timeout=60)}
+            found = {g.group_id: g for g in await wait_groups(redis, keys, 3, within_s=60)}
         assert await pending_ids(redis, keys) == []  # every task acked after its group
     raised, hung, fine = found["raise"], found["hang"], found["fine"]
     for t in raised.trajectories:
@@ -107,9 +107,9 @@ async def test_one_of_two_servers_killed_mid_run(
         async with running_worker(
             redis, tiny_model_dir, [a.url, b.url], run="failover", concurrency=16
         ):
-            await wait_groups(redis, keys, 1, timeout=60)
+            await wait_groups(redis, keys, 1, within_s=60)
             a.kill()
-            found = await wait_groups(redis, keys, len(tasks), timeout=120)
+            found = await wait_groups(redis, keys, len(tasks), within_s=120)
     assert sorted(g.group_id for g in found) == sorted(t.task_id for t in tasks)
     for g in found:
         assert not g.infra_failed, [t.error_detail for t in g.trajectories]

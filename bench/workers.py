@@ -1,0 +1,319 @@
+"""`python -m bench workers [--quick] [--json]`: the rollout workers' own costs and scaling.
+
+Inference is a LATENCY-SIMULATING SERVER (`workers.loadgen`, a load generator in its own
+process: it sleeps a log-normal latency and returns random tokens in the /v1/completions
+shape); environments are `bench-sim`, which sleep a heavy-tailed latency per step and
+run a heavy-tailed number of turns (seeded, so both loops see the same episodes). The
+farm's code path is the real one: ChatCodec (tiny model's tokenizer and chat template),
+GenerationClient over HTTP, envs.astep, run_episode.
+
+1. CPU per env step: this process's CPU time / env steps (the load generator and the
+   environments' sleeps cost nothing here), beside a bare aiohttp POST loop (baseline).
+2. N concurrent episodes in one process (10,000; 2,000 with --quick), closed loop:
+   achieved vs ideal step throughput (Little's law: N / (mean inference + mean env
+   latency)), event-loop lag p99, RSS growth per episode.
+3. Synchronous batch-barrier loop (every turn waits for the slowest env and the batch
+   for its longest episode, as in GEM / AgentGym-RL) vs this farm, same episodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import socket
+import sys
+import time
+from contextlib import asynccontextmanager
+from typing import Any
+
+import envs
+from broker.messages import Task
+from envs import Env
+from workers.episode import EpisodeContext, EpisodeSettings, run_episode
+from workers.lag import LagMonitor
+
+
+class SimEnv(Env):
+    """Heavy-tailed turns (Pareto) and step latency (log-normal), seeded per episode."""
+
+    steps_taken = 0  # every step of every instance, for throughput windows
+
+    def __init__(self, env_ms: float = 20.0, sigma: float = 1.0, alpha: float = 1.3, cap: int = 32):
+        self.mu, self.sigma, self.alpha, self.cap = math.log(env_ms / 1000), sigma, alpha, cap
+
+    async def areset(self, *, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        self.rng = random.Random(seed)
+        self.turns = min(self.cap, math.ceil(self.rng.paretovariate(self.alpha)))
+        self.k = 0
+        return f"Episode {seed}: begin.", {}
+
+    async def astep(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        await asyncio.sleep(self.rng.lognormvariate(self.mu, self.sigma))
+        self.k += 1
+        SimEnv.steps_taken += 1
+        return f"Observation {self.k}.", 0.0, self.k >= self.turns, False, {}
+
+
+if "bench-sim" not in envs.registered():
+    envs.register("bench-sim", SimEnv)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@asynccontextmanager
+async def loadgen(median_ms: float, sigma: float):
+    """The latency-simulating server, in its own process."""
+    import aiohttp
+
+    port = _free_port()
+    args = ["-m", "workers.loadgen", "--port", str(port), "--median-ms", str(median_ms)]
+    proc = await asyncio.create_subprocess_exec(sys.executable, *args, "--sigma", str(sigma))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(400):
+                try:
+                    async with session.get(url + "/health", timeout=aiohttp.ClientTimeout(1)):
+                        break
+                except (aiohttp.ClientError, TimeoutError):
+                    await asyncio.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 10)
+
+
+@asynccontextmanager
+async def farm_context(url: str, unbounded_pool: bool = False):
+    """The farm's real episode context. `unbounded_pool` swaps the client's HTTP session for
+    one without aiohttp's default 100-connection cap (a BENCHMARK PATCH: GenerationClient
+    has no setting for it), to show what the worker does once the pool is sized."""
+    import aiohttp
+
+    from inference.client import GenerationClient, SamplingParams
+    from inference.config import ClientConfig
+    from inference.tiny import build_tokenizer
+    from workers.tokens import ChatCodec
+
+    async with GenerationClient([url], ClientConfig(request_timeout_s=120)) as client:
+        if unbounded_pool:
+            await client._session.close()
+            client._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        yield EpisodeContext(
+            codec=ChatCodec(build_tokenizer()), client=client, sampling=SamplingParams
+        )
+
+
+SETTINGS = EpisodeSettings(max_tokens=8, max_context_tokens=4096, episode_timeout_s=3600)
+
+
+def _task(seed: int, spec: str) -> Task:
+    return Task(f"b{seed}", spec, group_size=1, seed=seed, policy_version=0)
+
+
+async def run_async(ctx: EpisodeContext, spec: str, seeds: list[int], concurrency: int) -> int:
+    """This farm: each episode proceeds on its own; a free slot takes the next episode."""
+    slots = asyncio.Semaphore(concurrency)
+    steps = 0
+
+    async def one(seed: int) -> None:
+        nonlocal steps
+        async with slots:
+            traj = await run_episode(ctx, SETTINGS, _task(seed, spec), 0, max_turns=64)
+        assert traj.error.value == "none", traj.error_detail
+        steps += len(traj.turns)
+
+    async with asyncio.TaskGroup() as tg:
+        for seed in seeds:
+            tg.create_task(one(seed), name=f"episode:{seed}")
+    return steps
+
+
+async def run_sync(ctx: EpisodeContext, spec: str, seeds: list[int], batch: int) -> int:
+    """Batch-barrier loop: generate for all, step all, wait for the slowest; a batch ends
+    when its longest episode does (GEM / AgentGym-RL style)."""
+    from inference.client import SamplingParams
+
+    params = SamplingParams(max_tokens=8, stop_token_ids=tuple(ctx.codec.stop_token_ids))
+    steps = 0
+    for start in range(0, len(seeds), batch):
+        group = [envs.make(spec) for _ in seeds[start : start + batch]]
+        resets = await asyncio.gather(
+            *(envs.areset(e, seed=s) for e, s in zip(group, seeds[start:], strict=False))
+        )
+        context = [ctx.codec.initial_prompt(obs, None, None) for obs, _ in resets]
+        active = list(range(len(group)))
+        while active:
+            gens = await asyncio.gather(
+                *(ctx.client.generate(context[i], params, session_id=f"s{i}") for i in active)
+            )
+            actions = [ctx.codec.decode(g.token_ids) for g in gens]
+            results = await asyncio.gather(
+                *(envs.astep(group[i], a) for i, a in zip(active, actions, strict=True))
+            )
+            still = []
+            for i, gen, (obs, _, done, trunc, _) in zip(active, gens, results, strict=True):
+                steps += 1
+                if not (done or trunc):
+                    context[i] += [*gen.token_ids, *ctx.codec.next_prompt(gen.token_ids, obs)]
+                    still.append(i)
+            active = still
+    return steps
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+async def measure_cpu_per_step(episodes: int) -> dict[str, float]:
+    """Farm CPU per env step (fast loadgen and env, so the farm's own work dominates)."""
+    spec = 'bench-sim@{"env_ms": 2, "sigma": 0.3, "alpha": 1.3, "cap": 16}'
+    async with loadgen(5.0, 0.3) as url, farm_context(url) as ctx:
+        await run_async(ctx, spec, list(range(64)), 64)  # warm-up: caches, connections
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        steps = await run_async(ctx, spec, list(range(1000, 1000 + episodes)), 256)
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+        base = await _bare_post_cpu(url, steps, 256)
+    return {"steps": steps, "cpu_us_per_step": cpu / steps * 1e6, "steps_per_s": steps / wall,
+            "bare_post_cpu_us": base}  # fmt: skip
+
+
+async def _bare_post_cpu(url: str, n: int, concurrency: int) -> float:
+    """Baseline: CPU per bare aiohttp POST /v1/completions to the same server."""
+    import aiohttp
+
+    body = {"prompt": [1, 2, 3], "max_tokens": 8, "stop_token_ids": [258], "logprobs": 1}
+    slots = asyncio.Semaphore(concurrency)
+    async with aiohttp.ClientSession() as session:
+
+        async def one() -> None:
+            async with slots, session.post(url + "/v1/completions", json=body) as resp:
+                await resp.json()
+
+        cpu0 = time.process_time()
+        async with asyncio.TaskGroup() as tg:
+            for i in range(n):
+                tg.create_task(one(), name=f"post:{i}")
+        return (time.process_time() - cpu0) / n * 1e6
+
+
+async def measure_concurrency(n: int, window_s: float, unbounded_pool: bool) -> dict[str, float]:
+    """N episodes always in flight; steady-state throughput vs Little's-law ideal."""
+    inf_ms, env_ms, sigma = 4000.0, 2000.0, 0.3
+    spec = f'bench-sim@{{"env_ms": {env_ms}, "sigma": {sigma}, "alpha": 1.3, "cap": 32}}'
+    mean = (inf_ms + env_ms) / 1000 * math.exp(sigma**2 / 2)
+    lag = LagMonitor()
+    async with loadgen(inf_ms, sigma) as url, farm_context(url, unbounded_pool) as ctx:
+        rss0 = _rss_bytes()
+        stop = time.monotonic() + 2 * mean + window_s
+
+        async def lane(k: int) -> None:
+            seed = k
+            while time.monotonic() < stop:
+                await run_episode(ctx, SETTINGS, _task(seed, spec), 0, max_turns=64)
+                seed += n
+
+        async with asyncio.TaskGroup() as tg:
+            monitor = tg.create_task(lag.run(), name="lag")
+            lanes = [tg.create_task(lane(k), name=f"lane:{k}") for k in range(n)]
+            await asyncio.sleep(2 * mean)  # warm-up: every lane past its first step
+            lag.samples.clear()
+            steps0, cpu0, t0, rss = SimEnv.steps_taken, time.process_time(), time.monotonic(), 0
+            while time.monotonic() < stop:
+                await asyncio.sleep(1.0)
+                rss = max(rss, _rss_bytes())
+            steps, wall = SimEnv.steps_taken - steps0, time.monotonic() - t0
+            cpu = time.process_time() - cpu0
+            for task in [monitor, *lanes]:
+                task.cancel()
+    return {"episodes": n, "achieved_steps_per_s": steps / wall, "ideal_steps_per_s": n / mean,
+            "lag_p50_ms": lag.percentile(0.5) * 1e3, "lag_p99_ms": lag.percentile(0.99) * 1e3,
+            "rss_per_episode_kb": (rss - rss0) / n / 1024, "cpu_us_per_step": cpu / max(steps, 1) * 1e6}  # fmt: skip
+
+
+async def measure_sync_vs_async(episodes: int, batch: int) -> dict[str, float]:
+    spec = 'bench-sim@{"env_ms": 20, "sigma": 1.0, "alpha": 1.3, "cap": 32}'
+    seeds = list(range(50_000, 50_000 + episodes))
+    async with loadgen(20.0, 0.3) as url, farm_context(url) as ctx:
+        t0 = time.perf_counter()
+        sync_steps = await run_sync(ctx, spec, seeds, batch)
+        sync_wall = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        async_steps = await run_async(ctx, spec, seeds, batch)
+        async_wall = time.perf_counter() - t0
+    assert sync_steps == async_steps  # the same episodes, turn for turn
+    return {"episodes": episodes, "concurrency": batch, "steps": async_steps,
+            "sync_steps_per_s": sync_steps / sync_wall, "async_steps_per_s": async_steps / async_wall,
+            "ratio": (async_steps / async_wall) / (sync_steps / sync_wall)}  # fmt: skip
+
+
+def _table(cpu: dict, capped: dict, conc: dict, cmp: dict) -> str:
+    rows = [
+        (f"{capped['episodes']} episodes, client as shipped (100 conns)",
+         f"{capped['achieved_steps_per_s']:.0f} steps/s", "",
+         f"ideal {capped['ideal_steps_per_s']:.0f} steps/s "
+         f"({capped['achieved_steps_per_s'] / capped['ideal_steps_per_s']:.0%} of ideal)"),
+        ("farm CPU per env step", f"{cpu['cpu_us_per_step']:.0f} us", "<= 150 us",
+         f"bare aiohttp POST: {cpu['bare_post_cpu_us']:.0f} us "
+         f"(ratio {cpu['cpu_us_per_step'] / cpu['bare_post_cpu_us']:.2f}x)"),
+        (f"{conc['episodes']} episodes, client pool unbounded",
+         f"{conc['achieved_steps_per_s']:.0f} steps/s", "",
+         f"ideal {conc['ideal_steps_per_s']:.0f} steps/s "
+         f"({conc['achieved_steps_per_s'] / conc['ideal_steps_per_s']:.0%} of ideal)"),
+        ("  event-loop lag p50 / p99", f"{conc['lag_p50_ms']:.1f} / {conc['lag_p99_ms']:.1f} ms",
+         "p99 <= 50 ms", ""),
+        ("  memory per episode (RSS growth)", f"{conc['rss_per_episode_kb']:.1f} KiB", "", ""),
+        ("  farm CPU per step at this load", f"{conc['cpu_us_per_step']:.0f} us", "", ""),
+        (f"sync batch-barrier loop ({cmp['episodes']} episodes, batch {cmp['concurrency']})",
+         f"{cmp['sync_steps_per_s']:.0f} steps/s", "", "GEM / AgentGym-RL style"),
+        ("this farm (same episodes, same concurrency)", f"{cmp['async_steps_per_s']:.0f} steps/s",
+         ">= 2.5x sync", f"ratio {cmp['ratio']:.2f}x"),
+    ]  # fmt: skip
+    width = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["inference: latency-simulating server (workers.loadgen, a load generator)"]
+    for r in (("measure", "value", "target", "baseline / note"), *rows):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, width, strict=True)))
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench workers", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller run, under a minute")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--episodes", type=int, default=None, help="concurrent episodes (phase 2)")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    n = args.episodes or (2000 if quick else 10_000)
+
+    async def run() -> dict[str, Any]:
+        cpu = await measure_cpu_per_step(300 if quick else 2000)
+        window = 8.0 if quick else 30.0
+        capped = await measure_concurrency(n, window, unbounded_pool=False)
+        conc = await measure_concurrency(n, window, unbounded_pool=True)
+        cmp = await measure_sync_vs_async(256 if quick else 1024, 64 if quick else 256)
+        return {"cpu": cpu, "concurrency_client_default": capped, "concurrency": conc,
+                "sync_vs_async": cmp}  # fmt: skip
+
+    result = asyncio.run(run())
+    if args.json:
+        print(
+            json.dumps(
+                {"load_generator": "workers.loadgen (latency-simulating server)", **result},
+                indent=2,
+            )
+        )
+    else:
+        print(_table(result["cpu"], result["concurrency_client_default"], result["concurrency"],
+                     result["sync_vs_async"]))  # fmt: skip
+    return 0
