@@ -47,6 +47,7 @@ async def _serve(config: ServerConfig) -> None:
     finally:
         stopping.cancel()
         await server.stop()
+        logging.getLogger("inference").info("policy server stopped")
         if engine_died.done() and not engine_died.cancelled():
             engine_died.result()  # a dead engine loop ends the process loudly
         else:
@@ -65,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     shown = config.model_dump(mode="json") | {"api_key": "***" if config.api_key else None}
     logging.getLogger("inference").info("config: %s", shown)
     import torch
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a server log wants lines, not tqdm bars
     torch.set_num_threads(config.torch_threads or min(4, os.cpu_count() or 1))
     asyncio.run(_serve(config))
     return 0

@@ -145,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", type=Path, help="directory to write the model into")
     parser.add_argument("--seed", type=int, default=0, help="initialisation seed")
     args = parser.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     path = build_tiny_model(args.out_dir, seed=args.seed)
     print(path)
     return 0
