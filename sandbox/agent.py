@@ -223,6 +223,7 @@ class Standby:
         self.err_r, err_w = os.pipe()
         self.status_r, status_w = os.pipe()
         self.used = False
+        gc.freeze()  # the child's collector then never walks (and copies) inherited pages
         self.pid = os.fork()
         if self.pid == 0:
             _child((ctl_r, stdin_r, out_w, err_w, status_w))

@@ -30,7 +30,7 @@ class Limits(BaseModel):
     memory_mb: int = Field(512, ge=16, le=1 << 20, description="RLIMIT_AS of each call, MiB.")
     processes: int = Field(
         64, ge=4, le=100_000,
-        description="RLIMIT_NPROC: processes of the sandbox user while a call runs.",
+        description="Processes a call may add (RLIMIT_NPROC, on top of the sandbox's own).",
     )  # fmt: skip
     file_size_mb: int = Field(64, ge=1, le=1 << 20, description="RLIMIT_FSIZE of each call, MiB.")
     open_files: int = Field(256, ge=16, le=1 << 20, description="RLIMIT_NOFILE of each call.")
@@ -40,13 +40,17 @@ class Limits(BaseModel):
     )  # fmt: skip
     collect_kb: int = Field(4096, ge=1, le=1 << 20, description="Cap on each collected file, KiB.")
 
-    def wire(self, timeout_s: float) -> dict[str, int]:
-        """The limits as the agent's `run` request carries them."""
+    def wire(self, timeout_s: float, baseline_processes: int = 0) -> dict[str, int]:
+        """The limits as the agent's `run` request carries them.
+
+        RLIMIT_NPROC counts every process of the sandbox uid, so the sandbox's own
+        (agent, session processes and their standby children) are added on top.
+        """
         cpu = self.cpu_s or int(timeout_s) + 1
         return {
             "cpu_s": cpu,
             "memory_bytes": self.memory_mb << 20,
-            "processes": self.processes,
+            "processes": self.processes + baseline_processes,
             "file_size_bytes": self.file_size_mb << 20,
             "open_files": self.open_files,
             "output_bytes": self.output_kb << 10,
@@ -100,9 +104,10 @@ class SandboxConfig(BaseModel):
         "unix socket paths are limited to 108 bytes).",
     )
     uid_base: int = Field(
-        200_000, ge=1000, le=2**31 - 200_000,
-        description="Sandboxes run as distinct uids from this base, so RLIMIT_NPROC and "
-        "signals never span two sandboxes.",
+        200_000, ge=1000, le=2**31 - 2_000_000,
+        description="Sandboxes run as distinct uids in [uid_base, uid_base + 1e6), so "
+        "RLIMIT_NPROC and signals do not span two sandboxes; keep the range free of "
+        "real users.",
     )  # fmt: skip
     limits: Limits = Field(default_factory=Limits, description="Default per-call limits.")
 

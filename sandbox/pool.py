@@ -43,6 +43,7 @@ from sandbox.session import Session
 log = logging.getLogger(__name__)
 
 CONTROL_TIMEOUT_S = 10.0
+UID_RANGE = 1_000_000
 
 
 @dataclass(eq=False)
@@ -76,6 +77,9 @@ class SandboxPool:
         self._wake = asyncio.Event()
         self._maintainer: asyncio.Task[None] | None = None
         self._counter = 0
+        # pools on one host (worker processes, test runs) draw uids from one range; a
+        # random start keeps their RLIMIT_NPROC counts and signals apart
+        self._uid_offset = secrets.randbelow(UID_RANGE)
         self._started = False
         self._closed = False
 
@@ -269,7 +273,7 @@ class SandboxPool:
     def _new_sandbox(self) -> Sandbox:
         self._counter += 1
         name = f"rf-{self.pool_id}-{self._counter}"
-        uid = self.config.uid_base + self._counter % 100_000
+        uid = self.config.uid_base + (self._uid_offset + self._counter) % UID_RANGE
         sandbox = Sandbox(Handle(name, self.dir / str(self._counter), uid))
         self._sandboxes.append(sandbox)
         self._publish()

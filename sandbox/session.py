@@ -83,7 +83,7 @@ class Session:
             "files": {_relative(p): _b64(d) for p, d in (files or {}).items()},
             "collect": [_relative(p) for p in collect],
             "timeout": timeout_s,
-            "limits": limits.wire(timeout_s),
+            "limits": limits.wire(timeout_s, 2 * self.pool.config.sessions_per_sandbox + 2),
         }
         if self._lost:
             self.connection = await self._reopen()

@@ -1,0 +1,206 @@
+"""Sandbox benchmark: tool-call round trip against `docker exec`, cold start, warm
+acquire, and how many live sessions this machine holds (with memory per session).
+
+    python -m bench sandbox [--quick] [--json] [--backend docker|bwrap] [--sessions N]
+
+The round trip is `Session.run_python` of a trivial function, measured from the
+caller (asyncio client, socket, agent, a fresh child with its limits, reply). It is
+timed twice: with a 5 ms pause between calls (the agent pre-forks the next child
+while the caller thinks, as an RL worker does while the model generates) and
+back-to-back (the fork then lands on the round trip). The baseline is `docker exec`
+of the same code in the same container, in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from sandbox import SandboxConfig, SandboxPool
+
+CALL = "def f(x):\n    return x + 1\nprint(f(41))"
+SOCKET_DIR = Path("/tmp/rf-sbx-bench")
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def mem_available_mb() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+async def round_trips(pool: SandboxPool, n: int, pause_s: float) -> list[float]:
+    times = []
+    async with pool.session() as s:
+        for _ in range(5):
+            await s.run_python(CALL)
+        for _ in range(n):
+            if pause_s:
+                await asyncio.sleep(pause_s)
+            began = time.perf_counter()
+            r = await s.run_python(CALL)
+            times.append(time.perf_counter() - began)
+            assert r.stdout == "42\n", r
+    return times
+
+
+def docker_exec_times(container_name: str, n: int) -> list[float]:
+    """The peer baseline: `docker exec` of the same code, through the CLI."""
+    times = []
+    cmd = ["docker", "exec", "-w", "/work", container_name, "python3", "-c", CALL]
+    for _ in range(n):
+        began = time.perf_counter()
+        out = subprocess.run(cmd, capture_output=True, check=True).stdout
+        times.append(time.perf_counter() - began)
+        assert out == b"42\n"
+    return times
+
+
+async def acquire_times(pool: SandboxPool, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        began = time.perf_counter()
+        session = await pool.acquire()
+        times.append(time.perf_counter() - began)
+        await pool.release(session)
+    return times
+
+
+async def cold_starts(config: SandboxConfig, n: int) -> list[float]:
+    times = []
+    async with SandboxPool(config.model_copy(update={"warm": 0})) as pool:
+        for _ in range(n):
+            began = time.perf_counter()
+            async with pool.session() as s:
+                times.append(time.perf_counter() - began)
+                pool.taint(s, "benchmark: force a fresh sandbox")
+    return times
+
+
+async def live_sessions(config: SandboxConfig, n: int, per_sandbox: int) -> dict[str, Any]:
+    cfg = config.model_copy(
+        update={
+            "warm": 0,
+            "sessions_per_sandbox": per_sandbox,
+            "max_sandboxes": -(-n // per_sandbox),
+            "memory_mb": max(1024, per_sandbox * 8),
+            "pids": per_sandbox * 3 + 64,
+        }
+    )
+    before = mem_available_mb()
+    async with SandboxPool(cfg) as pool:
+        sessions = []
+        began = time.perf_counter()
+        for _ in range(n):
+            sessions.append(await pool.acquire())
+        opened_s = time.perf_counter() - began
+        sem = asyncio.Semaphore(64)
+
+        async def call(s: Any) -> bool:
+            async with sem:
+                return (await s.run_python(CALL)).stdout == "42\n"
+
+        ok = sum(await asyncio.gather(*(call(s) for s in sessions)))
+        await asyncio.sleep(1.0)  # let the standby forks settle before measuring
+        used = before - mem_available_mb()
+        sandboxes = len(pool._sandboxes)
+        for s in sessions:
+            await pool.release(s)
+    return {
+        "sessions": n,
+        "answered": ok,
+        "sandboxes": sandboxes,
+        "open_s": opened_s,
+        "mem_total_mb": used,
+        "mem_per_session_mb": used / n,
+    }
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    n_calls = 200 if args.quick else 1000
+    config = SandboxConfig(
+        backend=args.backend, warm=2, sessions_per_sandbox=16, socket_dir=SOCKET_DIR
+    )
+    out: dict[str, Any] = {"backend": args.backend}
+    async with SandboxPool(config) as pool:
+        paused = await round_trips(pool, n_calls, 0.005)
+        burst = await round_trips(pool, n_calls, 0.0)
+        acquire = await acquire_times(pool, 50 if args.quick else 300)
+        if args.backend == "docker":
+            async with pool.session() as s:
+                name = s.sandbox.handle.name
+                exec_times = await asyncio.to_thread(
+                    docker_exec_times, name, 10 if args.quick else 40
+                )
+            out["docker_exec_p50_ms"] = statistics.median(exec_times) * 1e3
+            out["docker_exec_p99_ms"] = pct(exec_times, 0.99) * 1e3
+    out["rt_p50_ms"] = statistics.median(paused) * 1e3
+    out["rt_p99_ms"] = pct(paused, 0.99) * 1e3
+    out["rt_burst_p50_ms"] = statistics.median(burst) * 1e3
+    out["rt_burst_p99_ms"] = pct(burst, 0.99) * 1e3
+    if "docker_exec_p50_ms" in out:
+        out["speedup_vs_exec"] = out["docker_exec_p50_ms"] / out["rt_p50_ms"]
+        out["speedup_burst_vs_exec"] = out["docker_exec_p50_ms"] / out["rt_burst_p50_ms"]
+    out["acquire_p50_ms"] = statistics.median(acquire) * 1e3
+    out["acquire_p99_ms"] = pct(acquire, 0.99) * 1e3
+    cold = await cold_starts(config, 3 if args.quick else 8)
+    out["cold_start_p50_s"] = statistics.median(cold)
+    n = args.sessions or (200 if args.quick else 1000)
+    out["live"] = await live_sessions(config, n, 100)
+    return out
+
+
+def table(r: dict[str, Any]) -> str:
+    rows = [
+        ("tool-call round trip p50 (5 ms think time)", f"{r['rt_p50_ms']:.2f} ms"),
+        ("tool-call round trip p99 (5 ms think time)", f"{r['rt_p99_ms']:.2f} ms"),
+        ("tool-call round trip p50 (back-to-back)", f"{r['rt_burst_p50_ms']:.2f} ms"),
+        ("tool-call round trip p99 (back-to-back)", f"{r['rt_burst_p99_ms']:.2f} ms"),
+    ]
+    if "docker_exec_p50_ms" in r:
+        rows += [
+            ("docker exec p50 (same call, same container)", f"{r['docker_exec_p50_ms']:.1f} ms"),
+            ("docker exec p99", f"{r['docker_exec_p99_ms']:.1f} ms"),
+            ("speed-up vs docker exec (p50, think time)", f"{r['speedup_vs_exec']:.0f}x"),
+            ("speed-up vs docker exec (p50, back-to-back)", f"{r['speedup_burst_vs_exec']:.0f}x"),
+        ]
+    live = r["live"]
+    rows += [
+        ("warm acquire p50 / p99", f"{r['acquire_p50_ms']:.2f} / {r['acquire_p99_ms']:.2f} ms"),
+        ("cold sandbox start p50 (to first session)", f"{r['cold_start_p50_s'] * 1e3:.0f} ms"),
+        ("live sessions held (answered a call)", f"{live['answered']} / {live['sessions']}"),
+        ("sandboxes for them", str(live["sandboxes"])),
+        ("time to open them", f"{live['open_s']:.1f} s"),
+        ("host memory per live session", f"{live['mem_per_session_mb']:.2f} MiB"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"sandbox benchmark ({r['backend']})", "-" * (width + 16)]
+    lines += [f"{k:<{width}}  {v:>12}" for k, v in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench sandbox", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="under a minute")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--backend", choices=["docker", "bwrap"], default="docker")
+    parser.add_argument("--sessions", type=int, default=0, help="live sessions to hold")
+    args = parser.parse_args(argv)
+    if args.backend == "docker":
+        from sandbox.image import build
+
+        build(quiet=True)
+    result = asyncio.run(run(args))
+    print(json.dumps(result, indent=2) if args.json else table(result))
+    return 0
