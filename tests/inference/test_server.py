@@ -129,6 +129,8 @@ BAD_BODIES = [
     ({"prompt": [1], "n": 10_000}, "n"),
     ({"prompt": [1], "logprobs": 99}, "logprobs"),
     ({"prompt": [1], "seed": "x"}, "seed"),
+    ({"prompt": [1], "seed": 2**80}, "seed"),
+    ({"prompt": [1], "max_tokens": 5.0}, "max_tokens"),
     ({"prompt": [1], "stop_token_ids": [1, 100000]}, "vocabulary"),
     ({"prompt": [1], "allowed_token_ids": []}, "allowed_token_ids"),
     ({"prompt": [1], "allowed_token_ids": [True]}, "allowed_token_ids"),
@@ -148,7 +150,8 @@ async def test_bad_completion_requests_get_400_and_server_keeps_serving(server_f
         assert status == 400, (body, data)
         assert words.lower() in data["error"]["message"].lower(), (body, data)
         assert data["error"]["code"] == 400
-    for raw in (b'{"prompt": [1, 2', b"", b"\xff\xfe", b"null"):
+    nonfinite = (b'{"prompt": [1], "temperature": NaN}', b'{"prompt": [1], "top_p": Infinity}')
+    for raw in (b'{"prompt": [1, 2', b"", b"\xff\xfe", b"null", *nonfinite):
         status, data = await post(url, raw=raw)
         assert status == 400 and data["error"]["message"], raw
     status, data = await post(url, {"prompt": [1], "model": "someone-else"})
