@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--quiet", action="store_true", help="children's logs to files only")
     demo = sub.add_parser("demo", help="train the toy environment and plot the reward")
     _stack_flags(demo)
-    demo.add_argument("--time-limit-s", type=float, default=270.0, help="stop after (s)")
+    demo.add_argument("--time-limit-s", type=float, default=210.0, help="stop training after (s)")
     demo.add_argument("--verbose", action="store_true", help="show the children's logs")
     status = sub.add_parser("status", help="a running farm's state from Redis")
     status.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="Redis URL")
@@ -105,7 +105,7 @@ async def _demo(args: argparse.Namespace) -> int:
 
     kwargs = _config_kwargs(args)
     kwargs["work_dir"] = kwargs["work_dir"] or demo.default_output_dir()
-    kwargs["max_steps"] = kwargs["max_steps"] or 40
+    kwargs["max_steps"] = kwargs["max_steps"] or 150
     kwargs["learner_args"] = [*demo.DEMO_LEARNER_ARGS, *(kwargs["learner_args"] or [])]
     kwargs["worker_args"] = [*demo.DEMO_WORKER_ARGS, *(kwargs["worker_args"] or [])]
     cfg = load_config(args.config, **kwargs)
@@ -113,7 +113,8 @@ async def _demo(args: argparse.Namespace) -> int:
     console.line("farm", f"demo in {cfg.work_dir} (logs in {cfg.work_dir / 'logs'})")
     started = time.monotonic()
     outcome = await run_farm(cfg, console, time_limit_s=args.time_limit_s)
-    summary = demo.summarize(outcome, time.monotonic() - started)
+    log = cfg.work_dir / "logs" / "learner.log"
+    summary = demo.summarize(outcome, time.monotonic() - started, log)
     paths = demo.write_outputs(cfg.work_dir, summary)
     print((cfg.work_dir / "summary.txt").read_text(), end="")
     print("wrote " + ", ".join(str(p) for p in paths))

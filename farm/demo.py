@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +24,42 @@ from farm.app import FarmOutcome
 
 # Settings the toy task learns with on two CPU cores within a few minutes.
 DEMO_LEARNER_ARGS = [
-    "--group-size", "8", "--groups-per-batch", "4", "--learning-rate", "3e-3",
+    "--group-size", "8", "--groups-per-batch", "4", "--learning-rate", "1e-2",
     "--max-staleness", "1", "--checkpoint-interval", "1000",
 ]  # fmt: skip
-DEMO_WORKER_ARGS = ["--max-tokens", "4", "--temperature", "1.0"]
+# One token: the toy answer is one digit, and the worker restricts sampling to digits.
+DEMO_WORKER_ARGS = ["--max-tokens", "1", "--temperature", "1.0"]
 
 
 def default_output_dir() -> Path:
     return Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
 
 
-def summarize(outcome: FarmOutcome, wall_s: float) -> dict[str, Any]:
-    history = outcome.reward_history
+def learner_history(log: Path) -> list[tuple[int, float, float]]:
+    """(step, reward, seconds since the first step) from the learner's step events.
+
+    The learner logs one JSON object per optimizer step (``"event": "step"``), so the
+    curve has every step, where polling /metrics would see only some of them.
+    """
+    history: list[tuple[int, float, float]] = []
+    first: datetime | None = None
+    for line in log.read_text(errors="replace").splitlines() if log.is_file() else []:
+        start = line.find("{")
+        try:
+            event = json.loads(line[start:]) if start >= 0 else None
+            stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+        except ValueError:
+            continue
+        if not isinstance(event, dict) or event.get("event") != "step":
+            continue
+        first = first or stamp
+        step, reward = int(event["step"]), float(event["reward_mean"])
+        history.append((step, reward, (stamp - first).total_seconds()))
+    return history
+
+
+def summarize(outcome: FarmOutcome, wall_s: float, log: Path) -> dict[str, Any]:
+    history = learner_history(log) or outcome.reward_history
     rewards = [r for _, r, _ in history]
     window = max(1, min(5, len(rewards) // 3 or 1))
     first = sum(rewards[:window]) / window if rewards else None
@@ -71,7 +96,16 @@ def _plot(path: Path, history: list[dict[str, float]]) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     try:
-        ax.plot([h["step"] for h in history], [h["reward"] for h in history], marker="o", ms=3)
+        steps = [h["step"] for h in history]
+        rewards = [h["reward"] for h in history]
+        ax.plot(steps, rewards, marker="o", ms=2, lw=0.8, alpha=0.6, label="per step")
+        window = 10
+        if len(rewards) >= window:
+            smooth = [
+                sum(rewards[i - window : i]) / window for i in range(window, len(rewards) + 1)
+            ]
+            ax.plot(steps[window - 1 :], smooth, lw=2, label=f"mean of {window} steps")
+        ax.legend(loc="upper left")
         ax.set_xlabel("learner step")
         ax.set_ylabel("mean reward of the batch")
         ax.set_title("farm demo: toy environment, tiny model on CPU")

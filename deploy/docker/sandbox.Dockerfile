@@ -1,18 +1,19 @@
-# Sandbox image for registries with network access. CI and air-gapped hosts build
-# the same image offline with `python -m sandbox.image build` (a debootstrap
-# rootfs); this file is the equivalent for a normal build pipeline.
-# The container runs the stdlib-only agent as a non-root user; the pool starts it
-# with network_mode=none, a read-only root, a tmpfs work dir, cap_drop=ALL and
+# Sandbox image for build pipelines with registry access. CI and air-gapped hosts
+# build the equivalent image offline with `python -m sandbox.image build` (a
+# debootstrap rootfs plus the same agent layer); point the workers at this one with
+# the sandbox config's `image` field.
+# The container runs the stdlib-only agent (sandbox/agent.py) as nobody; the pool
+# starts it with network_mode=none, a read-only root, tmpfs /work, cap_drop=ALL and
 # no-new-privileges, so nothing here needs privileges.
 # Build from the repository root:
-#   docker build -f deploy/docker/sandbox.Dockerfile -t rollout-farm/sandbox .
-FROM python:3.11-slim-bookworm
+#   docker build -f deploy/docker/sandbox.Dockerfile -t rollout-farm/sandbox:registry .
+FROM debian:bookworm-slim
 
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
-RUN useradd --create-home --uid 10002 sandbox \
- && mkdir -p /opt/agent /work \
- && chown sandbox:sandbox /work
-COPY sandbox /opt/agent/sandbox
-USER sandbox
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 \
+ && rm -rf /var/lib/apt/lists/* \
+ && mkdir -p /work /run/agent
+COPY sandbox/agent.py /opt/agent/agent.py
+USER 65534:65534
 WORKDIR /work
-ENTRYPOINT ["python", "-I", "-m", "sandbox.agent"]
+CMD ["python3", "-I", "-S", "/opt/agent/agent.py", "--socket-dir", "/run/agent", "--work-dir", "/work"]
