@@ -21,15 +21,20 @@ async def test_env_that_raises_and_env_that_hangs(
         Task("raise", "wk-raise", group_size=2, seed=1, policy_version=0),
         Task("hang", "wk-hang", group_size=2, seed=1, policy_version=0),
         Task("fine", 'wk-dialogue@{"turns": 2}', group_size=2, seed=1, policy_version=0),
+        Task("badspec", "no-such-env@{", group_size=1, seed=1, policy_version=0),
     ]
     async with redis_client(redis_server.url) as redis:
+        await redis.xadd(keys.tasks, {b"k": b"task", b"v": b"1", b"b": b"\xc1garbage"})
         await publish_tasks(redis, keys, tasks)
         async with running_worker(
             redis, tiny_model_dir, [policy_server.url], run="faults",
             env_step_timeout_s=1.0, episode_timeout_s=5.0,
         ):  # fmt: skip
-            found = {g.group_id: g for g in await wait_groups(redis, keys, 3, within_s=60)}
+            found = {g.group_id: g for g in await wait_groups(redis, keys, 4, within_s=60)}
         assert await pending_ids(redis, keys) == []  # every task acked after its group
+        assert await redis.xlen(keys.deadletter) == 1  # the undecodable entry, kept
+    bad = found["badspec"].trajectories[0]
+    assert (bad.error, bad.turns) == (ErrorCategory.ENV, ()) and "EnvSpecError" in bad.error_detail
     raised, hung, fine = found["raise"], found["hang"], found["fine"]
     for t in raised.trajectories:
         assert (t.finish_reason, t.error) == ("error", ErrorCategory.ENV)
