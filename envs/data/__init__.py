@@ -1,0 +1,1 @@
+"""Data files shipped with the envs package (the built-in coding problems)."""

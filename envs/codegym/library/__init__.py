@@ -1,0 +1,1 @@
+"""Built-in CodeGym environment sources: read with ast on the host, run only in the sandbox."""

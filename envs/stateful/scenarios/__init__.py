@@ -1,0 +1,1 @@
+"""Built-in scenario files of the stateful environment (JSON)."""
