@@ -24,7 +24,7 @@ from farm.app import FarmOutcome
 
 # Settings the toy task learns with on two CPU cores within a few minutes.
 DEMO_LEARNER_ARGS = [
-    "--group-size", "8", "--groups-per-batch", "4", "--learning-rate", "1e-2",
+    "--group-size", "8", "--groups-per-batch", "4", "--learning-rate", "3e-3",
     "--max-staleness", "1", "--checkpoint-interval", "1000",
 ]  # fmt: skip
 # One token: the toy answer is one digit, and the worker restricts sampling to digits.
@@ -61,7 +61,7 @@ def learner_history(log: Path) -> list[tuple[int, float, float]]:
 def summarize(outcome: FarmOutcome, wall_s: float, log: Path) -> dict[str, Any]:
     history = learner_history(log) or outcome.reward_history
     rewards = [r for _, r, _ in history]
-    window = max(1, min(5, len(rewards) // 3 or 1))
+    window = max(1, min(10, len(rewards) // 3))
     first = sum(rewards[:window]) / window if rewards else None
     last = sum(rewards[-window:]) / window if rewards else None
     status = outcome.last_status

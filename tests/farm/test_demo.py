@@ -1,0 +1,82 @@
+"""`farm demo`: the run ends on the learner's last step and leaves a curve and a summary.
+
+The end-to-end test runs the real stack for a few learner steps (not the full
+demo: the rise in reward is the demo's own output, measured in docs/farm.md);
+the pure parts (history parsing, summary, plot) are checked on their own.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from farm.app import FarmOutcome
+from farm.demo import learner_history, summarize, write_outputs
+from farm.stack import Stack
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _outcome(reason: str) -> FarmOutcome:
+    stack = Stack((), "redis://127.0.0.1:1/0", (), Path("m"), Path("t"))
+    return FarmOutcome(stack, reason, None, [])
+
+
+def test_history_comes_from_the_learners_step_events(tmp_path: Path) -> None:
+    log = tmp_path / "learner.log"
+    log.write_text(
+        '2026-11-21 23:30:38,554 INFO learner {"event": "config", "model": "m"}\n'
+        '2026-11-21 23:30:52,128 INFO learner {"event": "step", "step": 1, "reward_mean": 0.125}\n'
+        "Traceback (most recent call last): not json {\n"
+        '2026-11-21 23:30:54,628 INFO learner {"event": "step", "step": 2, "reward_mean": 0.5}\n'
+    )
+    assert learner_history(log) == [(1, 0.125, 0.0), (2, 0.5, 2.5)]
+    assert learner_history(tmp_path / "missing.log") == []
+
+
+def test_summary_and_outputs(tmp_path: Path) -> None:
+    log = tmp_path / "learner.log"
+    rewards = [0.1, 0.0, 0.2, 0.3, 0.5, 0.6]
+    log.write_text(
+        "".join(
+            f"2026-11-21 23:30:{10 + i:02d},000 INFO learner "
+            f'{{"event": "step", "step": {i + 1}, "reward_mean": {r}}}\n'
+            for i, r in enumerate(rewards)
+        )
+    )
+    summary = summarize(_outcome("learner finished"), 12.34, log)
+    assert summary["steps"] == 6
+    assert summary["reward_window_steps"] == 2
+    assert summary["reward_first"] == pytest.approx(0.05)
+    assert summary["reward_last"] == pytest.approx(0.55)
+    assert summary["reward_rise"] == pytest.approx(0.5)
+    paths = write_outputs(tmp_path / "out", summary)
+    assert [p.name for p in paths] == ["reward_curve.png", "summary.json", "summary.txt"]
+    assert paths[0].read_bytes().startswith(PNG_MAGIC)
+    assert json.loads(paths[1].read_text())["history"][-1] == {
+        "step": 6, "reward": 0.6, "elapsed_s": 5.0,
+    }  # fmt: skip
+    assert "rise               0.500" in paths[2].read_text()
+
+
+@pytest.mark.slow
+def test_demo_runs_the_stack_to_the_last_step_and_writes_its_outputs(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "farm", "demo", "--work-dir", str(out), "--workers", "1",
+            "--max-steps", "3", "--time-limit-s", "200", "--metrics-port", "0",
+        ],
+        capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stop_reason"] == "learner finished"
+    assert [h["step"] for h in summary["history"]] == [1, 2, 3]
+    assert (out / "reward_curve.png").read_bytes().startswith(PNG_MAGIC)
+    assert f"wrote {out / 'reward_curve.png'}" in result.stdout
+    assert "steps trained      3" in result.stdout
