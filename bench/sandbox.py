@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -40,11 +41,27 @@ def mem_available_mb() -> float:
     raise RuntimeError("no MemAvailable in /proc/meminfo")
 
 
-async def round_trips(pool: SandboxPool, n: int, pause_s: float) -> list[float]:
+def container_cpu_ns(container_id: str) -> int | None:
+    """CPU time used by a container so far (cgroup v1 cpuacct or v2 cpu.stat)."""
+    v1 = Path(f"/sys/fs/cgroup/cpuacct/docker/{container_id}/cpuacct.usage")
+    if v1.exists():
+        return int(v1.read_text())
+    v2 = Path(f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/cpu.stat")
+    if v2.exists():
+        return int(v2.read_text().split()[1]) * 1000
+    return None
+
+
+async def round_trips(pool: SandboxPool, n: int, pause_s: float) -> tuple[list[float], dict]:
+    """Round-trip times, plus the CPU each call cost on both sides of the socket."""
     times = []
     async with pool.session() as s:
         for _ in range(5):
             await s.run_python(CALL)
+        native = s.sandbox.handle.native
+        cid = getattr(native, "id", None)
+        cpu0 = container_cpu_ns(cid) if cid else None
+        client0 = time.process_time()
         for _ in range(n):
             if pause_s:
                 await asyncio.sleep(pause_s)
@@ -52,7 +69,10 @@ async def round_trips(pool: SandboxPool, n: int, pause_s: float) -> list[float]:
             r = await s.run_python(CALL)
             times.append(time.perf_counter() - began)
             assert r.stdout == "42\n", r
-    return times
+        cpu = {"client_cpu_ms": (time.process_time() - client0) / n * 1e3}
+        if cpu0 is not None:
+            cpu["sandbox_cpu_ms"] = (container_cpu_ns(cid) - cpu0) / n / 1e6
+    return times, cpu
 
 
 def docker_exec_times(container_name: str, n: int) -> list[float]:
@@ -134,8 +154,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     out: dict[str, Any] = {"backend": args.backend}
     async with SandboxPool(config) as pool:
-        paused = await round_trips(pool, n_calls, 0.005)
-        burst = await round_trips(pool, n_calls, 0.0)
+        out["load_avg_1m_start"] = os.getloadavg()[0]
+        paused, cpu = await round_trips(pool, n_calls, 0.005)
+        burst, _ = await round_trips(pool, n_calls, 0.0)
+        out.update(cpu)
         acquire = await acquire_times(pool, 50 if args.quick else 300)
         if args.backend == "docker":
             async with pool.session() as s:
@@ -158,6 +180,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     out["cold_start_p50_s"] = statistics.median(cold)
     n = args.sessions or (200 if args.quick else 1000)
     out["live"] = await live_sessions(config, n, 100)
+    out["load_avg_1m_end"] = os.getloadavg()[0]
     return out
 
 
@@ -168,6 +191,9 @@ def table(r: dict[str, Any]) -> str:
         ("tool-call round trip p50 (back-to-back)", f"{r['rt_burst_p50_ms']:.2f} ms"),
         ("tool-call round trip p99 (back-to-back)", f"{r['rt_burst_p99_ms']:.2f} ms"),
     ]
+    rows.append(("client CPU per call (asyncio, framing)", f"{r['client_cpu_ms']:.2f} ms"))
+    if "sandbox_cpu_ms" in r:
+        rows.append(("sandbox CPU per call (container cpuacct)", f"{r['sandbox_cpu_ms']:.2f} ms"))
     if "docker_exec_p50_ms" in r:
         rows += [
             ("docker exec p50 (same call, same container)", f"{r['docker_exec_p50_ms']:.1f} ms"),
@@ -183,7 +209,9 @@ def table(r: dict[str, Any]) -> str:
         ("sandboxes for them", str(live["sandboxes"])),
         ("time to open them", f"{live['open_s']:.1f} s"),
         ("host memory per live session", f"{live['mem_per_session_mb']:.2f} MiB"),
-    ]
+        ("host load average (1 min) at start / end",
+         f"{r['load_avg_1m_start']:.1f} / {r['load_avg_1m_end']:.1f}"),
+    ]  # fmt: skip
     width = max(len(k) for k, _ in rows)
     lines = [f"sandbox benchmark ({r['backend']})", "-" * (width + 16)]
     lines += [f"{k:<{width}}  {v:>12}" for k, v in rows]

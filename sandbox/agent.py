@@ -26,6 +26,7 @@ import base64
 import builtins
 import errno
 import gc
+import importlib
 import io
 import json
 import os
@@ -193,8 +194,8 @@ ENV = {
 
 def _apply_limits(limits: dict) -> None:
     cpu = int(limits["cpu_s"])
-    pairs = [
-        (resource.RLIMIT_CPU, cpu, cpu + 1),
+    pairs = [(resource.RLIMIT_CPU, cpu, cpu + 1)] if cpu > 0 else []
+    pairs += [
         (resource.RLIMIT_AS, int(limits["memory_bytes"]), int(limits["memory_bytes"])),
         (resource.RLIMIT_NPROC, int(limits["processes"]), int(limits["processes"])),
         (resource.RLIMIT_FSIZE, int(limits["file_size_bytes"]), int(limits["file_size_bytes"])),
@@ -284,7 +285,9 @@ def _child(fds: tuple[int, int, int, int, int]) -> None:
         _apply_limits(req["limits"])
         if req.get("argv"):
             os.execvpe(req["argv"][0], req["argv"], env)
-        code = _run_python(req["code"], workdir, env, 4)
+        code, tag = _run_python(req["code"], workdir, env)
+        if tag:
+            os.write(4, tag.encode() + b"\n")
     except BaseException as exc:  # the child must never fall back into the server loop
         try:
             os.write(2, f"sandbox: cannot start: {exc!r}\n".encode())
@@ -293,8 +296,8 @@ def _child(fds: tuple[int, int, int, int, int]) -> None:
     os._exit(code)
 
 
-def _run_python(source: str, workdir: str, env: dict, status_w: int) -> int:
-    """Execute ``source`` as ``__main__`` in this forked interpreter; return the exit code."""
+def _run_python(source: str, workdir: str, env: dict) -> tuple[int, str]:
+    """Execute ``source`` as ``__main__`` in this interpreter; (exit code, violation tag)."""
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # as CPython does: EFBIG becomes OSError
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     os.environ.clear()
@@ -305,7 +308,9 @@ def _run_python(source: str, workdir: str, env: dict, status_w: int) -> int:
         io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace"
     )
     sys.argv = ["-c"]
-    sys.path[0:0] = [workdir]
+    sys.path.insert(0, workdir)
+    sys.dont_write_bytecode = True  # a stale .pyc must never shadow an edited module
+    importlib.invalidate_caches()
     namespace = {"__name__": "__main__", "__builtins__": builtins, "__doc__": None}
     tag, code = "", 0
     try:
@@ -336,12 +341,144 @@ def _run_python(source: str, workdir: str, env: dict, status_w: int) -> int:
         sys.stderr.flush()
     except BaseException:
         pass
-    if tag:
+    return code, tag
+
+
+WORKER_LIMITS = ("memory_bytes", "processes", "file_size_bytes", "open_files")
+
+
+class PyWorker:
+    """A long-lived interpreter of one session that serves ``run_python`` without a fork.
+
+    Forking costs milliseconds of CPU on small VMs (page tables, copy-on-write faults);
+    this process is forked once and then executes each call's code in a fresh
+    ``__main__`` namespace, with the call's pipes passed over a socketpair (SCM_RIGHTS).
+    Its rlimits (memory, processes, file size, open files) are set once; the wall-clock
+    timeout still kills it. After a call it drops modules the call imported and reports
+    itself *dirty* when the call left threads or processes behind; a dirty, timed-out or
+    dead worker is killed with everything it started and replaced for the next call.
+    """
+
+    def __init__(self, limits: dict) -> None:
+        self.limits = {k: int(limits[k]) for k in WORKER_LIMITS}
+        ours, theirs = socket.socketpair()
+        gc.freeze()
+        self.pid = os.fork()
+        if self.pid == 0:
+            ours.close()
+            _worker_main(theirs, self.limits)
+        theirs.close()
+        self.sock = ours
+        self.status_r = ours.fileno()
+        self.stdin_w = -1
+        self.buf = bytearray()
+        self.reply: dict | None = None
+
+    def fits(self, limits: dict) -> bool:
+        return all(self.limits[k] == int(limits[k]) for k in WORKER_LIMITS)
+
+    def dispatch(self, req: dict, fds: list[int]) -> None:
+        body = encode_frame(req)
+        socket.send_fds(self.sock, [body[: HEADER.size]], fds)
+        self.sock.sendall(body[HEADER.size :])
+        self.buf.clear()
+        self.reply = None
+
+    def feed_status(self, chunk: bytes) -> bool:
+        """Collect the reply frame; True once it is complete."""
+        self.buf += chunk
+        if len(self.buf) >= HEADER.size:
+            (length,) = HEADER.unpack_from(self.buf)
+            if len(self.buf) >= HEADER.size + length:
+                self.reply = json.loads(bytes(self.buf[HEADER.size : HEADER.size + length]))
+                return True
+        return False
+
+    def close_stdin(self) -> None:
+        if self.stdin_w >= 0:
+            os.close(self.stdin_w)
+            self.stdin_w = -1
+
+    def kill(self) -> None:
+        """Kill the worker and everything it started, and reap them."""
+        kill_descendants(self.pid)
+        _signal(-self.pid, signal.SIGKILL)
+        _signal(self.pid, signal.SIGKILL)
         try:
-            os.write(status_w, tag.encode() + b"\n")
-        except OSError:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
             pass
-    return code
+        self.sock.close()
+
+
+def _recv_request(sock: socket.socket) -> tuple[dict, list[int]] | None:
+    data, fds, _, _ = socket.recv_fds(sock, HEADER.size, 3)
+    if not data:
+        return None
+    buf = bytearray(data)
+    while len(buf) < HEADER.size or len(buf) < HEADER.size + HEADER.unpack_from(buf)[0]:
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            return None
+        buf += chunk
+    return json.loads(bytes(buf[HEADER.size :])), fds
+
+
+def _worker_main(sock: socket.socket, limits: dict) -> None:
+    """The worker's loop; never returns."""
+    try:
+        os.setpgid(0, 0)
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)  # escaped grandchildren stay visible to it
+        devnull = os.open(os.devnull, os.O_RDWR)
+        keep = sorted((sock.fileno(), devnull))
+        os.closerange(3, keep[0])
+        os.closerange(keep[0] + 1, keep[1])
+        os.closerange(keep[1] + 1, 1 << 16)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        _apply_limits(dict(limits, cpu_s=0))
+        base_path, base_modules = list(sys.path), set(sys.modules)
+        me = os.getpid()
+        while True:
+            got = _recv_request(sock)
+            if got is None:
+                break
+            req, fds = got
+            for target, fd in zip((0, 1, 2), fds, strict=True):
+                os.dup2(fd, target)
+                os.close(fd)
+            os.chdir(req["workdir"])
+            sys.path[:] = base_path
+            code, tag = _run_python(req["code"], req["workdir"], dict(ENV, HOME=req["workdir"]))
+            if os.getpid() != me:
+                os._exit(code)  # a process the code forked must not serve the next call
+            dirty = _left_behind()
+            for fd in (0, 1, 2):  # the caller sees end of output now
+                os.dup2(devnull, fd)
+            for name in set(sys.modules) - base_modules:
+                del sys.modules[name]  # the next call re-imports the work dir's modules
+            sock.sendall(encode_frame({"exit_code": code, "tag": tag, "dirty": dirty}))
+    except BaseException:
+        pass
+    os._exit(0)
+
+
+def _left_behind() -> bool:
+    """True when the call left threads or live processes in this worker."""
+    threading = sys.modules.get("threading")
+    if threading is not None and threading.active_count() > 1:
+        return True
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
 
 
 class _Capture:
@@ -381,25 +518,43 @@ def _collect(req: dict, workdir: str, cap: int) -> dict:
     return out
 
 
-def run_request(req: dict, workdir: str, wakeup_r: int, standby: Standby) -> dict:
-    """Hand one request to the standby child and watch it; returns the reply object."""
-    limits = req["limits"]
+def run_request(req: dict, session: SessionState) -> dict:
+    """Run one request (worker for Python code, a forked child otherwise); the reply."""
+    limits, workdir = req["limits"], session.workdir
     _prepare(req, workdir)
     stdin = base64.b64decode(req["stdin"]) if req.get("stdin") else b""
-    ctl = {k: req.get(k) for k in ("argv", "code", "limits")}
-    started = time.monotonic()
-    standby.send(dict(ctl, workdir=workdir))
-    pid = standby.pid
-    outs = {
-        standby.out_r: _Capture(int(limits["output_bytes"])),
-        standby.err_r: _Capture(int(limits["output_bytes"])),
-    }
-    state = _watch(standby, outs, stdin, wakeup_r, started + float(req["timeout"]))
-    duration = time.monotonic() - started
+    deadline = float(req["timeout"])
+    if req.get("argv") or req.get("mode") == "fork":
+        standby = session.take_standby()
+        started = time.monotonic()
+        standby.send({k: req.get(k) for k in ("argv", "code", "limits")} | {"workdir": workdir})
+        outs = {standby.out_r: _capture(limits), standby.err_r: _capture(limits)}
+        state = _watch(standby, outs, stdin, session.wakeup_r, started + deadline)
+        duration = time.monotonic() - started
+        state["leftovers"] = _cleanup_child(standby.pid, session.keep())
+        standby.close()
+    else:
+        worker = session.take_worker(limits)
+        stdin_r, worker.stdin_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        started = time.monotonic()
+        worker.dispatch({"code": req["code"], "workdir": workdir}, [stdin_r, out_w, err_w])
+        for fd in (stdin_r, out_w, err_w):
+            os.close(fd)
+        outs = {out_r: _capture(limits), err_r: _capture(limits)}
+        state = _watch(worker, outs, stdin, session.wakeup_r, started + deadline)
+        duration = time.monotonic() - started
+        worker.close_stdin()
+        if state.get("worker_ok"):
+            session.worker = worker
+        else:
+            worker.kill()
+            state["leftovers"] = _cleanup_child(worker.pid, session.keep())
+        for fd in (out_r, err_r):
+            os.close(fd)
     state["max_procs"] = int(limits["processes"])
-    state["leftovers"] = _cleanup_child(pid)
-    standby.close()
-    out, err = outs[standby.out_r], outs[standby.err_r]
+    out, err = outs.values()  # stdout was registered first
     return {
         "ok": True,
         "exit_code": state["exit_code"],
@@ -413,8 +568,20 @@ def run_request(req: dict, workdir: str, wakeup_r: int, standby: Standby) -> dic
     }
 
 
-def _watch(standby: Standby, outs: dict, stdin: bytes, wakeup_r: int, deadline: float) -> dict:
-    pid, stdin_w, status_r = standby.pid, standby.stdin_w, standby.status_r
+def _capture(limits: dict) -> _Capture:
+    return _Capture(int(limits["output_bytes"]))
+
+
+def _watch(
+    proc: Standby | PyWorker, outs: dict, stdin: bytes, wakeup_r: int, deadline: float
+) -> dict:
+    """Feed stdin, capture output, wait for the end of the call or a limit.
+
+    A forked child ends by exiting; the worker ends by sending its reply frame.
+    """
+    standby = proc
+    pid, stdin_w, status_r = proc.pid, proc.stdin_w, proc.status_r
+    is_worker = isinstance(proc, PyWorker)
     state = {"status": None, "exit_code": None, "killed": "", "tags": set(), "max_procs": 0}
     sel = selectors.DefaultSelector()
     for fd in outs:
@@ -453,10 +620,12 @@ def _watch(standby: Standby, outs: dict, stdin: bytes, wakeup_r: int, deadline: 
             else:
                 chunk = os.read(fd, CHUNK)
                 if fd == status_r:
-                    if chunk:
+                    if not chunk:
+                        sel.unregister(fd)  # a dead worker: its exit status tells the rest
+                    elif not is_worker:
                         state["tags"].update(chunk.decode(errors="replace").split())
-                    else:
-                        sel.unregister(fd)
+                    elif exited_at is None and proc.feed_status(chunk):
+                        exited_at = time.monotonic()
                 elif not chunk:
                     sel.unregister(fd)
                     open_pipes.discard(fd)
@@ -467,6 +636,11 @@ def _watch(standby: Standby, outs: dict, stdin: bytes, wakeup_r: int, deadline: 
         if exited_at is None and _child_done(pid, state):
             exited_at = time.monotonic()
     sel.close()
+    if is_worker and proc.reply is not None and not state["killed"]:
+        state["exit_code"] = int(proc.reply["exit_code"])
+        state["tags"].add(proc.reply["tag"])
+        state["worker_ok"] = not proc.reply["dirty"] and not open_pipes
+        return state
     if state["status"] is None:
         _signal(-pid, signal.SIGKILL)
         _, state["status"] = os.waitpid(pid, 0)
@@ -488,20 +662,23 @@ def _child_done(pid: int, state: dict) -> bool:
     return False
 
 
-def _cleanup_child(pid: int) -> int:
+def _cleanup_child(pid: int, keep: frozenset[int] = frozenset()) -> int:
     """Kill the call's process group and anything that escaped it; returns leftovers."""
     _signal(-pid, signal.SIGKILL)
-    while True:
+    while not keep:
         try:
             if os.waitpid(-1, os.WNOHANG)[0] == 0:
                 break  # something is still alive
         except ChildProcessError:
             return 0  # nothing left: the common, fast path
-    leftovers = kill_descendants(os.getpid())
+    reap()
+    leftovers = kill_descendants(os.getpid(), keep)
     deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline:
+    while leftovers and time.monotonic() < deadline:
         try:
             if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                if keep:
+                    break  # the kept processes stay alive; what we killed is reaped later
                 time.sleep(0.005)
         except ChildProcessError:
             break
@@ -551,9 +728,43 @@ def _error(message: str) -> dict:
     return {"ok": False, "error": message}
 
 
+class SessionState:
+    """What a session process holds between calls: its work dir and spare processes."""
+
+    def __init__(self, workdir: str, wakeup_r: int) -> None:
+        self.workdir, self.wakeup_r = workdir, wakeup_r
+        self.standby: Standby | None = None
+        self.worker: PyWorker | None = None
+        self.last_limits: dict | None = None
+        self.forked_last = False
+
+    def keep(self) -> frozenset[int]:
+        return frozenset(p.pid for p in (self.standby, self.worker) if p is not None)
+
+    def take_standby(self) -> Standby:
+        standby, self.standby = self.standby, None
+        self.forked_last = True
+        return standby if standby is not None else Standby()
+
+    def take_worker(self, limits: dict) -> PyWorker:
+        worker, self.worker = self.worker, None
+        self.forked_last, self.last_limits = False, limits
+        if worker is not None and not worker.fits(limits):
+            worker.kill()
+            worker = None
+        return worker if worker is not None else PyWorker(limits)
+
+    def refill(self) -> None:
+        """After a reply, while the caller thinks: prepare what the next call will use."""
+        if self.forked_last and self.standby is None:
+            self.standby = Standby()
+        elif not self.forked_last and self.worker is None and self.last_limits is not None:
+            self.worker = PyWorker(self.last_limits)
+
+
 def _serve_session(listener: socket.socket, workdir: str, wakeup_r: int) -> None:
     """A session process: one connection at a time, one request at a time."""
-    standby = Standby()
+    session = SessionState(workdir, wakeup_r)
     while True:
         conn, _ = listener.accept()
         with conn:
@@ -569,13 +780,11 @@ def _serve_session(listener: socket.socket, workdir: str, wakeup_r: int) -> None
                     break
                 if req is None:
                     break
-                reply = _session_request(req, workdir, wakeup_r, standby)
-                _send(conn, reply)
-                if standby.used:
-                    standby = Standby()  # fork the next one while the caller thinks
+                _send(conn, _session_request(req, session))
+                session.refill()
 
 
-def _session_request(req: dict, workdir: str, wakeup_r: int, standby: Standby) -> dict:
+def _session_request(req: dict, session: SessionState) -> dict:
     op = req.get("op")
     if op == "ping":
         return {"ok": True, "pid": os.getpid()}
@@ -587,7 +796,7 @@ def _session_request(req: dict, workdir: str, wakeup_r: int, standby: Standby) -
         float(req["timeout"])
         for key in LIMIT_KEYS:
             int(req["limits"][key])
-        return run_request(req, workdir, wakeup_r, standby)
+        return run_request(req, session)
     except (KeyError, TypeError, ValueError) as exc:
         return _error(f"bad run request: {exc!r}")
     except OSError as exc:

@@ -109,6 +109,12 @@ class SandboxConfig(BaseModel):
         "RLIMIT_NPROC and signals do not span two sandboxes; keep the range free of "
         "real users.",
     )  # fmt: skip
+    python_mode: Literal["persistent", "fork"] = Field(
+        "persistent",
+        description="How run_python executes: 'persistent' reuses one interpreter per "
+        "session (no fork per call; wall-clock timeout, no per-call CPU rlimit), 'fork' runs "
+        "every call in a fresh process with all rlimits. run() always forks.",
+    )
     limits: Limits = Field(default_factory=Limits, description="Default per-call limits.")
 
     @model_validator(mode="after")

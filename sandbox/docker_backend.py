@@ -60,12 +60,14 @@ class DockerBackend:
         from docker.errors import APIError, NotFound
 
         reaped = 0
-        for container in self.client.containers.list(all=True, filters={"label": LABEL}):
-            owner = container.labels.get(OWNER_LABEL, "")
+        # the low-level list: the high-level one inspects each container and fails when
+        # another pool removes one in between
+        for info in self.client.api.containers(all=True, filters={"label": LABEL}):
+            owner = (info.get("Labels") or {}).get(OWNER_LABEL, "")
             if owner == self.owner or owner_alive(owner):
                 continue
             try:
-                container.remove(force=True)
+                self.client.api.remove_container(info["Id"], force=True)
                 reaped += 1
             except (NotFound, APIError):
                 continue  # another pool reaped it first

@@ -48,7 +48,8 @@ class Session:
         """Run Python source as ``__main__`` in the session's work dir (like ``python -c``)."""
         if not isinstance(code, str):
             raise TypeError("code must be a str")
-        return await self._call({"code": code}, stdin, files, timeout, collect)
+        what = {"code": code, "mode": self.pool.config.python_mode}
+        return await self._call(what, stdin, files, timeout, collect)
 
     async def run(
         self,
