@@ -2,11 +2,12 @@
 
 Starts `python -m farm up` as a subprocess (private redis-server with AOF, the CPU
 policy server on the tiny model, one worker, the learner), kills the worker with
-SIGKILL and watches the supervisor restart it, reads the supervisor's /metrics
+SIGKILL and watches the supervisor restart it (the worker runs a Docker sandbox
+pool, so the killed worker leaves containers behind for the new pool to reap), reads the supervisor's /metrics
 and the status line, has Debian's Prometheus scrape every process of the farm and
 reads throughput rates back through its HTTP API, then sends SIGINT and checks
-that every process the farm started, restarted ones included, is gone and that
-Redis kept its AOF. One test, because starting the stack is the expensive part.
+that every process and sandbox container the farm started, restarted ones
+included, is gone and that Redis kept its AOF. One test, because starting the stack is the expensive part.
 """
 
 from __future__ import annotations
@@ -21,13 +22,52 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.conftest import free_port
+from sandbox.docker_backend import LABEL, OWNER_LABEL
+from tests.conftest import free_port, require
 from tests.deploy.promserver import PrometheusServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
 PID = re.compile(r"^farm\s+\| (\S+) started \(pid (\d+)\)$")
 PORT = re.compile(r"^farm\s+\| process (\S+): .* --(?:metrics-)?port (\d+)")
+
+
+def _sandbox_owner_pids() -> list[int]:
+    """Pids of the processes owning each sandbox container on this engine."""
+    import docker
+
+    client = docker.from_env()
+    try:
+        # The low-level listing: no per-container inspect racing other tests' removals.
+        containers = client.api.containers(all=True, filters={"label": LABEL})
+        owners = [(c.get("Labels") or {}).get(OWNER_LABEL, "::") for c in containers]
+        return [int(owner.split(":")[1] or 0) for owner in owners]
+    finally:
+        client.close()
+
+
+async def _until_sandboxes_of(pid: int, limit_s: float) -> None:
+    for _ in range(int(limit_s / 0.5)):
+        if pid in await asyncio.to_thread(_sandbox_owner_pids):
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"worker {pid} started no sandbox container")
+
+
+def _docker_ready() -> bool:
+    try:
+        import docker
+
+        from sandbox.image import image_tag
+
+        client = docker.from_env()
+        try:
+            client.images.get(image_tag())
+            return True
+        finally:
+            client.close()
+    except Exception:
+        return False
 
 
 def _alive(pid: int) -> bool:
@@ -77,10 +117,12 @@ class Farm:
 async def test_farm_up_restarts_a_killed_worker_and_stops_cleanly_on_sigint(
     tmp_path: Path,
 ) -> None:
+    require(_docker_ready(), "Docker engine with the sandbox image (python -m sandbox.image build)")
     metrics_port = free_port()
     argv = [
         sys.executable, "-m", "farm", "up", "--workers", "1", "--work-dir", str(tmp_path),
         "--metrics-port", str(metrics_port), "--status-interval-s", "1", "--run", "uptest",
+        "--sandbox-backend", "docker",
     ]  # fmt: skip
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
@@ -101,6 +143,7 @@ async def test_farm_up_restarts_a_killed_worker_and_stops_cleanly_on_sigint(
                 text = await response.text()
         assert 'farm_supervisor_child_up{process="worker-0"} 1.0' in text
 
+        await _until_sandboxes_of(farm.pids["worker-0"][0], 60)
         os.kill(farm.pids["worker-0"][0], signal.SIGKILL)
         await farm.until(r"worker-0 exited with status -9; restart in", 30)
         await farm.until(r"^farm\s+\| worker-0 started \(pid \d+\)$", 30)
@@ -123,6 +166,8 @@ async def test_farm_up_restarts_a_killed_worker_and_stops_cleanly_on_sigint(
     started = [pid for pids in farm.pids.values() for pid in pids]
     assert len(started) == 5
     assert [pid for pid in started if _alive(pid)] == []
+    leftover = set(_sandbox_owner_pids()) & set(farm.pids["worker-0"])
+    assert not leftover, f"sandbox containers of workers {leftover} left behind"
     assert list((tmp_path / "redis").glob("appendonly*")), "Redis kept no AOF"
     assert (tmp_path / "logs" / "worker-0.log").read_text()
 
