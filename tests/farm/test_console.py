@@ -1,0 +1,96 @@
+"""The console (prefixed lines, live status on a TTY, plain lines elsewhere, log files)
+and the status view's reading of a real Prometheus exposition."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from broker.keys import RunKeys
+from farm.console import Console
+from farm.view import FarmStatus, FarmView, parse_metrics, total
+
+
+def test_plain_output_prefixes_lines_and_prints_status_when_it_changes(tmp_path: Path) -> None:
+    out = io.StringIO()
+    console = Console(out, log_dir=tmp_path / "logs")
+    console.line("worker-0", "hello")
+    console.status("step 1")
+    console.status("step 1")
+    console.status("step 2")
+    console.close()
+    assert out.getvalue().splitlines() == [
+        "worker-0   | hello",
+        "status     | step 1",
+        "status     | step 2",
+    ]
+    assert (tmp_path / "logs" / "worker-0.log").read_text() == "hello\n"
+
+
+def test_quiet_console_keeps_children_in_files_only(tmp_path: Path) -> None:
+    out = io.StringIO()
+    console = Console(out, log_dir=tmp_path, echo_children=False)
+    console.line("learner", "step 1")
+    console.line("farm", "all processes started")
+    console.close()
+    assert out.getvalue() == "farm       | all processes started\n"
+    assert (tmp_path / "learner.log").read_text() == "step 1\n"
+
+
+def test_tty_keeps_the_status_line_at_the_bottom() -> None:
+    """On a real pseudo-terminal, log lines go above the status, which is redrawn."""
+    master, slave = os.openpty()
+    try:
+        with open(slave, "w", closefd=True) as tty:
+            console = Console(tty)
+            assert console.tty
+            console.status("step 1")
+            console.line("learner", "log line")
+            console.close()
+        written = os.read(master, 4096).decode().replace("\r\n", "\n")
+    finally:
+        os.close(master)
+    clear = "\r\x1b[2K"
+    assert written == f"{clear}step 1{clear}learner    | log line\nstep 1\n"
+
+
+def test_view_sums_samples_across_processes_and_label_sets() -> None:
+    registry = CollectorRegistry()
+    episodes = Counter("farm_worker_episodes_total", "e", ["env", "outcome"], registry=registry)
+    episodes.labels("toy", "ok").inc(3)
+    episodes.labels("toy", "error").inc(1)
+    containers = Gauge("farm_sandbox_containers", "c", ["state"], registry=registry)
+    containers.labels("idle").set(2)
+    Histogram("farm_learner_staleness_steps", "s", registry=registry).observe(1)
+    samples = parse_metrics(generate_latest(registry).decode())
+    assert total(samples, "farm_worker_episodes_total") == 4
+    assert total(samples, "farm_worker_episodes_total", outcome="ok") == 3
+    assert total(samples, "farm_learner_staleness_steps_count") == 1
+    assert total(samples, "farm_worker_env_steps_total") is None
+
+
+async def test_view_of_unreachable_processes_reports_unknowns() -> None:
+    view = FarmView({"worker-0": "http://127.0.0.1:9/metrics"}, None, RunKeys("x"), timeout_s=1)
+    try:
+        status = await view.poll()
+    finally:
+        await view.close()
+    assert status.learner_step is None and status.episodes_per_s is None
+    assert "step - | reward - | eps/s -" in status.line()
+
+
+def test_status_line_shows_every_field() -> None:
+    status = FarmStatus(
+        elapsed_s=12, learner_step=5, reward=0.25, episodes_per_s=3.5, tokens_per_s=100,
+        staleness_mean=0.5, policy_version=5, served_versions=(4, 5),
+        sandbox={"idle": 2, "busy": 1}, tasks_lag=3, tasks_pending=2, trajectories_lag=1,
+        dead_letters=0, admission=(6, 8),
+    )  # fmt: skip
+    assert status.line() == (
+        "t=   12s | step 5 | reward 0.250 | eps/s 3.50 | tok/s 100 | lag tasks 3/traj 1 | "
+        "pending 2 | stale 0.50 | version 5 (served 4,5) | sandbox busy=1 idle=2 | "
+        "admission 6/8 | dead 0"
+    )
