@@ -1,45 +1,108 @@
-"""The loop closes: real redis-server, CPU policy server with the tiny model, a real
-worker process, the learner and the toy environment. With weight push the mean reward
-of the last window rises clearly above the first; the control run, identical but with
-weight push turned off, shows no such rise (the servers keep sampling the initial
-weights, so learning on the learner's side alone cannot move the reward)."""
+"""The loop closes, inside the staleness bound, with real parts: redis-server, the CPU
+policy server with the tiny model, three `python -m workers` processes, the learner and
+the toy environment.
+
+* With weight push, the mean reward of the last window rises clearly above the first;
+  the control run, identical but with weight push off (one worker), shows no such rise:
+  the server keeps sampling the initial weights, so training alone cannot move it.
+* While the learning run goes on, the streams are sampled atomically (MULTI) many times
+  a second: tasks issued minus groups the learner consumed never exceed
+  (max_staleness + 1) x groups_per_batch, although the three workers could hold far more,
+  and the bound is reached (so it did bind). Every group trained is within max_staleness.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import statistics
+import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
+from broker.codec import decode
+from broker.connection import RedisSettings, connect
+from broker.keys import LEARNER_GROUP, RunKeys
+from broker.messages import TrajectoryGroup
 from tests.conftest import RedisServer
 from tests.learner.farm import farm, step_records, toy_tasks
 
 # On-policy (max_staleness 0) so that every step's gradient is unclipped; lr and batch
 # tuned so that the toy task (copy a digit, ~10% by chance) rises within ~25 steps.
 STEPS, CONTROL_STEPS, WINDOW, RISE, LR = 24, 12, 6, 0.1, "1e-2"
+GROUPS_PER_BATCH, MAX_STALENESS = 8, 0
+LIMIT = (MAX_STALENESS + 1) * GROUPS_PER_BATCH
 
 
-def run_farm(
-    redis_url: str, run: str, model: Path, logs: Path, push_interval: int, steps: int
-) -> list[float]:
+async def sample_in_flight(url: str, keys: RunKeys, learner: subprocess.Popen[bytes]) -> list[int]:
+    """issued - consumed by the learner, sampled until the learner exits."""
+    redis = await connect(RedisSettings.from_url(url))
+    samples: list[int] = []
+    try:
+        while learner.poll() is None:
+            async with redis.pipeline(transaction=True) as pipe:
+                pipe.xlen(keys.tasks)
+                pipe.exists(keys.trajectories())
+                issued, exists = await pipe.execute()
+            consumed = 0
+            if exists:
+                async with redis.pipeline(transaction=True) as pipe:
+                    pipe.xlen(keys.tasks)
+                    pipe.xinfo_groups(keys.trajectories())
+                    issued, groups = await pipe.execute()
+                for g in groups:
+                    if g["name"] in (LEARNER_GROUP, LEARNER_GROUP.encode()):
+                        consumed = int(g["entries-read"] or 0)
+            samples.append(int(issued) - consumed)
+            await asyncio.sleep(0.02)
+    finally:
+        await redis.aclose()
+    return samples
+
+
+async def group_producers(url: str, keys: RunKeys) -> set[str]:
+    redis = await connect(RedisSettings.from_url(url))
+    rows = await redis.xrange(keys.trajectories())
+    await redis.aclose()
+    out = set()
+    for _, fields in rows:
+        group = decode(fields, expect=TrajectoryGroup)
+        assert isinstance(group, TrajectoryGroup)
+        out.add(group.worker_id)
+    return out
+
+
+def run_farm(redis_url: str, run: str, model: Path, logs: Path, *, push_interval: int, steps: int,
+             workers: int) -> tuple[list[dict[str, object]], list[int]]:  # fmt: skip
     logs.mkdir()
     with farm(logs) as f:
         url = f.server("server", model)
-        f.worker("worker", redis_url, run, url, model, concurrency=128)
+        for i in range(workers):
+            f.worker(f"{run}-worker-{i}", redis_url, run, url, model, concurrency=64)
         learner = f.spawn("learner", [
             "learner", "--redis-url", redis_url, "--run", run, "--inference-urls", url,
             "--model", str(model), "--tasks", str(toy_tasks(logs / "tasks.jsonl")),
-            "--group-size", "8", "--groups-per-batch", "8", "--max-staleness", "0",
-            "--learning-rate", LR, "--micro-batch-size", "64", "--max-steps", str(steps),
+            "--group-size", "8", "--groups-per-batch", str(GROUPS_PER_BATCH),
+            "--max-staleness", str(MAX_STALENESS), "--learning-rate", LR,
+            "--micro-batch-size", "64", "--max-steps", str(steps),
             "--push-interval", str(push_interval), "--weights-dir", str(logs / "weights"),
         ])  # fmt: skip
-        assert learner.wait(240) == 0, f.log("learner")[-3000:]
+        samples: list[int] = []
+        sampler = threading.Thread(target=lambda: samples.extend(
+            asyncio.run(sample_in_flight(redis_url, RunKeys(run), learner))))  # fmt: skip
+        sampler.start()
+        try:
+            assert learner.wait(240) == 0, f.log("learner")[-3000:]
+        finally:
+            sampler.join(30)
         records = step_records(f.log("learner"))
     assert len(records) == steps
-    return [float(r["reward_mean"]) for r in records]  # type: ignore[arg-type]
+    return records, samples
 
 
-def rise(rewards: list[float]) -> float:
+def rise(records: list[dict[str, object]]) -> float:
+    rewards = [float(r["reward_mean"]) for r in records]  # type: ignore[arg-type]
     return statistics.mean(rewards[-WINDOW:]) - statistics.mean(rewards[:WINDOW])
 
 
@@ -47,9 +110,19 @@ def rise(rewards: list[float]) -> float:
 def test_reward_rises_with_weight_push_and_not_without(
     redis_server: RedisServer, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    learning = run_farm(redis_server.url, "learn", tiny_model_dir, tmp_path / "learn", 1, STEPS)
-    assert rise(learning) >= RISE, f"no learning: {learning}"
-    control = run_farm(
-        redis_server.url, "control", tiny_model_dir, tmp_path / "control", 0, CONTROL_STEPS
-    )
-    assert rise(control) < RISE, f"reward rose without weight push: {control}"
+    learning, in_flight = run_farm(redis_server.url, "learn", tiny_model_dir, tmp_path / "learn",
+                                   push_interval=1, steps=STEPS, workers=3)  # fmt: skip
+    assert rise(learning) >= RISE, f"no learning: {[r['reward_mean'] for r in learning]}"
+    # the admission bound, across three worker processes
+    assert max(in_flight) <= LIMIT, f"in flight reached {max(in_flight)} > {LIMIT}"
+    assert max(in_flight) == LIMIT, "the bound never bound anything"
+    assert len(asyncio.run(group_producers(redis_server.url, RunKeys("learn")))) >= 2
+    # with weights pushed every step, nothing trained is older than the bound
+    assert all(int(r["staleness_max"]) <= MAX_STALENESS for r in learning)  # type: ignore[arg-type]
+    assert sum(int(r["stale_corrected"]) + int(r["stale_dropped"]) for r in learning) == 0  # type: ignore[arg-type]
+
+    control, _ = run_farm(redis_server.url, "control", tiny_model_dir, tmp_path / "control",
+                          push_interval=0, steps=CONTROL_STEPS, workers=1)  # fmt: skip
+    assert rise(control) < RISE, f"reward rose without push: {[r['reward_mean'] for r in control]}"
+    # without pushes every group is a straggler: counted and corrected, never silent
+    assert sum(int(r["stale_corrected"]) for r in control) > 0  # type: ignore[arg-type]
