@@ -17,6 +17,7 @@ import contextlib
 import logging
 import secrets
 import shutil
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 
 CONTROL_TIMEOUT_S = 10.0
 UID_RANGE = 1_000_000
+_POOLS: weakref.WeakSet[SandboxPool] = weakref.WeakSet()
 
 
 @dataclass(eq=False)
@@ -82,6 +84,7 @@ class SandboxPool:
         self._uid_offset = secrets.randbelow(UID_RANGE)
         self._started = False
         self._closed = False
+        _POOLS.add(self)
 
     def _make_backend(self) -> Backend:
         if self.config.backend == "docker":
@@ -245,6 +248,17 @@ class SandboxPool:
                 if sandbox is not None:
                     sandbox.reserved += 1
                     return sandbox
+                sandbox = self._pick(starting=True)
+                if sandbox is not None:
+                    # a sandbox on its way has room: a burst of acquires shares it
+                    # instead of starting one container each
+                    sandbox.reserved += 1
+                    while sandbox.state == "starting" and sandbox in self._sandboxes:
+                        await self._changed.wait()
+                    if sandbox in self._sandboxes and sandbox.state in ("idle", "busy"):
+                        return sandbox
+                    sandbox.reserved -= 1
+                    continue
                 if len(self._sandboxes) < self.config.max_sandboxes:
                     sandbox = self._new_sandbox()
                     sandbox.reserved += 1
@@ -261,12 +275,13 @@ class SandboxPool:
         await self._launch(sandbox)
         return sandbox
 
-    def _pick(self) -> Sandbox | None:
-        """The fullest ready sandbox with room: packing keeps the others idle."""
+    def _pick(self, starting: bool = False) -> Sandbox | None:
+        """The fullest ready (or starting) sandbox with room: packing keeps others idle."""
         cap = self.config.sessions_per_sandbox
+        states = ("starting",) if starting else ("idle", "busy")
         ready = [
             sb for sb in self._sandboxes
-            if sb.state in ("idle", "busy") and not sb.draining and sb.load < cap
+            if sb.state in states and not sb.draining and sb.load < cap
         ]  # fmt: skip
         return max(ready, key=lambda sb: sb.load, default=None)
 
@@ -318,6 +333,8 @@ class SandboxPool:
                 ) from exc
             raise
         self._set_state(sandbox)
+        async with self._changed:
+            self._changed.notify_all()
 
     async def _connect(self, handle: Handle) -> AgentConnection:
         """Wait for the agent socket, then ping it.
@@ -356,9 +373,11 @@ class SandboxPool:
         self._publish()
 
     def _publish(self) -> None:
+        """Set the state gauge from every pool of this process (a worker may hold several)."""
         counts = dict.fromkeys(metrics.STATES, 0)
-        for sb in self._sandboxes:
-            counts[sb.state] += 1
+        for pool in _POOLS:
+            for sb in pool._sandboxes:
+                counts[sb.state] += 1
         for state, n in counts.items():
             metrics.CONTAINERS.labels(state=state).set(n)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -133,36 +134,29 @@ async def test_unhealthy_idle_sandbox_is_replaced(pool_factory: Factory) -> None
 
 
 async def test_leftovers_of_a_crashed_pool_are_reaped(backend: str) -> None:
-    """A pool whose process 'died' (a dead owner token) leaves sandboxes behind; the
-    next pool removes them. The dead owner is faked by rewriting the token (a real
-    crash of the test process cannot be made here)."""
-    config = SandboxConfig(backend=backend, warm=1, socket_dir=SOCKET_DIR)
-    crashed = SandboxPool(config)
+    """What a crashed pool leaves (a labelled container, a socket directory, both naming
+    an owner process that is gone) is removed when the next pool starts. The crash is
+    made by writing the dead owner's token, since this test process must live on."""
+    config = SandboxConfig(backend=backend, warm=0, socket_dir=SOCKET_DIR)
     dead = f"{owner_token().split(':')[0]}:999999999:1"
-    crashed.owner = dead
+    pool_dir = SOCKET_DIR / f"dead{secrets.token_hex(2)}"
+    (pool_dir / "1").mkdir(parents=True)
+    (pool_dir / "owner").write_text(dead)
+    name = f"rf-leftover-{secrets.token_hex(3)}"
     if backend == "docker":
-        crashed.backend.owner = dead
-    await crashed.start()
-    sandbox = crashed._sandboxes[0]
-    assert crashed._maintainer is not None
-    crashed._maintainer.cancel()  # abandon it, as a crash would, without close()
-    with pytest.raises(asyncio.CancelledError):
-        await crashed._maintainer
-    if backend == "bwrap":
-        await crashed.backend.stop(sandbox.handle)  # bwrap jails die with their parent
-    leftover_dir = crashed.dir
-    assert leftover_dir.exists()
+        from sandbox.docker_backend import DockerBackend
+
+        crashed = DockerBackend(config, dead)
+        await crashed.prepare()
+        await crashed.start(name, config.uid_base, pool_dir / "1")
+        await crashed.close()
     async with SandboxPool(config) as fresh:
-        assert not leftover_dir.exists()
+        assert not pool_dir.exists()
         if backend == "docker":
             from docker.errors import NotFound
 
             with pytest.raises(NotFound):
-                fresh.backend.client.containers.get(sandbox.handle.name)
-    assert sandbox.control is not None
-    await sandbox.control.close()  # the test process lives on: release its socket
-    if backend == "docker":
-        await crashed.backend.close()
+                fresh.backend.client.containers.get(name)
 
 
 async def test_close_removes_every_container(pool_factory: Factory, backend: str) -> None:
@@ -189,3 +183,35 @@ async def test_unsafe_backend_is_explicit_and_loud(caplog: pytest.LogCaptureFixt
         assert (await s.run_python("print('unsandboxed')")).stdout == "unsandboxed\n"
     assert any("unsafe-no-isolation" in r.message for r in caplog.records)
     assert SandboxConfig().backend == "docker"  # never the silent default
+
+
+async def test_a_burst_of_acquires_shares_a_starting_sandbox(pool_factory: Factory) -> None:
+    pool = await pool_factory(warm=0, sessions_per_sandbox=8, max_sandboxes=4)
+
+    async def one() -> str:
+        async with pool.session() as s:
+            await s.run_python("import time; time.sleep(0.2)")
+            return s.sandbox.handle.name
+
+    names = await asyncio.gather(*(one() for _ in range(8)))
+    assert len(set(names)) == 1
+
+
+async def test_metrics_follow_the_pool(pool_factory: Factory) -> None:
+    from prometheus_client import REGISTRY
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    pool = await pool_factory(warm=1, sessions_per_sandbox=1)
+    timeouts = sample("farm_sandbox_violations_total", kind="timeout")
+    recycled = sample("farm_sandbox_containers_recycled_total")
+    runs = sample("farm_sandbox_run_seconds_count")
+    async with pool.session() as s:
+        assert sample("farm_sandbox_containers", state="busy") == 1
+        assert sample("farm_sandbox_sessions_active") >= 1
+        await s.run_python("while True: pass", timeout=0.3)
+    assert sample("farm_sandbox_violations_total", kind="timeout") == timeouts + 1
+    assert sample("farm_sandbox_containers_recycled_total") == recycled + 1
+    assert sample("farm_sandbox_run_seconds_count") == runs + 1
+    assert sample("farm_sandbox_acquire_seconds_count") >= 1
