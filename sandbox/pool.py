@@ -86,6 +86,10 @@ class SandboxPool:
         self._closed = False
         _POOLS.add(self)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def _make_backend(self) -> Backend:
         if self.config.backend == "docker":
             from sandbox.docker_backend import DockerBackend
@@ -196,6 +200,7 @@ class SandboxPool:
     async def release(self, session: Session) -> None:
         """Close a session: kill its processes, delete its work dir, free the slot."""
         sandbox: Sandbox = session.sandbox
+        session.closed = True
         await session.connection.close()
         if session.id not in sandbox.sessions:
             return

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox import metrics
 from sandbox.client import AgentConnection
-from sandbox.errors import AgentProtocolError, SandboxError, SessionLost
+from sandbox.errors import AgentProtocolError, PoolClosed, SandboxError, SessionLost
 from sandbox.result import RunResult, Violation
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ class Session:
     ) -> None:
         self.pool, self.sandbox, self.id, self.connection = pool, sandbox, sid, connection
         self._lost = False
+        self.closed = False  # set by the pool on release: a closed session refuses calls
 
     async def run_python(
         self,
@@ -73,6 +74,8 @@ class Session:
         timeout: float | None,  # noqa: ASYNC109 -- enforced by the agent, not asyncio
         collect: Sequence[str],
     ) -> RunResult:
+        if self.closed or self.pool.closed:
+            raise PoolClosed(f"session {self.id} is closed")
         limits = self.pool.config.limits
         timeout_s = limits.timeout_s if timeout is None else float(timeout)
         if not 0 < timeout_s <= 3600:

@@ -62,3 +62,20 @@ def test_build_is_idempotent_and_fast_when_tagged() -> None:
     began = time.monotonic()
     assert build(quiet=True) == image_tag()
     assert time.monotonic() - began < 5
+
+
+@pytest.mark.docker
+def test_cli_build_quiet_is_what_the_test_script_runs() -> None:
+    import subprocess
+    import sys
+
+    require_backend("docker")
+    tag = subprocess.run(
+        [sys.executable, "-m", "sandbox.image", "tag"], capture_output=True, check=True, text=True
+    ).stdout.strip()
+    assert tag == image_tag()
+    built = subprocess.run(
+        [sys.executable, "-m", "sandbox.image", "build", "--quiet"],
+        capture_output=True, check=False, text=True,
+    )  # fmt: skip
+    assert built.returncode == 0 and built.stdout == "", built.stderr

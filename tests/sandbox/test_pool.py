@@ -215,3 +215,30 @@ async def test_metrics_follow_the_pool(pool_factory: Factory) -> None:
     assert sample("farm_sandbox_containers_recycled_total") == recycled + 1
     assert sample("farm_sandbox_run_seconds_count") == runs + 1
     assert sample("farm_sandbox_acquire_seconds_count") >= 1
+
+
+async def test_large_stdin_code_and_files_round_trip(pool: SandboxPool) -> None:
+    blob = bytes(range(256)) * 4096  # 1 MiB, every byte value
+    code = (
+        "import sys\nDATA = "
+        + repr("z" * 200_000)
+        + "\n"
+        + (
+            "raw = sys.stdin.buffer.read()\nopen('copy.bin', 'wb').write(raw)\nprint(len(raw), len(DATA))"
+        )
+    )
+    async with pool.session() as s:
+        r = await s.run_python(code, stdin=blob, collect=["copy.bin"])
+        assert r.ok and r.stdout == f"{len(blob)} 200000\n", r
+        assert r.files["copy.bin"] == blob
+        sh = await s.run(["sha256sum", "copy.bin"], files={"x": blob})
+        assert sh.ok and len(sh.stdout.split()[0]) == 64
+
+
+async def test_a_released_session_refuses_calls(pool: SandboxPool) -> None:
+    from sandbox import PoolClosed
+
+    async with pool.session() as s:
+        pass
+    with pytest.raises(PoolClosed):
+        await s.run_python("print(1)")
