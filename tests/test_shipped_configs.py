@@ -1,0 +1,45 @@
+"""Every TOML configuration shipped in the repository loads into its role's model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from farm.config import load_config
+from inference.config import load_server_config
+from learner.config import Algorithm, LearnerConfig
+from workers.config import WorkerConfig
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "deploy" / "config"
+
+
+def test_every_shipped_toml_has_a_loader():
+    assert sorted(p.name for p in CONFIG_DIR.glob("*.toml")) == [
+        "farm.toml", "inference.toml", "learner.toml", "worker.toml",
+    ]  # fmt: skip
+
+
+def test_learner_toml(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("FARM_RUN", raising=False)
+    cfg = LearnerConfig.load({}, CONFIG_DIR / "learner.toml")
+    assert cfg.run == "prod"
+    assert cfg.algorithm is Algorithm.GRPO
+    assert cfg.groups_per_batch == 16 and cfg.resume
+
+
+def test_worker_toml(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("FARM_CONCURRENCY", raising=False)
+    cfg = WorkerConfig.load({}, CONFIG_DIR / "worker.toml")
+    assert cfg.concurrency == 1024
+    assert len(cfg.inference_urls) == 2
+
+
+def test_inference_toml():
+    cfg = load_server_config({}, CONFIG_DIR / "inference.toml")
+    assert cfg.host == "0.0.0.0" and cfg.port == 8000
+
+
+def test_farm_toml():
+    cfg = load_config(CONFIG_DIR / "farm.toml")
+    assert cfg.run == "local" and cfg.workers == 2
