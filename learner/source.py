@@ -79,6 +79,7 @@ class LiveSource:
         self.vocab_size = vocab_size
         self.buffer: list[Delivery] = []
         self.training = 0  # groups of the batch being trained (popped, not yet a new version)
+        self.released: set[tuple[str, str]] = set()  # entries whose budget slot this process freed
         self.issued = 0
 
     @staticmethod
@@ -112,10 +113,15 @@ class LiveSource:
                 return None
             await self.top_up(version, step)
             got = await self.consumer.read(count=size - len(self.buffer))
-            fresh = sum(1 for d in got if d.deliveries == 1)
+            # A slot is freed once per entry and process: count_in_flight() at start-up
+            # counted this learner's pending entries too, so redelivered ones free theirs.
+            fresh = [
+                (d.stream, d.entry_id) for d in got if (d.stream, d.entry_id) not in self.released
+            ]
+            self.released.update(fresh)
             if self.feeder is not None and fresh:
                 try:
-                    await self.feeder.release(fresh)
+                    await self.feeder.release(len(fresh))
                 except BudgetError as exc:  # groups nobody issued through the budget
                     log.warning("admission release: %s", exc)
             self.buffer += await self._screen(got)
@@ -138,9 +144,11 @@ class LiveSource:
                                 fields=encode(d.message), deliveries=d.deliveries,
                                 consumer=self.consumer.config.consumer)  # fmt: skip
             await self.consumer.commit([d], publish=[(self.keys.deadletter, letter)])
+            self.released.discard((d.stream, d.entry_id))
         return good
 
     async def commit_trained(self, deliveries: Sequence[Delivery]) -> None:
         """Ack entries whose effect a durable checkpoint now holds."""
         if deliveries:
             await self.consumer.commit(deliveries)
+            self.released.difference_update((d.stream, d.entry_id) for d in deliveries)

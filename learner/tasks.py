@@ -222,21 +222,19 @@ async def count_in_flight(redis: aioredis.Redis, keys: RunKeys, workers_group: s
     """Tasks issued whose groups the learner has not consumed yet, from the streams.
 
     Workers publish a group and ack its task in one transaction, so every issued
-    task is exactly one of: undelivered or pending on the tasks stream, or its
-    group undelivered on a trajectories stream. (The learner's own pending
-    groups are buffered, not in flight.) A lag Redis cannot tell counts the
-    whole stream: over-counting only makes admission stricter.
+    task whose group the learner has not acked is exactly one of: undelivered or
+    pending on the tasks stream, or its group undelivered or pending (read, not yet
+    acked) on a trajectories stream. A lag Redis cannot tell counts the whole
+    stream: over-counting only makes admission stricter.
     """
     total = 0
-    streams = [(keys.tasks, workers_group, True)]
-    streams += [(s, learner_group, False) for s in keys.all_trajectories]
-    for stream, group, with_pending in streams:
+    streams = [(keys.tasks, workers_group)] + [(s, learner_group) for s in keys.all_trajectories]
+    for stream, group in streams:
         info = await _group_info(redis, stream, group)
         if info is None:
             total += int(await redis.xlen(stream))
             continue
         lag = info.get("lag")
         total += int(await redis.xlen(stream)) if lag is None else int(lag)
-        if with_pending:
-            total += int(info.get("pending", 0))
+        total += int(info.get("pending", 0))
     return total
