@@ -34,6 +34,7 @@ from broker.messages import Task
 from envs import Env
 from workers.episode import EpisodeContext, EpisodeSettings, run_episode
 from workers.lag import LagMonitor
+from workers.resources import tune_gc
 
 
 class SimEnv(Env):
@@ -91,10 +92,11 @@ async def loadgen(median_ms: float, sigma: float):
 
 
 @asynccontextmanager
-async def farm_context(url: str, unbounded_pool: bool = False):
-    """The farm's real episode context. `unbounded_pool` swaps the client's HTTP session for
-    one without aiohttp's default 100-connection cap (a BENCHMARK PATCH: GenerationClient
-    has no setting for it), to show what the worker does once the pool is sized."""
+async def farm_context(url: str, pool: int | None = None):
+    """The farm's real episode context. `pool` swaps the client's HTTP session for one
+    with that many connections instead of aiohttp's default 100 (a BENCHMARK PATCH:
+    GenerationClient has no setting for it), to show what the worker does once the pool
+    is sized."""
     import aiohttp
 
     from inference.client import GenerationClient, SamplingParams
@@ -103,9 +105,9 @@ async def farm_context(url: str, unbounded_pool: bool = False):
     from workers.tokens import ChatCodec
 
     async with GenerationClient([url], ClientConfig(request_timeout_s=120)) as client:
-        if unbounded_pool:
+        if pool is not None:
             await client._session.close()
-            client._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+            client._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=pool))
         yield EpisodeContext(
             codec=ChatCodec(build_tokenizer()), client=client, sampling=SamplingParams
         )
@@ -189,6 +191,34 @@ async def measure_cpu_per_step(episodes: int) -> dict[str, float]:
             "bare_post_cpu_us": base}  # fmt: skip
 
 
+class InstantGenerator:
+    """No HTTP at all: returns 7 random bytes and a stop token at once. Used only to split
+    the farm's CPU per step into the episode loop's share and the HTTP client's."""
+
+    def __init__(self, stop: int) -> None:
+        self.stop, self.rng = stop, random.Random(0)
+
+    async def generate(self, prompt_ids: Any, params: Any, *, session_id: str) -> Any:
+        from inference.client import Generation
+
+        ids = [*(self.rng.randrange(32, 127) for _ in range(7)), self.stop]
+        return Generation(ids, [-1.0] * 8, [0] * 8, "stop", "instant")
+
+
+async def measure_loop_only_cpu(episodes: int) -> float:
+    """CPU per step of the episode loop alone (codec, env API, bookkeeping, metrics)."""
+    spec = 'bench-sim@{"env_ms": 0.01, "sigma": 0.1, "alpha": 1.3, "cap": 16}'
+    async with farm_context("http://127.0.0.1:9") as real:
+        ctx = EpisodeContext(
+            codec=real.codec, client=InstantGenerator(real.codec.stop_token_ids[0]),
+            sampling=real.sampling,
+        )  # fmt: skip
+        await run_async(ctx, spec, list(range(64)), 64)
+        cpu0 = time.process_time()
+        steps = await run_async(ctx, spec, list(range(1000, 1000 + episodes)), 256)
+        return (time.process_time() - cpu0) / steps * 1e6
+
+
 async def _bare_post_cpu(url: str, n: int, concurrency: int) -> float:
     """Baseline: CPU per bare aiohttp POST /v1/completions to the same server."""
     import aiohttp
@@ -208,36 +238,40 @@ async def _bare_post_cpu(url: str, n: int, concurrency: int) -> float:
         return (time.process_time() - cpu0) / n * 1e6
 
 
-async def measure_concurrency(n: int, window_s: float, unbounded_pool: bool) -> dict[str, float]:
+async def measure_concurrency(n: int, window_s: float, pool: int | None) -> dict[str, float]:
     """N episodes always in flight; steady-state throughput vs Little's-law ideal."""
     inf_ms, env_ms, sigma = 4000.0, 2000.0, 0.3
     spec = f'bench-sim@{{"env_ms": {env_ms}, "sigma": {sigma}, "alpha": 1.3, "cap": 32}}'
     mean = (inf_ms + env_ms) / 1000 * math.exp(sigma**2 / 2)
     lag = LagMonitor()
-    async with loadgen(inf_ms, sigma) as url, farm_context(url, unbounded_pool) as ctx:
+    async with loadgen(inf_ms, sigma) as url, farm_context(url, pool) as ctx:
         rss0 = _rss_bytes()
-        stop = time.monotonic() + 2 * mean + window_s
+        done = False
 
         async def lane(k: int) -> None:
+            # Ramp up over one mean step: 10,000 simultaneous connects overflow the
+            # server's accept backlog and the client marks the server unhealthy.
+            await asyncio.sleep(k / n * mean)
             seed = k
-            while time.monotonic() < stop:
+            while not done:
                 await run_episode(ctx, SETTINGS, _task(seed, spec), 0, max_turns=64)
                 seed += n
 
         async with asyncio.TaskGroup() as tg:
             monitor = tg.create_task(lag.run(), name="lag")
             lanes = [tg.create_task(lane(k), name=f"lane:{k}") for k in range(n)]
-            await asyncio.sleep(2 * mean)  # warm-up: every lane past its first step
+            await asyncio.sleep(3 * mean)  # ramp-up and warm-up: every lane past its first step
             lag.samples.clear()
             steps0, cpu0, t0, rss = SimEnv.steps_taken, time.process_time(), time.monotonic(), 0
-            while time.monotonic() < stop:
+            while time.monotonic() < t0 + window_s:
                 await asyncio.sleep(1.0)
                 rss = max(rss, _rss_bytes())
             steps, wall = SimEnv.steps_taken - steps0, time.monotonic() - t0
             cpu = time.process_time() - cpu0
+            done = True
             for task in [monitor, *lanes]:
                 task.cancel()
-    return {"episodes": n, "achieved_steps_per_s": steps / wall, "ideal_steps_per_s": n / mean,
+    return {"episodes": n, "pool": pool or 100, "achieved_steps_per_s": steps / wall, "ideal_steps_per_s": n / mean,
             "lag_p50_ms": lag.percentile(0.5) * 1e3, "lag_p99_ms": lag.percentile(0.99) * 1e3,
             "rss_per_episode_kb": (rss - rss0) / n / 1024, "cpu_us_per_step": cpu / max(steps, 1) * 1e6}  # fmt: skip
 
@@ -260,6 +294,8 @@ async def measure_sync_vs_async(episodes: int, batch: int) -> dict[str, float]:
 
 def _table(cpu: dict, capped: dict, conc: dict, cmp: dict) -> str:
     rows = [
+        ("  of which the episode loop alone", f"{cpu['loop_only_cpu_us']:.0f} us", "",
+         "codec, env API, bookkeeping, metrics; no HTTP (instant in-process generator)"),
         (f"{capped['episodes']} episodes, client as shipped (100 conns)",
          f"{capped['achieved_steps_per_s']:.0f} steps/s", "",
          f"ideal {capped['ideal_steps_per_s']:.0f} steps/s "
@@ -267,7 +303,7 @@ def _table(cpu: dict, capped: dict, conc: dict, cmp: dict) -> str:
         ("farm CPU per env step", f"{cpu['cpu_us_per_step']:.0f} us", "<= 150 us",
          f"bare aiohttp POST: {cpu['bare_post_cpu_us']:.0f} us "
          f"(ratio {cpu['cpu_us_per_step'] / cpu['bare_post_cpu_us']:.2f}x)"),
-        (f"{conc['episodes']} episodes, client pool unbounded",
+        (f"{conc['episodes']} episodes, client pool {conc['pool']} (bench patch)",
          f"{conc['achieved_steps_per_s']:.0f} steps/s", "",
          f"ideal {conc['ideal_steps_per_s']:.0f} steps/s "
          f"({conc['achieved_steps_per_s'] / conc['ideal_steps_per_s']:.0%} of ideal)"),
@@ -297,10 +333,12 @@ def main(argv: list[str]) -> int:
     n = args.episodes or (2000 if quick else 10_000)
 
     async def run() -> dict[str, Any]:
+        tune_gc()  # as python -m workers does
         cpu = await measure_cpu_per_step(300 if quick else 2000)
+        cpu["loop_only_cpu_us"] = await measure_loop_only_cpu(500 if quick else 3000)
         window = 8.0 if quick else 30.0
-        capped = await measure_concurrency(n, window, unbounded_pool=False)
-        conc = await measure_concurrency(n, window, unbounded_pool=True)
+        capped = await measure_concurrency(n, window, pool=None)
+        conc = await measure_concurrency(n, window, pool=2000)
         cmp = await measure_sync_vs_async(256 if quick else 1024, 64 if quick else 256)
         return {"cpu": cpu, "concurrency_client_default": capped, "concurrency": conc,
                 "sync_vs_async": cmp}  # fmt: skip

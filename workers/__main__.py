@@ -47,7 +47,7 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event) -> int:
     from broker.connection import RedisSettings, connect
     from inference.client import ClientConfig, GenerationClient, SamplingParams
     from workers.episode import EpisodeContext
-    from workers.resources import import_env_modules, open_sandbox
+    from workers.resources import import_env_modules, open_sandbox, tune_gc
     from workers.tokens import load_codec
     from workers.worker import Worker
 
@@ -66,6 +66,7 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event) -> int:
         await client.start()
         async with open_sandbox(cfg.sandbox_backend) as pool:
             ctx = EpisodeContext(codec=codec, client=client, sampling=SamplingParams, sandbox=pool)
+            tune_gc()
             await Worker(cfg, redis, ctx).run(stop)
     finally:
         await client.close()

@@ -73,8 +73,10 @@ class WorkerConfig(BaseSettings):
         4096, ge=16, le=10_000_000, description="prompt+completion tokens an episode may reach"
     )
     episode_timeout_s: float = Field(600.0, gt=0.0, description="wall-clock limit per episode")
-    env_step_timeout_s: float = Field(
-        120.0, gt=0.0, description="limit on one env reset/step; beyond it: category timeout"
+    env_step_timeout_s: float | None = Field(
+        None,
+        gt=0.0,
+        description="limit on one env reset/step (default: only the episode limit); beyond it: category timeout",
     )
     episode_retries: int = Field(
         2, ge=0, le=10, description="re-runs of an episode cut short by inference/sandbox faults"
@@ -128,7 +130,7 @@ class WorkerConfig(BaseSettings):
     def _consistent(self) -> WorkerConfig:
         if not self.inference_urls:
             raise ValueError("inference_urls: at least one inference server is required")
-        if self.env_step_timeout_s > self.episode_timeout_s:
+        if self.env_step_timeout_s and self.env_step_timeout_s > self.episode_timeout_s:
             raise ValueError("env_step_timeout_s must not exceed episode_timeout_s")
         return self
 

@@ -43,7 +43,7 @@ class EpisodeSettings:
     top_p: float = 1.0
     max_context_tokens: int = 4096  # prompt + completion tokens of the whole episode
     episode_timeout_s: float = 600.0  # wall clock of the whole episode
-    env_step_timeout_s: float = 120.0  # one reset or step
+    env_step_timeout_s: float | None = None  # one reset or step (None: the episode limit only)
 
 
 @dataclass
@@ -100,7 +100,7 @@ async def run_episode(
     finally:
         metrics.EPISODES_IN_FLIGHT.dec()
         if env is not None:
-            await _close(env, cfg.env_step_timeout_s)
+            await _close(env, cfg.env_step_timeout_s or 30.0)
     if error is not ErrorCategory.NONE:
         finish = "error"
         metrics.ERRORS.labels(category=error.value).inc()
@@ -219,9 +219,13 @@ async def _env_call(state: _State, cfg: EpisodeSettings, call: Any, sandboxed: b
     """Await one env reset/step under the step limit (and the episode's), timing it."""
     state.phase = "env"
     t0 = time.monotonic()
-    assert state.timeout is not None
-    loop = asyncio.get_running_loop()
-    state.timeout.reschedule(min(state.deadline, loop.time() + cfg.env_step_timeout_s))
+    step_limit = cfg.env_step_timeout_s
+    if step_limit is not None and state.timeout is not None:
+        step_deadline = asyncio.get_running_loop().time() + step_limit
+        if step_deadline < state.deadline:
+            state.timeout.reschedule(step_deadline)
+        else:
+            step_limit = None  # the episode's deadline comes first: nothing to move
     try:
         result = await call
     finally:
@@ -230,7 +234,8 @@ async def _env_call(state: _State, cfg: EpisodeSettings, call: Any, sandboxed: b
         metrics.ENV_STEP_SECONDS.observe(elapsed)
         if sandboxed:
             metrics.SANDBOX_SECONDS.observe(elapsed)
-    state.timeout.reschedule(state.deadline)
+    if step_limit is not None and state.timeout is not None:
+        state.timeout.reschedule(state.deadline)
     state.phase = "agent"
     return result
 

@@ -63,7 +63,7 @@ async def test_scale_one_to_three_then_sigkill_and_sigterm_lose_no_task(
     """One worker, then three; then one is SIGKILLed mid-task and one SIGTERMed: the
     survivor redoes their tasks, and each task's group reaches the stream exactly once."""
     keys = RunKeys("scale")
-    tasks = _tasks("s", 30, 'wk-dialogue@{"turns": 2, "step_s": 2.0}')
+    tasks = _tasks("s", 24, 'wk-dialogue@{"turns": 2, "step_s": 2.0}')
     common = ("--reclaim-idle-s", "2", "--concurrency", "4", "--shutdown-grace-s", "0.2")
     url, servers = redis_server.url, [policy_server.url]
     async with redis_client(url) as redis:
@@ -78,13 +78,16 @@ async def test_scale_one_to_three_then_sigkill_and_sigterm_lose_no_task(
             return len({g.worker_id for g in await groups(redis, keys)}) == 3
 
         await wait_until(all_three_working, 60, "the new workers to publish")
+        late = _tasks("late", 6, 'wk-dialogue@{"turns": 2, "step_s": 3.0}')
+        await publish_tasks(redis, keys, late)  # enough long work for all three at once
+        tasks += late
         held: set[str] = set()
 
         async def w2_mid_task() -> bool:
             held.update(await _held_by(redis, keys, "w2"))
             return bool(held)
 
-        await wait_until(w2_mid_task, 10, "w2 to be mid-task")
+        await wait_until(w2_mid_task, 30, "w2 to be mid-task")
         w2.kill()  # SIGKILL: its tasks stay pending until reclaimed
         assert await asyncio.to_thread(w3.terminate) == 0, w3.output()[-3000:]
         await wait_groups(redis, keys, len(tasks), within_s=120)
