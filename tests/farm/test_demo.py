@@ -64,19 +64,22 @@ def test_summary_and_outputs(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_demo_runs_the_stack_to_the_last_step_and_writes_its_outputs(tmp_path: Path) -> None:
+def test_demo_runs_the_stack_to_the_last_step_and_writes_its_outputs(
+    tmp_path: Path, tiny_model: Path
+) -> None:
     out = tmp_path / "demo"
     result = subprocess.run(
         [
             sys.executable, "-m", "farm", "demo", "--work-dir", str(out), "--workers", "1",
-            "--max-steps", "3", "--time-limit-s", "200", "--metrics-port", "0",
+            "--max-steps", "2", "--time-limit-s", "200", "--metrics-port", "0",
+            "--model", str(tiny_model),
         ],
         capture_output=True, text=True, timeout=280,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stop_reason"] == "learner finished"
-    assert [h["step"] for h in summary["history"]] == [1, 2, 3]
+    assert [h["step"] for h in summary["history"]] == [1, 2]
     assert (out / "reward_curve.png").read_bytes().startswith(PNG_MAGIC)
     assert f"wrote {out / 'reward_curve.png'}" in result.stdout
-    assert "steps trained      3" in result.stdout
+    assert "steps trained      2" in result.stdout
