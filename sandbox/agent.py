@@ -814,8 +814,8 @@ def _is_argv(argv: object) -> bool:
 class Agent:
     """The control loop: accepts any number of connections, forks session processes."""
 
-    def __init__(self, socket_dir: str, work_dir: str) -> None:
-        self.socket_dir, self.work_dir = socket_dir, work_dir
+    def __init__(self, socket_dir: str, work_dir: str, lifeline: int = -1) -> None:
+        self.socket_dir, self.work_dir, self.lifeline = socket_dir, work_dir, lifeline
         self.sessions: dict[str, int] = {}
         self.sel = selectors.DefaultSelector()
         self.buffers: dict[socket.socket, bytearray] = {}
@@ -828,6 +828,8 @@ class Agent:
         self.listener = _bind(os.path.join(socket_dir, "agent.sock"))
         self.sel.register(self.listener, selectors.EVENT_READ)
         self.sel.register(self.wakeup_r, selectors.EVENT_READ)
+        if lifeline >= 0:
+            self.sel.register(lifeline, selectors.EVENT_READ)
 
     def serve_forever(self) -> None:
         gc.freeze()  # keep the session forks' copy-on-write pages shared
@@ -839,6 +841,8 @@ class Agent:
                     self.sel.register(conn, selectors.EVENT_READ)
                 elif key.fileobj == self.wakeup_r:
                     self._on_child_exit()
+                elif key.fileobj == self.lifeline:
+                    return  # the pool died: as PID 1 our exit ends the whole sandbox
                 else:
                     self._on_readable(key.fileobj)
 
@@ -939,6 +943,8 @@ class Agent:
         try:
             self.sel.close()
             self.listener.close()
+            if self.lifeline >= 0:
+                os.close(self.lifeline)
             for conn in self.buffers:
                 conn.close()
             os.setpgid(0, 0)
@@ -960,9 +966,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="rollout-farm sandbox agent")
     parser.add_argument("--socket-dir", required=True)
     parser.add_argument("--work-dir", required=True)
+    parser.add_argument(
+        "--lifeline-fd", type=int, default=-1,
+        help="exit when this pipe closes: the pool that started us is gone",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     os.makedirs(args.work_dir, exist_ok=True)
-    Agent(args.socket_dir, args.work_dir).serve_forever()
+    Agent(args.socket_dir, args.work_dir, args.lifeline_fd).serve_forever()
     return 0
 
 

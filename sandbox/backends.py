@@ -39,6 +39,7 @@ class Handle:
     socket_dir: Path  # host directory holding agent.sock and the session sockets
     uid: int
     native: Any = field(default=None, repr=False)  # the container or the process
+    lifeline: int = -1  # write end of a pipe whose closing tells the agent to exit
 
 
 class Backend(Protocol):
@@ -104,16 +105,26 @@ class _ProcessBackend:
         # sandbox keeps process counts and signals apart.
         ids = {"user": uid, "group": uid, "extra_groups": []} if os.geteuid() == 0 else {}
         log_path = socket_dir.with_suffix(".log")
-        with open(log_path, "wb") as log_file:  # noqa: ASYNC230 (local file, instant)
-            proc = await asyncio.create_subprocess_exec(
-                *self.argv(uid, socket_dir),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=log_file,
-                start_new_session=True,
-                **ids,
-            )
-        return Handle(name, socket_dir, uid, proc)
+        # bwrap's --die-with-parent is lost when it switches credentials, so the agent
+        # also watches this pipe: when the pool process dies, the pipe closes
+        life_r, life_w = os.pipe()
+        try:
+            with open(log_path, "wb") as log_file:  # noqa: ASYNC230 (local file, instant)
+                proc = await asyncio.create_subprocess_exec(
+                    *self.argv(uid, socket_dir), "--lifeline-fd", str(life_r),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=log_file,
+                    start_new_session=True,
+                    pass_fds=(life_r,),
+                    **ids,
+                )  # fmt: skip
+        except BaseException:
+            os.close(life_w)
+            raise
+        finally:
+            os.close(life_r)
+        return Handle(name, socket_dir, uid, proc, lifeline=life_w)
 
     def _prepare_dirs(self, uid: int, socket_dir: Path) -> None:
         """The sandbox uid must reach its socket dir and read the agent."""
@@ -131,6 +142,9 @@ class _ProcessBackend:
 
     async def stop(self, handle: Handle) -> None:
         proc: asyncio.subprocess.Process | None = handle.native
+        if handle.lifeline >= 0:
+            os.close(handle.lifeline)
+            handle.lifeline = -1
         if proc is not None:
             if proc.returncode is None:
                 proc.kill()

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import secrets
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -242,3 +243,38 @@ async def test_a_released_session_refuses_calls(pool: SandboxPool) -> None:
         pass
     with pytest.raises(PoolClosed):
         await s.run_python("print(1)")
+
+
+@pytest.mark.bwrap
+@pytest.mark.parametrize("kind", ["bwrap", "unsafe-no-isolation"])
+async def test_jails_die_with_a_crashed_pool_process(kind: str) -> None:
+    """A pool process that dies without close() (os._exit) takes its jails with it."""
+    import subprocess
+    import sys
+    import time
+
+    require_backend("bwrap")
+    script = (
+        "import asyncio, os\nfrom sandbox import SandboxConfig, SandboxPool\n"
+        "async def main():\n"
+        f"    pool = SandboxPool(SandboxConfig(backend={kind!r}, warm=1, socket_dir={str(SOCKET_DIR)!r}))\n"
+        "    await pool.start()\n"
+        "    print(pool._sandboxes[0].handle.native.pid, flush=True)\n"
+        "    os._exit(0)\n"
+        "asyncio.run(main())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    pid = int(out.stdout.split()[-1])
+    deadline = time.monotonic() + 10
+    state = ""
+    while time.monotonic() < deadline:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except FileNotFoundError:
+            state = "gone"
+            break
+        state = stat[stat.rindex(")") + 2]
+        if state == "Z":
+            break
+        await asyncio.sleep(0.1)
+    assert state in ("gone", "Z"), f"jail {pid} outlived its pool ({state})"
