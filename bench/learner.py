@@ -1,0 +1,246 @@
+"""Learner benchmark: throughput with a batch always buffered, and weight-push time.
+
+1. Throughput. Enough groups are published up front that a batch is always waiting,
+   then `python -m learner` (a real process, real Redis, the tiny model) trains on
+   them; its per-step log gives samples/s and the share of step time spent waiting
+   for data (target <= 5%). Baseline in the same run: the same batches through
+   `Trainer.step` in-process with no Redis at all (the compute ceiling); ratio shown.
+2. Weight push. A real CPU policy server (`python -m inference`) is started and the
+   learner's `WeightPusher` pushes and verifies successive versions. Baseline: writing
+   the same weights with `safetensors.save_file` plus fsync (the disk write alone).
+
+Medians are quoted. `--quick` runs fewer steps and pushes (under a minute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from broker.connection import RedisSettings, connect
+from broker.keys import RunKeys
+from broker.messages import Task, Trajectory, TrajectoryGroup, Turn
+from broker.producer import Producer
+
+RUN = "bench-learner"
+GROUP_SIZE, GROUPS_PER_BATCH, PROMPT, COMPLETION = 8, 8, 64, 64
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_groups(n: int, vocab: int, seed: int = 0) -> list[TrajectoryGroup]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for g in range(n):
+        task = Task(
+            task_id=f"b-{g}", env_spec="toy@{}", group_size=GROUP_SIZE, seed=g, policy_version=0
+        )
+        trajs = tuple(
+            Trajectory(
+                (
+                    Turn(
+                        rng.integers(0, vocab, PROMPT),
+                        rng.integers(0, vocab, COMPLETION),
+                        -rng.uniform(3, 7, COMPLETION),
+                        0,
+                        float(i % 2),
+                        True,
+                        False,
+                    ),
+                ),
+                "terminated",
+                sample_index=i,
+            )
+            for i in range(GROUP_SIZE)
+        )
+        out.append(TrajectoryGroup(f"b-{g}", task, trajs, "bench"))
+    return out
+
+
+def start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir",
+                             str(tmp), "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    time.sleep(0.3)
+    return proc, f"redis://127.0.0.1:{port}/0"
+
+
+def compute_ceiling(model_dir: Path, groups: list[TrajectoryGroup], steps: int) -> float:
+    """Samples/s of Trainer.step alone on the same batches (median over steps)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from learner.algorithms import Aggregation, Algorithm
+    from learner.batch import BatchRules, prepare_batch
+    from learner.distributed import DistContext
+    from learner.trainer import OptimConfig, Trainer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    cfg = OptimConfig(1e-5, 0.0, 0.2, 0.2, 2.0, 1.0, 8, Aggregation.TOKEN_MEAN, False)
+    trainer = Trainer(model, cfg, torch.device("cpu"), DistContext())
+    rules = BatchRules(Algorithm.GRPO, 1.0, 10**9, False, True)
+    rates = []
+    for s in range(steps + 1):
+        batch = groups[s * GROUPS_PER_BATCH : (s + 1) * GROUPS_PER_BATCH]
+        prepared = prepare_batch(batch, rules, version=0)
+        started = time.perf_counter()
+        trainer.step(prepared.samples, prepared.num_tokens, len(prepared.samples))
+        if s:  # the first step warms up
+            rates.append(len(prepared.samples) / (time.perf_counter() - started))
+    return statistics.median(rates)
+
+
+def live_run(
+    model_dir: Path, url: str, groups: list[TrajectoryGroup], steps: int, tmp: Path
+) -> dict[str, float]:
+    async def publish() -> None:
+        redis = await connect(RedisSettings.from_url(url))
+        await Producer(redis).publish(RunKeys(RUN).trajectories(), groups)
+        await redis.aclose()
+
+    asyncio.run(publish())
+    cmd = [sys.executable, "-m", "learner", "--model", str(model_dir), "--redis-url", url, "--run", RUN,
+           "--groups-per-batch", str(GROUPS_PER_BATCH), "--max-steps", str(steps + 1),
+           "--push-interval", "0", "--checkpoint-dir", str(tmp / "ckpt"),
+           "--checkpoint-interval", "1000"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-2000:])
+    lines = [line for line in proc.stderr.splitlines() if '"event": "step"' in line]
+    stamps = [_stamp(line) for line in lines]
+    records = [json.loads(line.split(" learner ", 1)[1]) for line in lines][1:]  # first: warm-up
+    wait = sum(r["wait_s"] for r in records)
+    compute = sum(r["compute_s"] for r in records)
+    samples = sum(r["samples"] for r in records)
+    return {"samples_per_s": samples / (stamps[-1] - stamps[0]),  # wall clock, log line to line
+            "in_run_compute_samples_per_s": samples / compute,
+            "wait_share": wait / (wait + compute)}  # fmt: skip
+
+
+def _stamp(line: str) -> float:
+    """Seconds of the logging asctime at the start of a line."""
+    from datetime import datetime
+
+    return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def push_times(model_dir: Path, tmp: Path, pushes: int) -> tuple[float, float, int]:
+    """(median push+verify s, median safetensors save+fsync s, bytes)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from learner.config import LearnerConfig
+    from learner.weights import WeightPusher
+
+    port = _free_port()
+    log = (tmp / "server.log").open("wb")
+    server = subprocess.Popen([sys.executable, "-m", "inference", "--model", str(model_dir), "--host",
+                               "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(base + "/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.2)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        cfg = LearnerConfig.load(
+            {"model": model_dir, "inference_urls": base, "weights_dir": tmp / "w"}
+        )
+        pusher = WeightPusher(cfg)
+
+        async def run() -> list[float]:
+            times = []
+            for v in range(1, pushes + 1):
+                started = time.perf_counter()
+                await pusher.push(model, v)
+                times.append(time.perf_counter() - started)
+            return times
+
+        push = statistics.median(asyncio.run(run()))
+        saves = []
+        state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+        for i in range(pushes):
+            path = tmp / f"raw-{i}.safetensors"
+            started = time.perf_counter()
+            save_file(state, path)
+            fd = os.open(path, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+            saves.append(time.perf_counter() - started)
+        size = sum(v.numel() * v.element_size() for v in state.values())
+        return push, statistics.median(saves), size
+    finally:
+        server.kill()
+        server.wait(10)
+        log.close()
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench learner", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer steps (under a minute)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args(argv)
+    steps, pushes = (4, 3) if args.quick else (15, 10)
+    from inference.tiny import build_tiny_model
+
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        model_dir = build_tiny_model(tmp / "model", seed=0)
+        groups = make_groups((steps + 1) * GROUPS_PER_BATCH, vocab=256)
+        redis, url = start_redis(tmp)
+        try:
+            live = live_run(model_dir, url, groups, steps, tmp)
+        finally:
+            redis.kill()
+            redis.wait(10)
+        ceiling = compute_ceiling(model_dir, groups, steps)
+        push, save, size = push_times(model_dir, tmp, pushes)
+    result: dict[str, Any] = {
+        "samples_per_s": round(live["samples_per_s"], 1),
+        "compute_only_samples_per_s": round(ceiling, 1),
+        "throughput_ratio": round(live["samples_per_s"] / ceiling, 3),
+        "in_run_compute_samples_per_s": round(live["in_run_compute_samples_per_s"], 1),
+        "in_run_ratio": round(live["samples_per_s"] / live["in_run_compute_samples_per_s"], 3),
+        "wait_share": round(live["wait_share"], 4),
+        "weight_push_s": round(push, 4),
+        "safetensors_save_fsync_s": round(save, 4),
+        "push_ratio": round(push / save, 1),
+        "weight_bytes": size,
+        "steps": steps, "pushes": pushes,
+        "batch": f"{GROUPS_PER_BATCH} groups x {GROUP_SIZE} x ({PROMPT}+{COMPLETION}) tokens",
+    }  # fmt: skip
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"learner benchmark ({result['batch']}, tiny model, CPU), medians")
+    print(f"{'metric':<34}{'farm':>12}{'baseline':>14}{'ratio':>8}")
+    print(f"{'samples/s (batch always buffered)':<34}{result['samples_per_s']:>12}"
+          f"{result['compute_only_samples_per_s']:>14}{result['throughput_ratio']:>8}")  # fmt: skip
+    print(f"{'  vs Trainer.step time, same run':<34}{result['samples_per_s']:>12}"
+          f"{result['in_run_compute_samples_per_s']:>14}{result['in_run_ratio']:>8}")  # fmt: skip
+    print(f"{'share of step time waiting':<34}{result['wait_share']:>12}{'target<=0.05':>14}")
+    print(f"{'weight push + verify (s)':<34}{result['weight_push_s']:>12}"
+          f"{result['safetensors_save_fsync_s']:>14}{result['push_ratio']:>8}")  # fmt: skip
+    return 0
