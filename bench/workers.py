@@ -238,9 +238,11 @@ async def _bare_post_cpu(url: str, n: int, concurrency: int) -> float:
         return (time.process_time() - cpu0) / n * 1e6
 
 
-async def measure_concurrency(n: int, window_s: float, pool: int | None) -> dict[str, float]:
+async def measure_concurrency(
+    n: int, window_s: float, pool: int | None, inf_ms: float = 4000.0, env_ms: float = 2000.0
+) -> dict[str, float]:
     """N episodes always in flight; steady-state throughput vs Little's-law ideal."""
-    inf_ms, env_ms, sigma = 4000.0, 2000.0, 0.3
+    sigma = 0.3
     spec = f'bench-sim@{{"env_ms": {env_ms}, "sigma": {sigma}, "alpha": 1.3, "cap": 32}}'
     mean = (inf_ms + env_ms) / 1000 * math.exp(sigma**2 / 2)
     lag = LagMonitor()
@@ -276,10 +278,12 @@ async def measure_concurrency(n: int, window_s: float, pool: int | None) -> dict
             "rss_per_episode_kb": (rss - rss0) / n / 1024, "cpu_us_per_step": cpu / max(steps, 1) * 1e6}  # fmt: skip
 
 
-async def measure_sync_vs_async(episodes: int, batch: int) -> dict[str, float]:
-    spec = 'bench-sim@{"env_ms": 20, "sigma": 1.0, "alpha": 1.3, "cap": 32}'
+async def measure_sync_vs_async(episodes: int, batch: int, latency_ms: float) -> dict[str, float]:
+    """Latency-bound on purpose (CPU well below one core), so the ratio shows the loops'
+    shape rather than this machine's CPU."""
+    spec = f'bench-sim@{{"env_ms": {latency_ms}, "sigma": 1.0, "alpha": 1.3, "cap": 16}}'
     seeds = list(range(50_000, 50_000 + episodes))
-    async with loadgen(20.0, 0.3) as url, farm_context(url) as ctx:
+    async with loadgen(latency_ms, 0.3) as url, farm_context(url) as ctx:
         t0 = time.perf_counter()
         sync_steps = await run_sync(ctx, spec, seeds, batch)
         sync_wall = time.perf_counter() - t0
@@ -287,7 +291,7 @@ async def measure_sync_vs_async(episodes: int, batch: int) -> dict[str, float]:
         async_steps = await run_async(ctx, spec, seeds, batch)
         async_wall = time.perf_counter() - t0
     assert sync_steps == async_steps  # the same episodes, turn for turn
-    return {"episodes": episodes, "concurrency": batch, "steps": async_steps,
+    return {"episodes": episodes, "concurrency": batch, "steps": async_steps, "latency_ms": latency_ms,
             "sync_steps_per_s": sync_steps / sync_wall, "async_steps_per_s": async_steps / async_wall,
             "ratio": (async_steps / async_wall) / (sync_steps / sync_wall)}  # fmt: skip
 
@@ -336,10 +340,14 @@ def main(argv: list[str]) -> int:
         tune_gc()  # as python -m workers does
         cpu = await measure_cpu_per_step(300 if quick else 2000)
         cpu["loop_only_cpu_us"] = await measure_loop_only_cpu(500 if quick else 3000)
-        window = 8.0 if quick else 30.0
-        capped = await measure_concurrency(n, window, pool=None)
-        conc = await measure_concurrency(n, window, pool=2000)
-        cmp = await measure_sync_vs_async(256 if quick else 1024, 64 if quick else 256)
+        window, lat = (5.0, (1000.0, 500.0)) if quick else (30.0, (4000.0, 2000.0))
+        capped = await measure_concurrency(n, window, None, *lat)
+        conc = await measure_concurrency(n, window, 2000, *lat)
+        cmp = await (
+            measure_sync_vs_async(128, 64, 50.0)
+            if quick
+            else measure_sync_vs_async(512, 128, 100.0)
+        )
         return {"cpu": cpu, "concurrency_client_default": capped, "concurrency": conc,
                 "sync_vs_async": cmp}  # fmt: skip
 
