@@ -223,7 +223,6 @@ class Standby:
         self.out_r, out_w = os.pipe()
         self.err_r, err_w = os.pipe()
         self.status_r, status_w = os.pipe()
-        self.used = False
         gc.freeze()  # the child's collector then never walks (and copies) inherited pages
         self.pid = os.fork()
         if self.pid == 0:
@@ -232,7 +231,6 @@ class Standby:
             os.close(fd)
 
     def send(self, req: dict) -> None:
-        self.used = True
         view = memoryview(encode_frame(req))
         while view:
             view = view[os.write(self.ctl_w, view) :]
@@ -793,7 +791,8 @@ def _session_request(req: dict, session: SessionState) -> dict:
     try:
         if not (isinstance(req.get("code"), str) or _is_argv(req.get("argv"))):
             return _error("run needs 'code' (str) or 'argv' (non-empty list of str)")
-        float(req["timeout"])
+        if not 0 < float(req["timeout"]) <= 86400:
+            return _error("'timeout' must be in (0, 86400] seconds")
         for key in LIMIT_KEYS:
             int(req["limits"][key])
         return run_request(req, session)

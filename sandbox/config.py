@@ -72,6 +72,10 @@ class SandboxConfig(BaseModel):
         None, description="Docker image; None means the content-tagged image of sandbox.image."
     )
     runtime: str | None = Field(None, description="Docker runtime, e.g. 'runsc' for gVisor.")
+    auto_build: bool = Field(
+        True,
+        description="Build the default (content-tagged) image at start-up when it is missing.",
+    )
     memory_mb: int = Field(1024, ge=32, le=1 << 20, description="Memory limit of one sandbox, MiB.")
     cpus: float = Field(1.0, gt=0, le=256, description="CPU limit of one sandbox (docker).")
     pids: int = Field(256, ge=16, le=1 << 20, description="pids limit of one sandbox (docker).")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sandbox.backends import IN_SANDBOX_SOCKETS, IN_SANDBOX_WORK, Handle, owner_alive
 from sandbox.config import SandboxConfig
-from sandbox.errors import SandboxUnavailable
+from sandbox.errors import ImageBuildError, SandboxUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +46,31 @@ class DockerBackend:
             await asyncio.to_thread(self.client.ping)
             await asyncio.to_thread(self.client.images.get, self.image)
         except ImageNotFound as exc:
-            raise SandboxUnavailable(
-                f"image {self.image} is missing; build it with `python -m sandbox.image build`"
-            ) from exc
+            if self.config.image is not None or not self.config.auto_build:
+                await self.close()
+                raise SandboxUnavailable(
+                    f"image {self.image} is missing; build it with `python -m sandbox.image build`"
+                ) from exc
+            await self._build()
         except DockerException as exc:
             await self.close()
             raise SandboxUnavailable(f"Docker engine unavailable: {exc}") from exc
         reaped = await asyncio.to_thread(self._reap)
         if reaped:
             log.warning("reaped %d sandbox containers left by dead pools", reaped)
+
+    async def _build(self) -> None:
+        """Build the content-tagged image (seconds when the rootfs is cached)."""
+        from sandbox.image import build
+
+        log.warning("sandbox image %s is missing; building it offline now", self.image)
+        try:
+            await asyncio.to_thread(build, True)
+        except ImageBuildError as exc:
+            await self.close()
+            raise SandboxUnavailable(
+                f"image {self.image} is missing and did not build: {exc}"
+            ) from exc
 
     def _reap(self) -> int:
         from docker.errors import APIError, NotFound

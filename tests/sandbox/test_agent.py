@@ -99,6 +99,8 @@ async def test_bad_run_requests_to_a_session_socket(pool: SandboxPool) -> None:
         {"op": "run", "argv": "ls", "timeout": 5, "limits": limits},
         {"op": "run", "code": 12, "timeout": 5, "limits": limits},
         {"op": "run", "code": "1", "timeout": "soon", "limits": limits},
+        {"op": "run", "code": "1", "timeout": float("nan"), "limits": limits},
+        {"op": "run", "code": "1", "timeout": -1, "limits": limits},
         {"op": "run", "code": "1", "timeout": 5, "limits": limits, "files": {"../x": "eA=="}},
     ]
     raw = b"".join(encode_frame(r) for r in bad) + frame(b"}{")

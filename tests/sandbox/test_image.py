@@ -79,3 +79,16 @@ def test_cli_build_quiet_is_what_the_test_script_runs() -> None:
         capture_output=True, check=False, text=True,
     )  # fmt: skip
     assert built.returncode == 0 and built.stdout == "", built.stderr
+
+
+@pytest.mark.docker
+async def test_a_missing_explicit_image_is_a_clear_error() -> None:
+    from sandbox import SandboxPool, SandboxUnavailable
+    from tests.sandbox.conftest import SOCKET_DIR
+
+    require_backend("docker")
+    config = SandboxConfig(image="rollout-farm/sandbox:does-not-exist", socket_dir=SOCKET_DIR)
+    pool = SandboxPool(config)
+    with pytest.raises(SandboxUnavailable, match="does-not-exist"):
+        await pool.start()
+    await pool.close()
