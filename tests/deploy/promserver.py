@@ -20,11 +20,14 @@ from tests.conftest import free_port, require
 class PrometheusServer:
     """`prometheus` scraping `targets` every second until `stop()`."""
 
-    def __init__(self, directory: Path, targets: dict[str, list[str]]) -> None:
+    def __init__(
+        self, directory: Path, targets: dict[str, list[str]], rule_files: tuple[Path, ...] = ()
+    ) -> None:
         require(shutil.which("prometheus") is not None, "prometheus (Debian package prometheus)")
         self.port = free_port()
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(p) for p in rule_files],
             "scrape_configs": [
                 {"job_name": job, "static_configs": [{"targets": hosts}]}
                 for job, hosts in targets.items()
@@ -49,13 +52,21 @@ class PrometheusServer:
         return f"http://127.0.0.1:{self.port}"
 
     async def query(self, promql: str) -> list[dict]:
+        return (await self._api("query", {"query": promql}))["result"]
+
+    async def rules(self) -> list[dict]:
+        """Every loaded rule with its health and last evaluation error."""
+        groups = (await self._api("rules", {}))["groups"]
+        return [rule for group in groups for rule in group["rules"]]
+
+    async def _api(self, path: str, params: dict[str, str]) -> dict:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
-            session.get(f"{self.url}/api/v1/query", params={"query": promql}) as response,
+            session.get(f"{self.url}/api/v1/{path}", params=params) as response,
         ):
             body = await response.json()
         assert body["status"] == "success", body
-        return body["data"]["result"]
+        return body["data"]
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -5,7 +5,8 @@ policy server on the tiny model, one worker, the learner), kills the worker with
 SIGKILL and watches the supervisor restart it (the worker runs a Docker sandbox
 pool, so the killed worker leaves containers behind for the new pool to reap), reads the supervisor's /metrics
 and the status line, has Debian's Prometheus scrape every process of the farm and
-reads throughput rates back through its HTTP API, then sends SIGINT and checks
+reads throughput rates back through its HTTP API (the shipped alert rules are
+loaded and must evaluate without error), then sends SIGINT and checks
 that every process and sandbox container the farm started, restarted ones
 included, is gone and that Redis kept its AOF. One test, because starting the stack is the expensive part.
 """
@@ -24,6 +25,7 @@ import pytest
 
 from sandbox.docker_backend import LABEL, OWNER_LABEL
 from tests.conftest import free_port, require
+from tests.deploy.promql import ALERTS
 from tests.deploy.promserver import PrometheusServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
@@ -134,7 +136,7 @@ async def test_farm_up_restarts_a_killed_worker_and_stops_cleanly_on_sigint(
         assert set(farm.pids) == {"redis", "inference", "learner", "worker-0"}
         targets = {n: [f"127.0.0.1:{p}"] for n, p in farm.ports.items() if n != "redis"}
         targets["supervisor"] = [f"127.0.0.1:{metrics_port}"]
-        prometheus = PrometheusServer(tmp_path / "prometheus", targets)
+        prometheus = PrometheusServer(tmp_path / "prometheus", targets, rule_files=(ALERTS,))
         await prometheus.wait_ready()
 
         url = f"http://127.0.0.1:{metrics_port}/metrics"
@@ -193,3 +195,11 @@ async def _throughput_reads_back_through_prometheus(prometheus: PrometheusServer
     assert float(tokens[0]["value"][1]) > 0
     restarts = await prometheus.query('farm_supervisor_restarts_total{process="worker-0"}')
     assert float(restarts[0]["value"][1]) >= 1
+    # The shipped alert rules load and evaluate against the live farm without errors.
+    for _ in range(60):  # each rule is evaluated every second once loaded
+        rules = await prometheus.rules()
+        if all(r["health"] != "unknown" for r in rules):
+            break
+        await asyncio.sleep(0.5)
+    assert len(rules) == 5
+    assert [r.get("lastError") for r in rules if r["health"] != "ok"] == []
