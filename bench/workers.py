@@ -296,25 +296,27 @@ async def measure_sync_vs_async(episodes: int, batch: int, latency_ms: float) ->
             "ratio": (async_steps / async_wall) / (sync_steps / sync_wall)}  # fmt: skip
 
 
+def _conc_rows(c: dict, label: str) -> list[tuple[str, str, str, str]]:
+    share = c["achieved_steps_per_s"] / c["ideal_steps_per_s"]
+    return [
+        (f"{c['episodes']} episodes, {label}", f"{c['achieved_steps_per_s']:.0f} steps/s", "",
+         f"ideal {c['ideal_steps_per_s']:.0f} steps/s ({share:.0%} of ideal)"),
+        ("  event-loop lag p50 / p99", f"{c['lag_p50_ms']:.1f} / {c['lag_p99_ms']:.1f} ms",
+         "p99 <= 50 ms", ""),
+        ("  memory per episode (RSS growth)", f"{c['rss_per_episode_kb']:.1f} KiB", "", ""),
+        ("  farm CPU per step at this load", f"{c['cpu_us_per_step']:.0f} us", "", ""),
+    ]  # fmt: skip
+
+
 def _table(cpu: dict, capped: dict, conc: dict, cmp: dict) -> str:
     rows = [
-        ("  of which the episode loop alone", f"{cpu['loop_only_cpu_us']:.0f} us", "",
-         "codec, env API, bookkeeping, metrics; no HTTP (instant in-process generator)"),
-        (f"{capped['episodes']} episodes, client as shipped (100 conns)",
-         f"{capped['achieved_steps_per_s']:.0f} steps/s", "",
-         f"ideal {capped['ideal_steps_per_s']:.0f} steps/s "
-         f"({capped['achieved_steps_per_s'] / capped['ideal_steps_per_s']:.0%} of ideal)"),
         ("farm CPU per env step", f"{cpu['cpu_us_per_step']:.0f} us", "<= 150 us",
          f"bare aiohttp POST: {cpu['bare_post_cpu_us']:.0f} us "
          f"(ratio {cpu['cpu_us_per_step'] / cpu['bare_post_cpu_us']:.2f}x)"),
-        (f"{conc['episodes']} episodes, client pool {conc['pool']} (bench patch)",
-         f"{conc['achieved_steps_per_s']:.0f} steps/s", "",
-         f"ideal {conc['ideal_steps_per_s']:.0f} steps/s "
-         f"({conc['achieved_steps_per_s'] / conc['ideal_steps_per_s']:.0%} of ideal)"),
-        ("  event-loop lag p50 / p99", f"{conc['lag_p50_ms']:.1f} / {conc['lag_p99_ms']:.1f} ms",
-         "p99 <= 50 ms", ""),
-        ("  memory per episode (RSS growth)", f"{conc['rss_per_episode_kb']:.1f} KiB", "", ""),
-        ("  farm CPU per step at this load", f"{conc['cpu_us_per_step']:.0f} us", "", ""),
+        ("  of which the episode loop alone", f"{cpu['loop_only_cpu_us']:.0f} us", "",
+         "codec, env API, bookkeeping, metrics; no HTTP (instant in-process generator)"),
+        *_conc_rows(capped, "client as shipped (100 conns)"),
+        *_conc_rows(conc, f"client pool {conc['pool']} (bench patch)"),
         (f"sync batch-barrier loop ({cmp['episodes']} episodes, batch {cmp['concurrency']})",
          f"{cmp['sync_steps_per_s']:.0f} steps/s", "", "GEM / AgentGym-RL style"),
         ("this farm (same episodes, same concurrency)", f"{cmp['async_steps_per_s']:.0f} steps/s",
@@ -323,7 +325,7 @@ def _table(cpu: dict, capped: dict, conc: dict, cmp: dict) -> str:
     width = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["inference: latency-simulating server (workers.loadgen, a load generator)"]
     for r in (("measure", "value", "target", "baseline / note"), *rows):
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r, width, strict=True)))
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, width, strict=True)).rstrip())
     return "\n".join(lines)
 
 
