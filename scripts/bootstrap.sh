@@ -33,10 +33,10 @@ apt_install() {
 system_packages() {
   if command -v apt-get >/dev/null 2>&1; then
     # prometheus: promtool and a real scraper for the monitoring tests;
-    # docker-compose: offline validation of deploy/compose.
+    # docker-compose: offline validation of deploy/compose. kubectl (kustomize rendering)
+    # ships with this machine image; Debian's kubernetes-client is too old to render.
     apt_install redis-server redis-tools docker.io bubblewrap debootstrap iptables ca-certificates \
       prometheus docker-compose
-    command -v kubectl >/dev/null 2>&1 || apt_install kubernetes-client
   else
     log "not a Debian host: install redis-server, docker and bubblewrap yourself"
   fi
