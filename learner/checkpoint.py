@@ -11,9 +11,10 @@ It is written under a temporary name, every file and the directory are fsynced,
 then it is renamed into place and the parent directory fsynced; ``LATEST`` is
 replaced the same way. The learner acks trajectory entries only after this
 returns, so a SIGKILL at any instant leaves either the previous checkpoint (and
-the entries still pending, to be redelivered) or the new one (and the entries
-acked, or still pending and dropped as duplicates... never trained twice: the
-consumer drops entries whose group id a commit recorded).
+the entries still pending, to be redelivered and trained again from its weights)
+or the new one (and the entries acked, or, if the kill fell between the rename and
+the ack, still pending: the resumed learner recognises their group ids in the
+state's recent history and acks them without training).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import redis.asyncio as aioredis
 import torch
 
 from broker.connection import RedisSettings, connect
@@ -208,8 +209,10 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
     try:
         feeder = await _make_feeder(core, redis, keys)
         vocab = int(core.trainer.model.config.vocab_size)  # type: ignore[union-attr]
-        source = LiveSource(redis, keys, LiveSource.consumer_config(
-            cfg.consumer_name, cfg.reclaim_idle_s, cfg.max_deliveries), feeder, vocab)  # fmt: skip
+        recent = {g for step in state.trained[-cfg.checkpoint_interval :] for g in step}
+        consumer = LiveSource.consumer_config(cfg.consumer_name, cfg.reclaim_idle_s,
+                                              cfg.max_deliveries)  # fmt: skip
+        source = LiveSource(redis, keys, consumer, feeder, vocab, already_trained=recent)
         await source.start()
         if await current_policy(redis, keys) is None:
             await publish_policy(redis, keys, PolicyVersion(version=state.version, step=state.step))
@@ -244,7 +247,7 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
         await redis.aclose()
 
 
-async def _make_feeder(core: Core, redis, keys: RunKeys) -> TaskFeeder | None:  # type: ignore[no-untyped-def]
+async def _make_feeder(core: Core, redis: aioredis.Redis, keys: RunKeys) -> TaskFeeder | None:
     cfg = core.cfg
     if cfg.tasks is None:
         return None
@@ -259,7 +262,7 @@ async def _make_feeder(core: Core, redis, keys: RunKeys) -> TaskFeeder | None:  
     return feeder
 
 
-async def _push(core: Core, pusher: WeightPusher, redis, keys: RunKeys) -> float:  # type: ignore[no-untyped-def]
+async def _push(core: Core, pusher: WeightPusher, redis: aioredis.Redis, keys: RunKeys) -> float:
     started = time.perf_counter()
     version = core.state.step
     result = await pusher.push(core.trainer.model, version)

@@ -70,6 +70,7 @@ class LiveSource:
         consumer_config: ConsumerConfig,
         feeder: TaskFeeder | None,
         vocab_size: int,
+        already_trained: set[str] | None = None,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -77,6 +78,9 @@ class LiveSource:
                                  expect=TrajectoryGroup)  # fmt: skip
         self.feeder = feeder
         self.vocab_size = vocab_size
+        # Group ids the resumed checkpoint already holds: a crash between writing a
+        # checkpoint and acking its entries redelivers them, and they must not train twice.
+        self.already_trained = set(already_trained or ())
         self.buffer: list[Delivery] = []
         self.training = 0  # groups of the batch being trained (popped, not yet a new version)
         self.released: set[tuple[str, str]] = set()  # entries whose budget slot this process freed
@@ -135,6 +139,12 @@ class LiveSource:
         good: list[Delivery] = []
         for d in deliveries:
             assert isinstance(d.message, TrajectoryGroup)
+            if d.message.group_id in self.already_trained:
+                log.info("group %s is in the checkpoint already; acking it", d.message.group_id)
+                self.already_trained.discard(d.message.group_id)
+                await self.consumer.commit([d])
+                self.released.discard((d.stream, d.entry_id))
+                continue
             reason = problem_with(d.message, self.vocab_size)
             if reason is None:
                 good.append(d)

@@ -111,3 +111,22 @@ def test_sigkill_then_resume_trains_every_group_exactly_once(
     done = [json.loads(line.split(" learner ", 1)[1]) for line in resumed.stderr.splitlines()
             if '"event": "done"' in line]  # fmt: skip
     assert done and done[0]["counters"]["groups"] == 40
+
+
+async def test_groups_the_checkpoint_holds_are_acked_not_trained(redis_server: RedisServer) -> None:
+    """A kill between writing a checkpoint and acking its entries leaves them pending while
+    the checkpoint already holds their effect: the resumed learner acks them untrained."""
+    from broker.consumer import ConsumerConfig
+    from learner.source import LiveSource
+
+    await publish(redis_server.url, [make_group(f"c-{i}", vocab=256) for i in range(3)])
+    redis = await connect(RedisSettings.from_url(redis_server.url))
+    try:
+        config = ConsumerConfig(group=LEARNER_GROUP, consumer="learner", block_ms=200)
+        source = LiveSource(redis, KEYS, config, None, 256, already_trained={"c-0", "c-1"})
+        await source.start()
+        batch = await source.next_batch(1, 0, 0, asyncio.Event())
+        assert batch is not None and [g.group_id for g in batch.groups] == ["c-2"]
+        assert (await redis.xpending(KEYS.trajectories(), LEARNER_GROUP))["pending"] == 1
+    finally:
+        await redis.aclose()
