@@ -93,21 +93,14 @@ async def loadgen(median_ms: float, sigma: float):
 
 @asynccontextmanager
 async def farm_context(url: str, pool: int | None = None):
-    """The farm's real episode context. `pool` swaps the client's HTTP session for one
-    with that many connections instead of aiohttp's default 100 (a BENCHMARK PATCH:
-    GenerationClient has no setting for it), to show what the worker does once the pool
-    is sized."""
-    import aiohttp
-
+    """The farm's real episode context; `pool` sets the client's connection limit."""
     from inference.client import GenerationClient, SamplingParams
     from inference.config import ClientConfig
     from inference.tiny import build_tokenizer
     from workers.tokens import ChatCodec
 
-    async with GenerationClient([url], ClientConfig(request_timeout_s=120)) as client:
-        if pool is not None:
-            await client._session.close()
-            client._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=pool))
+    limits = {} if pool is None else {"max_connections": pool}
+    async with GenerationClient([url], ClientConfig(request_timeout_s=120, **limits)) as client:
         yield EpisodeContext(
             codec=ChatCodec(build_tokenizer()), client=client, sampling=SamplingParams
         )
@@ -273,7 +266,7 @@ async def measure_concurrency(
             done = True
             for task in [monitor, *lanes]:
                 task.cancel()
-    return {"episodes": n, "pool": pool or 100, "achieved_steps_per_s": steps / wall, "ideal_steps_per_s": n / mean,
+    return {"episodes": n, "pool": pool or _default_pool(), "achieved_steps_per_s": steps / wall, "ideal_steps_per_s": n / mean,
             "lag_p50_ms": lag.percentile(0.5) * 1e3, "lag_p99_ms": lag.percentile(0.99) * 1e3,
             "rss_per_episode_kb": (rss - rss0) / n / 1024, "cpu_us_per_step": cpu / max(steps, 1) * 1e6}  # fmt: skip
 
@@ -296,6 +289,12 @@ async def measure_sync_vs_async(episodes: int, batch: int, latency_ms: float) ->
             "ratio": (async_steps / async_wall) / (sync_steps / sync_wall)}  # fmt: skip
 
 
+def _default_pool() -> int:
+    from inference.config import ClientConfig
+
+    return ClientConfig().max_connections
+
+
 def _conc_rows(c: dict, label: str) -> list[tuple[str, str, str, str]]:
     share = c["achieved_steps_per_s"] / c["ideal_steps_per_s"]
     return [
@@ -315,8 +314,8 @@ def _table(cpu: dict, capped: dict, conc: dict, cmp: dict) -> str:
          f"(ratio {cpu['cpu_us_per_step'] / cpu['bare_post_cpu_us']:.2f}x)"),
         ("  of which the episode loop alone", f"{cpu['loop_only_cpu_us']:.0f} us", "",
          "codec, env API, bookkeeping, metrics; no HTTP (instant in-process generator)"),
-        *_conc_rows(capped, "client as shipped (100 conns)"),
-        *_conc_rows(conc, f"client pool {conc['pool']} (bench patch)"),
+        *_conc_rows(capped, f"client default pool ({capped['pool']} conns)"),
+        *_conc_rows(conc, f"client pool {conc['pool']}"),
         (f"sync batch-barrier loop ({cmp['episodes']} episodes, batch {cmp['concurrency']})",
          f"{cmp['sync_steps_per_s']:.0f} steps/s", "", "GEM / AgentGym-RL style"),
         ("this farm (same episodes, same concurrency)", f"{cmp['async_steps_per_s']:.0f} steps/s",

@@ -122,7 +122,9 @@ class GenerationClient:
         if self._closed:
             raise InferenceError("client is closed")
         headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
-        self._session = aiohttp.ClientSession(headers=headers)
+        # aiohttp's default pool (100) would cap a worker at 100 generations in flight.
+        connector = aiohttp.TCPConnector(limit=self.config.max_connections, limit_per_host=0)
+        self._session = aiohttp.ClientSession(headers=headers, connector=connector)
         self._health_task = asyncio.create_task(self._health_loop(), name="inference-client-health")
         return self
 

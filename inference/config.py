@@ -85,6 +85,12 @@ class ClientConfig(BaseModel):
     max_sessions: int = Field(
         100_000, ge=1, description="sticky session entries kept (least recently used dropped)"
     )
+    max_connections: int = Field(
+        1024,
+        ge=1,
+        le=65_536,
+        description="open HTTP connections across all servers (generations in flight at once)",
+    )
     max_abort_resumes: int = Field(
         8,
         ge=0,

@@ -33,11 +33,18 @@ class LoadGenerator:
         self.tokens = tokens
         self.rng = random.Random(seed)
         self.requests = 0
+        self.in_flight = 0
+        self.peak_in_flight = 0  # most requests served at once, to check client pool limits
 
     async def completions(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.requests += 1
-        await asyncio.sleep(self.rng.lognormvariate(self.mu, self.sigma))
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.rng.lognormvariate(self.mu, self.sigma))
+        finally:
+            self.in_flight -= 1
         allowed = body.get("allowed_token_ids") or None
         stops = body.get("stop_token_ids") or []
         k = max(1, min(int(body.get("max_tokens", 16)), self.tokens))
