@@ -12,9 +12,11 @@ lives in `sandbox.docker_backend`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
+import signal
 import socket
 import sys
 from dataclasses import dataclass, field
@@ -87,6 +89,43 @@ def reap_socket_dirs(root: Path) -> int:
             shutil.rmtree(pool_dir, ignore_errors=True)
             removed += 1
     return removed
+
+
+def reap_orphan_jails(root: Path) -> int:
+    """Kill bwrap processes orphaned (parent PID 1) whose socket dir is under ``root``
+    in a pool directory that is gone or whose owner is dead."""
+    killed = 0
+    prefix = str(root).rstrip("/") + "/"
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+            stat = (entry / "stat").read_bytes()
+        except OSError:
+            continue
+        if (
+            not args
+            or not args[0].endswith(b"bwrap")
+            or stat[stat.rindex(b")") + 2 :].split()[1] != b"1"
+        ):
+            continue
+        binds = [
+            args[i + 1].decode(errors="replace") for i, a in enumerate(args[:-1]) if a == b"--bind"
+        ]
+        for bound in binds:
+            if not bound.startswith(prefix):
+                continue
+            owner = Path(bound).parent / "owner"
+            try:
+                alive = owner_alive(owner.read_text().strip())
+            except OSError:
+                alive = False
+            if not alive:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(entry.name), signal.SIGKILL)
+                    killed += 1
+    return killed
 
 
 class _ProcessBackend:
@@ -162,6 +201,9 @@ class BwrapBackend(_ProcessBackend):
     async def prepare(self) -> None:
         if shutil.which("bwrap") is None:
             raise SandboxUnavailable("bwrap is not installed (apt-get install bubblewrap)")
+        killed = await asyncio.to_thread(reap_orphan_jails, self.config.socket_dir)
+        if killed:
+            log.warning("killed %d bwrap jails left by dead sandbox pools", killed)
 
     def argv(self, uid: int, socket_dir: Path) -> list[str]:
         cfg = self.config

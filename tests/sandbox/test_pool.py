@@ -278,3 +278,27 @@ async def test_jails_die_with_a_crashed_pool_process(kind: str) -> None:
             break
         await asyncio.sleep(0.1)
     assert state in ("gone", "Z"), f"jail {pid} outlived its pool ({state})"
+
+
+@pytest.mark.bwrap
+async def test_orphaned_jails_of_dead_pools_are_killed_at_start() -> None:
+    import subprocess
+
+    require_backend("bwrap")
+    pool_dir = SOCKET_DIR / f"dead{secrets.token_hex(2)}"
+    (pool_dir / "1").mkdir(parents=True)
+    (pool_dir / "owner").write_text(f"{owner_token().split(':')[0]}:999999999:1")
+    jail = (
+        "bwrap --ro-bind /usr /usr --symlink usr/lib /lib --symlink usr/lib64 /lib64 "
+        f"--bind {pool_dir / '1'} /run/agent /usr/bin/sleep 60 >/dev/null 2>&1 & echo $!"
+    )
+    pid = int(subprocess.run(["sh", "-c", jail], capture_output=True, text=True).stdout)
+    assert Path(f"/proc/{pid}").exists()  # orphaned: its shell has exited
+    config = SandboxConfig(backend="bwrap", warm=0, socket_dir=SOCKET_DIR)
+    async with SandboxPool(config):
+        pass
+    for _ in range(50):
+        if not Path(f"/proc/{pid}").exists():
+            break
+        await asyncio.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists(), "the orphaned jail survived"
