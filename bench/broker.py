@@ -111,7 +111,8 @@ def raw_ceiling(port: int, payload: bytes, requests: int) -> float:
 
 async def _produce(port: int, tokens: int, count: int, rate: float | None) -> None:
     redis = await connect(RedisSettings.from_url(f"redis://127.0.0.1:{port}/0"))
-    producer = Producer(redis, Retention(maxlen=1000))
+    # Retention above the whole run: trimming must never outrun the consumer.
+    producer = Producer(redis, Retention(maxlen=100_000))
     template = make_group(tokens, 0)
     batch = 1 if rate is not None else 8
     started = time.perf_counter()
