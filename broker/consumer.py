@@ -274,6 +274,18 @@ class Consumer:
             await pipe.execute()
         DEADLETTERED.labels(stream=stream).inc()
 
+    async def keep_alive(self, stream: str, entry_ids: Sequence[str]) -> None:
+        """Reset the idle time of entries this consumer is still working on, so that
+        `reclaim_idle_ms` only ever takes over work whose consumer has died."""
+        if not entry_ids:
+            return
+        try:
+            await self._redis.xclaim(
+                stream, self._config.group, self._config.consumer, 0, list(entry_ids), justid=True
+            )
+        except TRANSIENT as exc:
+            raise RedisUnavailable(f"keep-alive on {stream} failed: {exc}") from exc
+
     async def commit(
         self,
         deliveries: Sequence[Delivery],

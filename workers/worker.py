@@ -181,10 +181,8 @@ class Worker:
                 continue
             try:
                 async with asyncio.timeout(5):
-                    await self._redis.xclaim(
-                        self.keys.tasks, WORKERS_GROUP, self.cfg.worker_id, 0, ids, justid=True
-                    )
-            except (RedisError, TimeoutError) as exc:
+                    await self._consumer.keep_alive(self.keys.tasks, ids)
+            except (BrokerError, RedisError, TimeoutError) as exc:
                 log.warning("keep-alive of %d tasks failed: %s", len(ids), exc)
 
 

@@ -130,3 +130,18 @@ async def test_restarted_consumer_gets_its_own_pending_first(redis):
     assert again.message.group_id == "g1"
     [nxt] = await restarted.read()
     assert nxt.message.group_id == "g2"
+
+
+async def test_keep_alive_stops_a_live_consumers_entry_being_reclaimed(redis):
+    await Producer(redis).publish(KEYS.tasks, [make_task("busy")])
+    owner = consumer(redis, "owner")
+    await owner.ensure_groups()
+    [d] = await owner.read()
+    other = consumer(redis, "other", reclaim_idle_ms=150, reclaim_interval_s=0)
+    for _ in range(4):
+        await asyncio.sleep(0.1)
+        await owner.keep_alive(KEYS.tasks, [d.entry_id])
+        assert await other.read() == []
+    await asyncio.sleep(0.2)  # the owner stops renewing: now it counts as dead
+    [taken] = await other.read()
+    assert taken.message.task_id == "busy" and taken.deliveries == 2
