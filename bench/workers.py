@@ -88,7 +88,11 @@ async def loadgen(median_ms: float, sigma: float):
         yield url
     finally:
         proc.terminate()
-        await asyncio.wait_for(proc.wait(), 10)
+        try:  # aiohttp's graceful stop waits for in-flight (sleeping) requests
+            await asyncio.wait_for(proc.wait(), 5)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
 
 
 @asynccontextmanager
