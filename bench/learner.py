@@ -203,7 +203,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     steps, pushes = (4, 3) if args.quick else (15, 10)
+    from transformers.utils import logging as hf_logging
+
     from inference.tiny import build_tiny_model
+
+    hf_logging.disable_progress_bar()  # one bar per weight push would bury the table
 
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
