@@ -143,6 +143,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
     args = parser.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one bar per weight push would bury the table
     if args.quick:
         args.hidden, args.layers, args.concurrency, args.tokens, args.repeats = 64, 2, 16, 32, 3
     else:
