@@ -14,15 +14,14 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
-    PydanticBaseSettingsSource,
     SettingsConfigDict,
-    TomlConfigSettingsSource,
 )
 
+from broker.settings import SettingsError, resolve_settings
 from farm.errors import ConfigError
 
 
@@ -101,37 +100,8 @@ def _json_object(text: str) -> object:
 
 def load_config(toml: Path | None = None, **cli: Any) -> FarmConfig:
     """Resolve CLI values > FARM_* env > TOML; flags left as None fall through."""
-    if toml is not None and not toml.is_file():
-        raise ConfigError(f"config file {toml} does not exist")
     given = {k: v for k, v in cli.items() if v is not None}
-
-    class _Resolved(FarmConfig):
-        @classmethod
-        def settings_customise_sources(
-            cls,
-            settings_cls: type[BaseSettings],
-            init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-            if toml is not None:
-                sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml))
-            return tuple(sources)
-
     try:
-        resolved = _Resolved(**given)
-    except ValidationError as exc:
-        raise ConfigError(_describe(exc)) from exc
-    except ValueError as exc:  # malformed TOML
-        raise ConfigError(f"cannot read {toml}: {exc}") from exc
-    return FarmConfig.model_construct(**dict(resolved))
-
-
-def _describe(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "config"
-        parts.append(f"{where}: {err['msg']}")
-    return "invalid farm configuration: " + "; ".join(parts)
+        return resolve_settings(FarmConfig, given, toml, "farm")
+    except SettingsError as exc:
+        raise ConfigError(str(exc)) from exc

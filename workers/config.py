@@ -12,15 +12,14 @@ import uuid
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
-    PydanticBaseSettingsSource,
     SettingsConfigDict,
-    TomlConfigSettingsSource,
 )
 
+from broker.settings import SettingsError, resolve_settings
 from workers.errors import ConfigError
 
 
@@ -137,35 +136,10 @@ class WorkerConfig(BaseSettings):
     @classmethod
     def load(cls, cli: dict[str, Any], toml_file: Path | None = None) -> WorkerConfig:
         """Resolve CLI values > FARM_* env > TOML; raise ConfigError listing every problem."""
-        if toml_file is not None and not toml_file.is_file():
-            raise ConfigError(f"config file {toml_file} does not exist")
-
-        class _Resolved(cls):  # type: ignore[valid-type,misc]
-            @classmethod
-            def settings_customise_sources(
-                cls_,
-                settings_cls: type[BaseSettings],
-                init_settings: PydanticBaseSettingsSource,
-                env_settings: PydanticBaseSettingsSource,
-                dotenv_settings: PydanticBaseSettingsSource,
-                file_secret_settings: PydanticBaseSettingsSource,
-            ) -> tuple[PydanticBaseSettingsSource, ...]:
-                sources = [init_settings, env_settings]
-                if toml_file is not None:
-                    sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
-                return tuple(sources)
-
         try:
-            resolved = _Resolved(**cli)
-        except ValidationError as exc:
-            lines = ["invalid worker configuration:"]
-            for err in exc.errors():
-                where = ".".join(str(p) for p in err["loc"]) or "(config)"
-                lines.append(f"  {where}: {err['msg']}")
-            raise ConfigError("\n".join(lines)) from exc
-        except ValueError as exc:  # malformed TOML
-            raise ConfigError(f"cannot read {toml_file}: {exc}") from exc
-        return cls.model_construct(**dict(resolved))
+            return resolve_settings(cls, cli, toml_file, "worker")
+        except SettingsError as exc:
+            raise ConfigError(str(exc)) from exc
 
     def redacted(self) -> dict[str, Any]:
         """The resolved config for the start-up log, secrets hidden."""
