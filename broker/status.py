@@ -14,7 +14,13 @@ from redis.exceptions import ResponseError
 from broker.admission import AdmissionBudget
 from broker.keys import RunKeys
 from broker.messages import PolicyVersion
-from broker.metrics import STREAM_LAG, STREAM_LENGTH, STREAM_PENDING
+from broker.metrics import (
+    ADMISSION_IN_FLIGHT,
+    ADMISSION_LIMIT,
+    STREAM_LAG,
+    STREAM_LENGTH,
+    STREAM_PENDING,
+)
 from broker.policy import current_policy
 
 
@@ -101,6 +107,8 @@ async def refresh_stream_gauges(redis: aioredis.Redis, keys: RunKeys) -> RunStat
             if g.lag is not None:
                 STREAM_LAG.labels(stream=s.name, group=g.name).set(g.lag)
     STREAM_LENGTH.labels(stream=keys.deadletter).set(state.dead_letters)
+    ADMISSION_IN_FLIGHT.set(state.admission_in_flight)
+    ADMISSION_LIMIT.set(state.admission_limit)
     return state
 
 

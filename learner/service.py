@@ -22,11 +22,14 @@ from pathlib import Path
 import numpy as np
 import redis.asyncio as aioredis
 import torch
+from redis.exceptions import RedisError
 
 from broker.connection import RedisSettings, connect
+from broker.errors import BrokerError
 from broker.keys import LEARNER_GROUP, WORKERS_GROUP, RunKeys
 from broker.messages import PolicyVersion, TrajectoryGroup
 from broker.policy import current_policy, publish_policy
+from broker.status import refresh_stream_gauges
 from learner import metrics as m
 from learner.batch import BatchRules, PreparedBatch, prepare_batch
 from learner.checkpoint import (
@@ -206,6 +209,12 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
     redis = await connect(RedisSettings.from_url(cfg.redis_url))
     keys = RunKeys(cfg.run, cfg.partitions)
     pusher = WeightPusher(cfg) if cfg.inference_urls and cfg.push_interval else None
+    # The learner is the one long-lived process per run: it exports the run's stream gauges.
+    gauges = (
+        asyncio.create_task(export_stream_gauges(redis, keys), name="stream-gauges")
+        if cfg.metrics_port
+        else None
+    )
     try:
         feeder = await _make_feeder(core, redis, keys)
         vocab = int(core.trainer.model.config.vocab_size)  # type: ignore[union-attr]
@@ -242,9 +251,23 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
         return state
     finally:
         core.dist.broadcast_groups([])
+        if gauges is not None:
+            gauges.cancel()
+            await asyncio.gather(gauges, return_exceptions=True)
         if pusher is not None:
             await pusher.close()
         await redis.aclose()
+
+
+async def export_stream_gauges(redis: aioredis.Redis, keys: RunKeys, period_s: float = 5.0) -> None:
+    """Refresh stream length, lag, pending and admission gauges until cancelled."""
+    while True:
+        try:
+            async with asyncio.timeout(period_s):
+                await refresh_stream_gauges(redis, keys)
+        except (BrokerError, RedisError, TimeoutError) as exc:
+            log.warning("stream gauges not refreshed: %s", exc)
+        await asyncio.sleep(period_s)
 
 
 async def _make_feeder(core: Core, redis: aioredis.Redis, keys: RunKeys) -> TaskFeeder | None:

@@ -1,0 +1,52 @@
+"""The learner exports the run's stream gauges from Redis while it runs."""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client import REGISTRY
+
+from broker.admission import AdmissionBudget
+from broker.connection import RedisSettings, connect
+from broker.consumer import Consumer, ConsumerConfig
+from broker.keys import WORKERS_GROUP, RunKeys
+from broker.messages import Task
+from broker.producer import Producer
+from learner.service import export_stream_gauges
+
+
+async def test_stream_gauges_follow_redis(redis_server):
+    redis = await connect(RedisSettings.from_url(redis_server.url))
+    keys = RunKeys("gauges")
+    try:
+        await Producer(redis).publish(
+            keys.tasks, [Task(f"t{i}", "toy@{}", 1, i, 0) for i in range(5)]
+        )
+        c = Consumer(
+            redis,
+            keys,
+            [keys.tasks],
+            ConsumerConfig(group=WORKERS_GROUP, consumer="w"),
+            expect=Task,
+        )
+        await c.ensure_groups()
+        await c.read(count=2)  # 2 pending, 3 not yet delivered
+        budget = AdmissionBudget(redis, keys)
+        await budget.set_limit(9)
+        await budget.try_acquire(4)
+        await redis.hset(keys.admission, "in_flight", 3)  # another process released one
+        task = asyncio.create_task(export_stream_gauges(redis, keys, period_s=0.05))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+        def value(name: str, **labels: str) -> float | None:
+            return REGISTRY.get_sample_value(name, labels)
+
+        assert value("farm_stream_length_entries", stream=keys.tasks) == 5
+        assert value("farm_stream_pending_entries", stream=keys.tasks, group=WORKERS_GROUP) == 2
+        assert value("farm_stream_lag_entries", stream=keys.tasks, group=WORKERS_GROUP) == 3
+        assert value("farm_admission_in_flight") == 3
+        assert value("farm_admission_limit") == 9
+    finally:
+        await redis.aclose()
