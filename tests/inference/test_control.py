@@ -38,7 +38,9 @@ async def test_pause_abort_ends_in_flight_and_holds_new_requests(server_factory)
     assert 5 <= len(choice["token_ids"]) < 3000
     assert len(choice["logprobs"]["token_logprobs"]) == len(choice["token_ids"])
     assert (await get(url + "/is_paused"))[1] == '{"is_paused": true}'
-    held = asyncio.create_task(post(url + "/v1/completions", completion([3], max_tokens=3)))
+    held = asyncio.create_task(
+        post(url + "/v1/completions", completion([3], max_tokens=3, ignore_eos=True))
+    )
     await asyncio.sleep(0.3)
     assert not held.done()  # a paused server generates nothing
     await post(url + "/resume")
