@@ -22,6 +22,16 @@ from broker.errors import RedisAuthFailed, RedisUnavailable
 log = logging.getLogger(__name__)
 
 TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def check_redis_url(url: str) -> str:
+    """Return `url` if its scheme is one Redis clients here speak; raise ValueError."""
+    if not url.startswith(REDIS_SCHEMES):
+        raise ValueError(
+            f"unsupported Redis URL scheme in {_redact(url)!r}: must start with redis://, rediss:// or unix://"
+        )
+    return url
 
 
 @dataclass(frozen=True)
@@ -36,9 +46,7 @@ class RedisSettings:
 
     @classmethod
     def from_url(cls, url: str, **overrides: float | str | None) -> RedisSettings:
-        if not url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"unsupported Redis URL scheme in {url!r}")
-        return cls(url=url, **overrides)  # type: ignore[arg-type]
+        return cls(url=check_redis_url(url), **overrides)  # type: ignore[arg-type]
 
     @property
     def max_block_ms(self) -> int:

@@ -9,13 +9,43 @@ depends on the broker, and the variables (``FARM_REDIS_URL``, ``FARM_RUN``) are 
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import ValidationError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, TomlConfigSettingsSource
+from pydantic import AfterValidator, BeforeValidator, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    TomlConfigSettingsSource,
+)
+
+from broker.connection import check_redis_url
 
 S = TypeVar("S", bound=BaseSettings)
+
+
+def _split_commas(value: Any) -> Any:
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+# A Redis URL field, checked for a scheme the clients speak.
+RedisUrl = Annotated[str, AfterValidator(check_redis_url)]
+# A list field that flags and FARM_* variables give as "a,b,c" (not JSON).
+CommaList = Annotated[list[str], NoDecode, BeforeValidator(_split_commas)]
+
+
+def add_settings_flags(parser: argparse.ArgumentParser, cls: type[BaseSettings]) -> None:
+    """One `--field-name` flag per field of `cls`, documented by its description."""
+    for name, field in cls.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        if field.annotation is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=field.description)
+        else:
+            parser.add_argument(flag, dest=name, metavar=name.upper(), help=field.description)
 
 
 class SettingsError(ValueError):

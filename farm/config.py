@@ -21,7 +21,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from broker.settings import SettingsError, resolve_settings
+from broker.settings import RedisUrl, SettingsError, resolve_settings
 from farm.errors import ConfigError
 
 
@@ -31,7 +31,7 @@ class FarmConfig(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FARM_", extra="forbid", validate_default=True)
 
     run: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="run name")
-    redis_url: str | None = Field(
+    redis_url: RedisUrl | None = Field(
         None, description="Redis to use; None starts a private redis-server (AOF on)"
     )
     redis_port: int = Field(0, ge=0, le=65535, description="port of the private Redis (0: free)")
@@ -73,13 +73,6 @@ class FarmConfig(BaseSettings):
     def _split_urls(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [u.strip().rstrip("/") for u in value.split(",") if u.strip()]
-        return value
-
-    @field_validator("redis_url")
-    @classmethod
-    def _redis_scheme(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must start with redis://, rediss:// or unix://")
         return value
 
     @field_validator("env_spec")

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from broker.settings import add_settings_flags
 from learner.config import LearnerConfig
 from learner.errors import ConfigError, LearnerError
 
@@ -31,12 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS,
     )
     parser.add_argument("--config", type=Path, help="TOML file with config values")
-    for name, field in LearnerConfig.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        if field.annotation is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=field.description)
-        else:
-            parser.add_argument(flag, dest=name, metavar=name.upper(), help=field.description)
+    add_settings_flags(parser, LearnerConfig)
     return parser
 
 

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 from pydantic_settings import (
     BaseSettings,
-    NoDecode,
     SettingsConfigDict,
 )
 
-from broker.settings import SettingsError, resolve_settings
+from broker.settings import CommaList, RedisUrl, SettingsError, resolve_settings
 from learner.errors import ConfigError
 
 
@@ -61,8 +60,8 @@ class LearnerConfig(BaseSettings):
     # --- model, run, Redis, inference -------------------------------------------------------
     model: Path = Field(description="Hugging Face model directory (weights, config, tokenizer)")
     run: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="run name")
-    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL")
-    inference_urls: Annotated[list[str], NoDecode] = Field(
+    redis_url: RedisUrl = Field("redis://127.0.0.1:6379/0", description="Redis URL")
+    inference_urls: CommaList = Field(
         default_factory=list, description="inference servers to push weights to (comma-separated)"
     )
     inference_api_key: str | None = Field(None, description="bearer token for the servers")
@@ -115,20 +114,6 @@ class LearnerConfig(BaseSettings):
         3600.0, gt=0.0, description="idle seconds before entries of a dead learner are reclaimed"
     )
     max_deliveries: int = Field(10, ge=1, description="deliveries before a group is dead-lettered")
-
-    @field_validator("inference_urls", mode="before")
-    @classmethod
-    def _split_urls(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [u.strip() for u in value.split(",") if u.strip()]
-        return value
-
-    @field_validator("redis_url")
-    @classmethod
-    def _redis_scheme(cls, value: str) -> str:
-        if not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must start with redis://, rediss:// or unix://")
-        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> LearnerConfig:

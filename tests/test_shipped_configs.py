@@ -7,9 +7,12 @@ from pathlib import Path
 import pytest
 
 from farm.config import load_config
+from farm.errors import ConfigError as FarmConfigError
 from inference.config import load_server_config
 from learner.config import Algorithm, LearnerConfig
+from learner.errors import ConfigError as LearnerConfigError
 from workers.config import WorkerConfig
+from workers.errors import ConfigError as WorkerConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "deploy" / "config"
 
@@ -43,3 +46,23 @@ def test_inference_toml():
 def test_farm_toml():
     cfg = load_config(CONFIG_DIR / "farm.toml")
     assert cfg.run == "local" and cfg.workers == 2
+
+
+@pytest.mark.parametrize(
+    ("load", "error"),
+    [
+        (
+            lambda url: LearnerConfig.load({"redis_url": url}, CONFIG_DIR / "learner.toml"),
+            LearnerConfigError,
+        ),
+        (
+            lambda url: WorkerConfig.load({"redis_url": url}, CONFIG_DIR / "worker.toml"),
+            WorkerConfigError,
+        ),
+        (lambda url: load_config(CONFIG_DIR / "farm.toml", redis_url=url), FarmConfigError),
+    ],
+    ids=["learner", "worker", "farm"],
+)
+def test_every_role_rejects_a_non_redis_url(load, error):
+    with pytest.raises(error, match=r"unsupported Redis URL scheme .*must start with redis://"):
+        load("http://127.0.0.1:6379/0")

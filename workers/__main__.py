@@ -17,6 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
+from broker.settings import add_settings_flags
 from workers.config import WorkerConfig
 from workers.errors import ConfigError
 
@@ -30,9 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS,
     )
     parser.add_argument("--config", type=Path, help="TOML file with config values")
-    for name, field in WorkerConfig.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        parser.add_argument(flag, dest=name, metavar=name.upper(), help=field.description)
+    add_settings_flags(parser, WorkerConfig)
     return parser
 
 

@@ -10,16 +10,15 @@ from __future__ import annotations
 import socket
 import uuid
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
-    NoDecode,
     SettingsConfigDict,
 )
 
-from broker.settings import SettingsError, resolve_settings
+from broker.settings import CommaList, RedisUrl, SettingsError, resolve_settings
 from workers.errors import ConfigError
 
 
@@ -33,9 +32,9 @@ class WorkerConfig(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FARM_", extra="forbid", validate_default=True)
 
     # --- where things are ------------------------------------------------------------------
-    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL")
+    redis_url: RedisUrl = Field("redis://127.0.0.1:6379/0", description="Redis URL")
     run: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="run name")
-    inference_urls: Annotated[list[str], NoDecode] = Field(
+    inference_urls: CommaList = Field(
         default_factory=list, description="inference servers, comma-separated (at least one)"
     )
     inference_api_key: str | None = Field(None, description="bearer token for the servers")
@@ -46,7 +45,7 @@ class WorkerConfig(BaseSettings):
         description="consumer name in the tasks group (default: host-random, so pods are stateless)",
     )
     partitions: int = Field(1, ge=1, le=256, description="trajectories stream partitions")
-    env_modules: Annotated[list[str], NoDecode] = Field(
+    env_modules: CommaList = Field(
         default_factory=list,
         description="Python modules imported at start-up to register extra environments (comma-separated)",
     )
@@ -102,20 +101,6 @@ class WorkerConfig(BaseSettings):
     )
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port (0: none)")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
-
-    @field_validator("inference_urls", "env_modules", mode="before")
-    @classmethod
-    def _split(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [u.strip() for u in value.split(",") if u.strip()]
-        return value
-
-    @field_validator("redis_url")
-    @classmethod
-    def _redis_scheme(cls, value: str) -> str:
-        if not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must start with redis://, rediss:// or unix://")
-        return value
 
     @field_validator("inference_urls")
     @classmethod
