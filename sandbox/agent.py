@@ -46,6 +46,7 @@ MAX_FRAME = 64 * 1024 * 1024
 SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
 CHUNK = 65536
 EXIT_GRACE_S = 0.05  # after the child exits, how long to wait for pipes held by leftovers
+KILL_WAIT_S = 2.0  # bound on waiting for killed leftovers to die
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -152,7 +153,30 @@ def kill_descendants(root: int, keep: frozenset[int] = frozenset()) -> int:
         stopped.update(new)
     for pid in stopped:
         _signal(pid, signal.SIGKILL)
+    _await_dead(stopped, time.monotonic() + KILL_WAIT_S)
     return len(stopped)
+
+
+def _await_dead(pids: set[int], deadline: float) -> None:
+    """Wait until each killed pid has died: a zombie or gone from /proc.
+
+    A SIGKILL is acted on when the target next runs, so without this wait the next
+    call could still see a killed process running. Zombies count as dead: their
+    parent may be a process we keep, which never reaps them.
+    """
+    alive = set(pids)
+    while alive and time.monotonic() < deadline:
+        for pid in list(alive):
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                alive.discard(pid)
+                continue
+            if stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] in (b"Z", b"X"):
+                alive.discard(pid)
+        if alive:
+            time.sleep(0.001)
 
 
 def _signal(pid: int, sig: int) -> None:
