@@ -24,6 +24,7 @@ import json
 import math
 import random
 import socket
+import statistics
 import sys
 import time
 from contextlib import asynccontextmanager
@@ -34,16 +35,19 @@ from broker.messages import Task
 from envs import Env
 from workers.episode import EpisodeContext, EpisodeSettings, run_episode
 from workers.lag import LagMonitor
-from workers.resources import tune_gc
+from workers.resources import loop_factory, tune_gc
 
 
 class SimEnv(Env):
-    """Heavy-tailed turns (Pareto) and step latency (log-normal), seeded per episode."""
+    """Heavy-tailed turns (Pareto) and step latency (log-normal), seeded per episode;
+    `env_ms=0` is an instant environment (the CPU phases: the env costs nothing there)."""
 
     steps_taken = 0  # every step of every instance, for throughput windows
 
     def __init__(self, env_ms: float = 20.0, sigma: float = 1.0, alpha: float = 1.3, cap: int = 32):
-        self.mu, self.sigma, self.alpha, self.cap = math.log(env_ms / 1000), sigma, alpha, cap
+        self.instant = env_ms <= 0
+        self.mu = 0.0 if self.instant else math.log(env_ms / 1000)
+        self.sigma, self.alpha, self.cap = sigma, alpha, cap
 
     async def areset(self, *, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         self.rng = random.Random(seed)
@@ -52,7 +56,8 @@ class SimEnv(Env):
         return f"Episode {seed}: begin.", {}
 
     async def astep(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        await asyncio.sleep(self.rng.lognormvariate(self.mu, self.sigma))
+        if not self.instant:
+            await asyncio.sleep(self.rng.lognormvariate(self.mu, self.sigma))
         self.k += 1
         SimEnv.steps_taken += 1
         return f"Observation {self.k}.", 0.0, self.k >= self.turns, False, {}
@@ -118,20 +123,25 @@ def _task(seed: int, spec: str) -> Task:
 
 
 async def run_async(ctx: EpisodeContext, spec: str, seeds: list[int], concurrency: int) -> int:
-    """This farm: each episode proceeds on its own; a free slot takes the next episode."""
-    slots = asyncio.Semaphore(concurrency)
+    """This farm: each episode proceeds on its own; a free slot takes the next episode.
+
+    Slots are `concurrency` lanes pulling from one queue of seeds, as the worker reads a
+    task only for a free slot (a semaphore with every episode waiting on it would charge
+    its O(waiters) wake-ups to the farm).
+    """
+    pending = iter(seeds)
     steps = 0
 
-    async def one(seed: int) -> None:
+    async def lane() -> None:
         nonlocal steps
-        async with slots:
+        for seed in pending:
             traj = await run_episode(ctx, SETTINGS, _task(seed, spec), 0, max_turns=64)
-        assert traj.error.value == "none", traj.error_detail
-        steps += len(traj.turns)
+            assert traj.error.value == "none", traj.error_detail
+            steps += len(traj.turns)
 
     async with asyncio.TaskGroup() as tg:
-        for seed in seeds:
-            tg.create_task(one(seed), name=f"episode:{seed}")
+        for k in range(min(concurrency, len(seeds))):
+            tg.create_task(lane(), name=f"lane:{k}")
     return steps
 
 
@@ -175,17 +185,23 @@ def _rss_bytes() -> int:
     return 0
 
 
-async def measure_cpu_per_step(episodes: int) -> dict[str, float]:
-    """Farm CPU per env step (fast loadgen and env, so the farm's own work dominates)."""
-    spec = 'bench-sim@{"env_ms": 2, "sigma": 0.3, "alpha": 1.3, "cap": 16}'
+async def measure_cpu_per_step(episodes: int, rounds: int) -> dict[str, float]:
+    """Farm CPU per env step (fast loadgen and env, so the farm's own work dominates),
+    and the bare-POST baseline; medians over `rounds` rounds, as this machine is noisy."""
+    spec = 'bench-sim@{"env_ms": 0, "alpha": 1.3, "cap": 16}'
+    farm, rates, bare = [], [], []
     async with loadgen(5.0, 0.3) as url, farm_context(url) as ctx:
         await run_async(ctx, spec, list(range(64)), 64)  # warm-up: caches, connections
-        cpu0, t0 = time.process_time(), time.perf_counter()
-        steps = await run_async(ctx, spec, list(range(1000, 1000 + episodes)), 256)
-        cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
-        base = await _bare_post_cpu(url, steps, 256)
-    return {"steps": steps, "cpu_us_per_step": cpu / steps * 1e6, "steps_per_s": steps / wall,
-            "bare_post_cpu_us": base}  # fmt: skip
+        for r in range(rounds):
+            seeds = list(range(1000 + r * episodes, 1000 + (r + 1) * episodes))
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            steps = await run_async(ctx, spec, seeds, 256)
+            cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+            farm.append(cpu / steps * 1e6)
+            rates.append(steps / wall)
+            bare.append(await _bare_post_cpu(url, steps, 256))
+    return {"rounds": rounds, "episodes_per_round": episodes, "cpu_us_per_step": statistics.median(farm),
+            "steps_per_s": statistics.median(rates), "bare_post_cpu_us": statistics.median(bare)}  # fmt: skip
 
 
 class InstantGenerator:
@@ -204,7 +220,7 @@ class InstantGenerator:
 
 async def measure_loop_only_cpu(episodes: int) -> float:
     """CPU per step of the episode loop alone (codec, env API, bookkeeping, metrics)."""
-    spec = 'bench-sim@{"env_ms": 0.01, "sigma": 0.1, "alpha": 1.3, "cap": 16}'
+    spec = 'bench-sim@{"env_ms": 0, "alpha": 1.3, "cap": 16}'
     async with farm_context("http://127.0.0.1:9") as real:
         ctx = EpisodeContext(
             codec=real.codec, client=InstantGenerator(real.codec.stop_token_ids[0]),
@@ -311,12 +327,16 @@ def _conc_rows(c: dict, label: str) -> list[tuple[str, str, str, str]]:
     ]  # fmt: skip
 
 
-def _table(cpu: dict, capped: dict, conc: dict, cmp: dict) -> str:
+def _table(cpu: dict, loop: str, capped: dict, conc: dict, cmp: dict) -> str:
+    main = cpu[loop]
+    other = [name for name in cpu if name != loop]
     rows = [
-        ("farm CPU per env step", f"{cpu['cpu_us_per_step']:.0f} us", "<= 150 us",
-         f"bare aiohttp POST: {cpu['bare_post_cpu_us']:.0f} us "
-         f"(ratio {cpu['cpu_us_per_step'] / cpu['bare_post_cpu_us']:.2f}x)"),
-        ("  of which the episode loop alone", f"{cpu['loop_only_cpu_us']:.0f} us", "",
+        (f"farm CPU per env step ({loop} loop)", f"{main['cpu_us_per_step']:.0f} us", "<= 150 us",
+         f"bare aiohttp POST: {main['bare_post_cpu_us']:.0f} us "
+         f"(ratio {main['cpu_us_per_step'] / main['bare_post_cpu_us']:.2f}x)"),
+        *((f"  on the {name} loop", f"{cpu[name]['cpu_us_per_step']:.0f} us", "",
+           f"bare aiohttp POST: {cpu[name]['bare_post_cpu_us']:.0f} us") for name in other),
+        ("  of which the episode loop alone", f"{main['loop_only_cpu_us']:.0f} us", "",
          "codec, env API, bookkeeping, metrics; no HTTP (instant in-process generator)"),
         *_conc_rows(capped, f"client default pool ({capped['pool']} conns)"),
         *_conc_rows(conc, f"client pool {conc['pool']}"),
@@ -337,14 +357,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller run, under a minute")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--episodes", type=int, default=None, help="concurrent episodes (phase 2)")
+    parser.add_argument(
+        "--loop", choices=("uvloop", "asyncio"), default="uvloop",
+        help="event loop of the farm (the worker's --event-loop; default uvloop)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     quick = args.quick
     n = args.episodes or (2000 if quick else 10_000)
+    tune_gc()  # as python -m workers does
 
-    async def run() -> dict[str, Any]:
-        tune_gc()  # as python -m workers does
-        cpu = await measure_cpu_per_step(300 if quick else 2000)
+    async def cpu_phase() -> dict[str, float]:
+        cpu = await measure_cpu_per_step(300 if quick else 1000, 3 if quick else 5)
         cpu["loop_only_cpu_us"] = await measure_loop_only_cpu(500 if quick else 3000)
+        return cpu
+
+    async def scale_phase() -> dict[str, Any]:
         window, lat = (5.0, (1000.0, 500.0)) if quick else (30.0, (4000.0, 2000.0))
         capped = await measure_concurrency(n, window, None, *lat)
         conc = await measure_concurrency(n, window, 2000, *lat)
@@ -353,10 +380,15 @@ def main(argv: list[str]) -> int:
             if quick
             else measure_sync_vs_async(512, 128, 100.0)
         )
-        return {"cpu": cpu, "concurrency_client_default": capped, "concurrency": conc,
-                "sync_vs_async": cmp}  # fmt: skip
+        return {"concurrency_client_default": capped, "concurrency": conc, "sync_vs_async": cmp}
 
-    result = asyncio.run(run())
+    def on_loop(name: str, phase: Any) -> Any:
+        with asyncio.Runner(loop_factory=loop_factory(name)) as runner:
+            return runner.run(phase())
+
+    loops = (args.loop, *(name for name in ("uvloop", "asyncio") if name != args.loop))
+    result = {"loop": args.loop, "cpu": {name: on_loop(name, cpu_phase) for name in loops}}
+    result |= on_loop(args.loop, scale_phase)
     if args.json:
         print(
             json.dumps(
@@ -365,6 +397,6 @@ def main(argv: list[str]) -> int:
             )
         )
     else:
-        print(_table(result["cpu"], result["concurrency_client_default"], result["concurrency"],
-                     result["sync_vs_async"]))  # fmt: skip
+        print(_table(result["cpu"], args.loop, result["concurrency_client_default"],
+                     result["concurrency"], result["sync_vs_async"]))  # fmt: skip
     return 0

@@ -115,19 +115,31 @@ def _signature(factory: Factory) -> inspect.Signature | None:
 
 def _check_kwargs(name: str, factory: Factory, kwargs: dict[str, Any]) -> bool:
     """Bind kwargs to the factory's signature; return whether it takes ``sandbox``."""
+    if "sandbox" in kwargs:
+        raise EnvSpecError(f"'sandbox' cannot be given in the spec of {name!r}; pass sandbox=")
+    try:
+        return _cached_bind(name, factory, tuple(kwargs))
+    except TypeError as exc:  # an unhashable factory object
+        if "unhashable" not in str(exc):
+            raise
+        return _bind(name, factory, tuple(kwargs))
+
+
+def _bind(name: str, factory: Factory, names: tuple[str, ...]) -> bool:
     sig = _signature(factory)
     if sig is None:
         return False
     params = sig.parameters
-    takes_sandbox = "sandbox" in params
-    if "sandbox" in kwargs:
-        raise EnvSpecError(f"'sandbox' cannot be given in the spec of {name!r}; pass sandbox=")
-    try:
-        sig.bind(**kwargs)
+    try:  # binding checks names and required parameters only, so the names decide it
+        sig.bind(**dict.fromkeys(names))
     except TypeError as exc:
         accepted = [p for p in params if p != "sandbox"]
         raise EnvSpecError(f"bad kwargs for {name!r}: {exc}; accepted: {accepted}") from exc
-    return takes_sandbox
+    return "sandbox" in params
+
+
+# Workers make an environment per episode, from a handful of specs: bind each shape once.
+_cached_bind = functools.lru_cache(maxsize=1024)(_bind)
 
 
 def make(spec: str, *, sandbox: Any = None) -> Any:

@@ -20,14 +20,15 @@ import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
+import orjson
 
 from inference import metrics
 from inference.config import ClientConfig
 from inference.errors import InferenceError, InferenceRequestError, InferenceUnavailable
+from inference.http import HttpClient
 
 __all__ = [
     "ClientConfig",
@@ -86,7 +87,17 @@ class _Server:
     healthy: bool = True
     outstanding: int = 0
     picks: int = 0
-    labels: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.completions = self.url + "/v1/completions"
+        # labels() costs a dict lookup under a lock: resolve this server's series once.
+        self.latency = metrics.CLIENT_LATENCY.labels(server=self.url)
+        self.requests = {
+            o: metrics.CLIENT_REQUESTS.labels(server=self.url, outcome=o)
+            for o in ("ok", "abort", "bad_request", "error", "timeout")
+        }
+        self.healthy_gauge = metrics.CLIENT_HEALTHY.labels(server=self.url)
+        metrics.CLIENT_OUTSTANDING.labels(server=self.url).set_function(lambda: self.outstanding)
 
 
 def expand_versions(spans: list[dict[str, Any]], count: int) -> list[int]:
@@ -110,21 +121,22 @@ class GenerationClient:
         self.config = config or ClientConfig()
         self._servers = {u.rstrip("/"): _Server(u.rstrip("/")) for u in urls}
         self._sticky: OrderedDict[str, str] = OrderedDict()
-        self._session: aiohttp.ClientSession | None = None
+        self._http: HttpClient | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._closed = False
         self._tiebreak = itertools.count()
-        for url in self._servers:
-            metrics.CLIENT_HEALTHY.labels(server=url).set(1)
-            metrics.CLIENT_OUTSTANDING.labels(server=url).set(0)
+        for server in self._servers.values():
+            server.healthy_gauge.set(1)
 
     async def start(self) -> GenerationClient:
         if self._closed:
             raise InferenceError("client is closed")
         headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
-        # aiohttp's default pool (100) would cap a worker at 100 generations in flight.
-        connector = aiohttp.TCPConnector(limit=self.config.max_connections, limit_per_host=0)
-        self._session = aiohttp.ClientSession(headers=headers, connector=connector)
+        self._http = HttpClient(
+            limit=self.config.max_connections,
+            connect_timeout_s=self.config.connect_timeout_s,
+            headers=headers,
+        )
         self._health_task = asyncio.create_task(self._health_loop(), name="inference-client-health")
         return self
 
@@ -134,8 +146,8 @@ class GenerationClient:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
-        if self._session is not None:
-            await self._session.close()
+        if self._http is not None:
+            await self._http.close()
 
     async def __aenter__(self) -> GenerationClient:
         return await self.start()
@@ -154,7 +166,7 @@ class GenerationClient:
         self, prompt_ids: Sequence[int], params: SamplingParams, session_id: str | None = None
     ) -> Generation:
         """Generate from `prompt_ids`; raises InferenceUnavailable / InferenceRequestError."""
-        if self._session is None or self._closed:
+        if self._http is None or self._closed:
             raise InferenceError("client is not started (or already closed)")
         deadline = time.monotonic() + self.config.retry_budget_s
         tokens: list[int] = []
@@ -169,7 +181,8 @@ class GenerationClient:
                     f"no server answered within the retry budget: {last_error}"
                 )
             server = self._pick(session_id, excluded)
-            body = self._body(list(prompt_ids) + tokens, params, params.max_tokens - len(tokens))
+            prompt = [*prompt_ids, *tokens] if tokens else prompt_ids
+            body = self._body(prompt, params, params.max_tokens - len(tokens))
             try:
                 choice = await self._call(
                     server, body, min(self.config.request_timeout_s, remaining)
@@ -196,7 +209,9 @@ class GenerationClient:
                 continue
             return Generation(tokens, logprobs, versions, finish, server.url)
 
-    def _body(self, prompt: list[int], params: SamplingParams, max_tokens: int) -> dict[str, Any]:
+    def _body(
+        self, prompt: Sequence[int], params: SamplingParams, max_tokens: int
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "prompt": prompt,
             "max_tokens": max_tokens,
@@ -236,23 +251,20 @@ class GenerationClient:
 
     def _mark_failed(self, server: _Server, session_id: str | None, excluded: set[str]) -> None:
         server.healthy = False
-        metrics.CLIENT_HEALTHY.labels(server=server.url).set(0)
+        server.healthy_gauge.set(0)
         excluded.add(server.url)
         if session_id is not None and self._sticky.get(session_id) == server.url:
             del self._sticky[session_id]
 
     async def _call(self, server: _Server, body: dict[str, Any], limit_s: float) -> dict[str, Any]:
-        assert self._session is not None
+        assert self._http is not None
         server.outstanding += 1
-        metrics.CLIENT_OUTSTANDING.labels(server=server.url).set(server.outstanding)
         started, outcome = time.monotonic(), "error"
         try:
-            limit = aiohttp.ClientTimeout(total=limit_s, sock_connect=self.config.connect_timeout_s)
-            async with self._session.post(
-                server.url + "/v1/completions", json=body, timeout=limit
-            ) as resp:
-                data = await resp.json(content_type=None)
-                status = resp.status
+            payload = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+            resp = await self._http.request("POST", server.completions, payload, limit_s)
+            status = resp.status
+            data = orjson.loads(resp.body) if resp.body else None
             if status == 200:
                 choice = _check_choice(data)
                 outcome = "abort" if choice["finish_reason"] == "abort" else "ok"
@@ -269,13 +281,12 @@ class GenerationClient:
         except TimeoutError as exc:
             outcome = "timeout"
             raise _Retryable("timed out", "timeout") from exc
-        except (aiohttp.ClientError, ValueError) as exc:
+        except (OSError, ValueError) as exc:  # inference.http.HttpConnectionError is an OSError
             raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
         finally:
             server.outstanding -= 1
-            metrics.CLIENT_OUTSTANDING.labels(server=server.url).set(server.outstanding)
-            metrics.CLIENT_LATENCY.labels(server=server.url).observe(time.monotonic() - started)
-            metrics.CLIENT_REQUESTS.labels(server=server.url, outcome=outcome).inc()
+            server.latency.observe(time.monotonic() - started)
+            server.requests[outcome].inc()
 
     async def _health_loop(self) -> None:
         while True:
@@ -283,14 +294,15 @@ class GenerationClient:
             await asyncio.sleep(self.config.health_interval_s)
 
     async def _check(self, server: _Server) -> None:
-        assert self._session is not None
+        assert self._http is not None
         try:
-            limit = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
-            async with self._session.get(server.url + "/health", timeout=limit) as resp:
-                server.healthy = resp.status == 200
-        except (TimeoutError, aiohttp.ClientError):
+            resp = await self._http.request(
+                "GET", server.url + "/health", None, self.config.health_timeout_s
+            )
+            server.healthy = resp.status == 200
+        except (TimeoutError, OSError):
             server.healthy = False
-        metrics.CLIENT_HEALTHY.labels(server=server.url).set(1 if server.healthy else 0)
+        server.healthy_gauge.set(1 if server.healthy else 0)
 
 
 def _check_choice(data: Any) -> dict[str, Any]:

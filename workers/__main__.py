@@ -59,6 +59,7 @@ async def serve(cfg: WorkerConfig, stop: asyncio.Event) -> int:
             api_key=cfg.inference_api_key,
             request_timeout_s=cfg.inference_timeout_s,
             retry_budget_s=cfg.inference_retry_budget_s,
+            max_connections=cfg.inference_max_connections,
         ),
     )
     try:
@@ -97,8 +98,11 @@ def main(argv: list[str] | None = None) -> int:
             loop.add_signal_handler(sig, stop.set)
         return await serve(cfg, stop)
 
+    from workers.resources import loop_factory
+
     try:
-        return asyncio.run(run())
+        with asyncio.Runner(loop_factory=loop_factory(cfg.event_loop)) as runner:
+            return runner.run(run())
     except Exception:
         log.exception("worker failed")
         return 1

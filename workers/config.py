@@ -99,6 +99,12 @@ class WorkerConfig(BaseSettings):
         gt=0.0,
         description="time one generate call may spend failing over before the episode is retried",
     )
+    inference_max_connections: int = Field(
+        1024, ge=1, le=65536, description="most open connections to the inference servers"
+    )
+    event_loop: Literal["uvloop", "asyncio"] = Field(
+        "uvloop", description="event loop (uvloop: about a third less CPU per env step)"
+    )
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port (0: none)")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
 

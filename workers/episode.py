@@ -104,9 +104,7 @@ async def run_episode(
     if error is not ErrorCategory.NONE:
         finish = "error"
         metrics.ERRORS.labels(category=error.value).inc()
-    metrics.EPISODES.labels(
-        env=env_name, outcome=error.value if finish == "error" else finish
-    ).inc()
+    metrics.episodes(env_name, error.value if finish == "error" else finish).inc()
     timings = {
         "inference": state.inference_s,
         "env": state.env_s,
@@ -170,7 +168,7 @@ async def _turns(
     session: str,
 ) -> str:
     context: list[int] = list(prompt)
-    env_steps = metrics.ENV_STEPS.labels(env=env_name)  # labels() is slow: resolve once
+    env_steps = metrics.env_steps(env_name)
     while True:
         room = cfg.max_context_tokens - len(context)
         if room <= 0:
@@ -254,6 +252,8 @@ def _mark_truncated(state: _State, reason: str = "truncated:wall_time") -> str:
 
 async def _close(env: Any, timeout_s: float) -> None:
     """Close the env; a close that fails or hangs is logged, never raised."""
+    if not (hasattr(env, "aclose") or hasattr(env, "close")):
+        return  # nothing to close: no timer to arm
     try:
         async with asyncio.timeout(timeout_s):
             await envs.aclose(env)

@@ -6,6 +6,8 @@ Canonical names (HELPERS.md) are exported exactly; `farm_worker_sandbox_seconds`
 
 from __future__ import annotations
 
+import functools
+
 from prometheus_client import Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -41,3 +43,14 @@ TASKS_IN_PROGRESS = Gauge("farm_worker_tasks_in_progress", "Tasks read and not y
 EVENT_LOOP_LAG = Histogram(
     "farm_worker_event_loop_lag_seconds", "Event-loop scheduling lag", buckets=_LAG_BUCKETS
 )
+
+
+# labels() resolves a child under a lock on every call; episodes resolve theirs once.
+@functools.lru_cache(maxsize=1024)
+def env_steps(env: str) -> Counter:
+    return ENV_STEPS.labels(env=env)
+
+
+@functools.lru_cache(maxsize=4096)
+def episodes(env: str, outcome: str) -> Counter:
+    return EPISODES.labels(env=env, outcome=outcome)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import pytest
 
 from workers.__main__ import load_config
 from workers.errors import ConfigError
+from workers.resources import loop_factory
 
 BASE = ["--inference-urls", "http://a:1,http://b:2", "--model", "/m"]
 
@@ -37,6 +39,8 @@ def test_precedence_cli_over_env_over_toml(tmp_path: Path, monkeypatch: pytest.M
         (["--inference-urls", "ftp://x", "--model", "/m"], "inference_urls"),
         ([*BASE, "--sandbox-backend", "chroot"], "sandbox_backend"),
         ([*BASE, "--env-step-timeout-s", "10", "--episode-timeout-s", "5"], "env_step_timeout_s"),
+        ([*BASE, "--event-loop", "trio"], "event_loop"),
+        ([*BASE, "--inference-max-connections", "0"], "inference_max_connections"),
     ],
 )
 def test_bad_values_are_clear_errors(argv: list[str], needle: str) -> None:
@@ -51,6 +55,19 @@ def test_unknown_toml_key_and_missing_file(tmp_path: Path) -> None:
         load_config([*BASE, "--config", str(toml)])
     with pytest.raises(ConfigError, match="does not exist"):
         load_config([*BASE, "--config", str(tmp_path / "nope.toml")])
+
+
+@pytest.mark.parametrize(("name", "loop_type"), [("uvloop", "uvloop.Loop"), ("asyncio", "")])
+def test_event_loop_choice(name: str, loop_type: str) -> None:
+    cfg = load_config([*BASE, "--event-loop", name])
+
+    async def running_loop() -> str:
+        loop = asyncio.get_running_loop()
+        return f"{type(loop).__module__}.{type(loop).__name__}"
+
+    with asyncio.Runner(loop_factory=loop_factory(cfg.event_loop)) as runner:
+        got = runner.run(running_loop())
+    assert got == (loop_type or "asyncio.unix_events._UnixSelectorEventLoop")
 
 
 def test_worker_ids_default_unique() -> None:
