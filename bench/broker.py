@@ -28,6 +28,7 @@ from broker.codec import encode
 from broker.connection import RedisSettings, connect
 from broker.consumer import Consumer, ConsumerConfig
 from broker.keys import LEARNER_GROUP, RunKeys
+from broker.memory import tune_malloc
 from broker.messages import Task, Trajectory, TrajectoryGroup, Turn
 from broker.producer import Producer, Retention
 
@@ -128,6 +129,7 @@ async def _produce(port: int, tokens: int, count: int, rate: float | None) -> No
 
 
 def _producer_process(port: int, tokens: int, count: int, rate: float | None, go: Any) -> None:
+    tune_malloc()  # as a worker process does
     go.wait()
     asyncio.run(_produce(port, tokens, count, rate))
 
@@ -157,7 +159,9 @@ async def farm_pass(
         if not deliveries and not producer.is_alive():
             rest = await consumer.read(block_ms=500)  # drain what it published before exiting
             if not rest:
-                raise RuntimeError(f"producer exited (code {producer.exitcode}) after {got} of {count}")
+                raise RuntimeError(
+                    f"producer exited (code {producer.exitcode}) after {got} of {count}"
+                )
             deliveries = rest
         now = time.time()
         latencies.extend((now - d.message.created_at) * 1000 for d in deliveries)
@@ -217,6 +221,7 @@ def main(argv: list[str]) -> int:
     if not (shutil.which("redis-server") and shutil.which("redis-benchmark")):
         print("redis-server and redis-benchmark are required (Debian: redis-server, redis-tools)")
         return 2
+    tune_malloc()  # as the learner process does
     plan = {1024: 2000, 8192: 400, 32768: 120}
     repeats = 1 if args.quick else 3
     if args.quick:

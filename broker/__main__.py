@@ -24,6 +24,7 @@ from broker.connection import RedisSettings, connect
 from broker.deadletters import list_dead_letters, requeue
 from broker.errors import BrokerError, DecodeError
 from broker.keys import RunKeys
+from broker.memory import tune_malloc
 from broker.replay import ReplayFilter, archive_entries, replay, stream_entries
 from broker.status import format_state, run_state
 
@@ -194,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     args = parser().parse_args(argv)
+    tune_malloc()
     try:
         return asyncio.run(amain(args))
     except (BrokerError, ValueError, argparse.ArgumentTypeError) as exc:

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from broker.memory import tune_malloc
 from broker.settings import add_settings_flags
 from learner.config import LearnerConfig
 from learner.errors import ConfigError, LearnerError
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     log.info("%s", json.dumps({"event": "config", **cfg.model_dump(mode="json")}))
+    tune_malloc()
     try:
         _run(cfg)
     except LearnerError as exc:

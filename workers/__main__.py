@@ -17,6 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
+from broker.memory import tune_malloc
 from broker.settings import add_settings_flags
 from workers.config import WorkerConfig
 from workers.errors import ConfigError
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     log.info("%s", json.dumps({"event": "config", **cfg.redacted()}))
+    tune_malloc()
     if cfg.metrics_port:
         from prometheus_client import start_http_server
 

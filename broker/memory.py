@@ -1,0 +1,49 @@
+"""glibc malloc settings for processes that move megabyte-sized stream entries.
+
+glibc serves every allocation above its mmap threshold (128 KiB at start, raised only as
+such blocks are freed) with a fresh mmap, and returns it to the kernel on free. A
+trajectory group is 0.1-2 MB and is copied several times on its way through msgpack,
+redis-py and the socket, so each copy costs a map, a page fault per 4 KiB and an unmap:
+publishing 2 MB groups spent about 80 % of its CPU in the kernel (`python -m bench
+broker`). Keeping such blocks on the heap, and the heap from shrinking at once, lets
+freed buffers be reused. Workers, the learner and the broker CLI call this at start-up.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+
+log = logging.getLogger(__name__)
+
+# mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD = -1
+M_TOP_PAD = -2
+M_MMAP_THRESHOLD = -3
+
+MMAP_THRESHOLD = 32 << 20  # glibc's ceiling for this setting on 64-bit
+TRIM_THRESHOLD = 128 << 20  # free heap kept before giving memory back to the kernel
+TOP_PAD = 16 << 20  # extra heap requested per growth, so growth is rare
+
+
+def tune_malloc() -> bool:
+    """Apply the settings; False where the C library is not glibc (nothing changes)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    ok = all(
+        mallopt(param, value) == 1
+        for param, value in (
+            (M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+            (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+            (M_TOP_PAD, TOP_PAD),
+        )
+    )
+    if not ok:
+        log.warning("mallopt refused a setting; large buffers may be re-mapped on each use")
+    return ok
