@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
 import shutil
 import statistics
 import subprocess
@@ -48,6 +49,9 @@ class Row:
     half_rate_entries_s: float
     p50_ms: float
     p99_ms: float
+    cpu_us: dict[str, float]  # CPU per entry at peak: redis-server, producer, consumer
+    raw_redis_cpu_us: float  # redis-server's CPU per entry under redis-benchmark's XADD
+    cpu_bound_entries_s: float  # every core busy with the farm's CPU per entry
 
 
 def make_group(tokens: int, index: int) -> TrajectoryGroup:
@@ -129,29 +133,46 @@ async def _produce(port: int, tokens: int, count: int, rate: float | None) -> No
     await redis.aclose()
 
 
-def _producer_process(port: int, tokens: int, count: int, rate: float | None, go: Any) -> None:
+def _producer_process(
+    port: int, tokens: int, count: int, rate: float | None, go: Any, cpu_s: Any
+) -> None:
     tune_malloc()  # as a worker process does
     go.wait()
+    started = time.process_time()
     asyncio.run(_produce(port, tokens, count, rate))
+    cpu_s.value = time.process_time() - started
 
 
-async def farm_pass(
-    port: int, tokens: int, count: int, rate: float | None
-) -> tuple[float, list[float]]:
+def _process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (here: redis-server)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Pass:
+    entries_s: float
+    latencies_ms: list[float]
+    cpu_us: dict[str, float]  # CPU per entry of redis-server, the producer and the consumer
+
+
+async def farm_pass(redis_pid: int, port: int, tokens: int, count: int, rate: float | None) -> Pass:
     """Publish `count` groups (at `rate`/s, or flat out) from a producer process, as a
-    worker pod would, and consume and ack them all here, as the learner would.
-    Returns (entries/s, publish-to-consume latencies in ms)."""
+    worker pod would, and consume and ack them all here, as the learner would."""
     redis = await connect(RedisSettings.from_url(f"redis://127.0.0.1:{port}/0"))
     await redis.delete(KEYS.trajectories(), KEYS.seen(LEARNER_GROUP))
     cfg = ConsumerConfig(group=LEARNER_GROUP, consumer="bench", block_ms=100, count=READ_COUNT)
     consumer = Consumer(redis, KEYS, [KEYS.trajectories()], cfg, expect=TrajectoryGroup)
     await consumer.ensure_groups()
     ctx = multiprocessing.get_context("spawn")
-    go = ctx.Event()
-    producer = ctx.Process(target=_producer_process, args=(port, tokens, count, rate, go))
+    go, producer_cpu = ctx.Event(), ctx.Value("d", 0.0)
+    args = (port, tokens, count, rate, go, producer_cpu)
+    producer = ctx.Process(target=_producer_process, args=args)
     producer.start()
     await asyncio.sleep(1.0)  # let the producer finish its imports before the clock starts
     latencies: list[float] = []
+    redis_cpu, consumer_cpu = _process_cpu_s(redis_pid), time.process_time()
     go.set()
     started = time.perf_counter()
     got = 0
@@ -169,24 +190,39 @@ async def farm_pass(
         await consumer.commit(deliveries)
         got += len(deliveries)
     elapsed = time.perf_counter() - started
+    consumer_cpu = time.process_time() - consumer_cpu
     await asyncio.to_thread(producer.join, 30)
+    redis_cpu = _process_cpu_s(redis_pid) - redis_cpu
     await redis.xgroup_destroy(KEYS.trajectories(), LEARNER_GROUP)
     await redis.aclose()
-    return count / elapsed, latencies
+    cpu = {"redis": redis_cpu, "producer": producer_cpu.value, "consumer": consumer_cpu}
+    return Pass(count / elapsed, latencies, {k: v / count * 1e6 for k, v in cpu.items()})
 
 
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q)) if values else float("nan")
 
 
-async def measure(port: int, tokens: int, count: int, repeats: int) -> Row:
+async def measure(redis_pid: int, port: int, tokens: int, count: int, repeats: int) -> Row:
     payload = encode(make_group(tokens, 0))[b"b"]
-    peaks = [(await farm_pass(port, tokens, count, None))[0] for _ in range(repeats)]
-    peak = statistics.median(peaks)
-    raws = [raw_ceiling(port, payload, count) for _ in range(repeats)]
+    full = [await farm_pass(redis_pid, port, tokens, count, None) for _ in range(repeats)]
+    peak = statistics.median(p.entries_s for p in full)
+    cpu = {k: statistics.median(p.cpu_us[k] for p in full) for k in full[0].cpu_us}
+    raws, raw_redis = [], []
+    for _ in range(repeats):
+        before = _process_cpu_s(redis_pid)
+        raws.append(raw_ceiling(port, payload, count))
+        raw_redis.append((_process_cpu_s(redis_pid) - before) / count * 1e6)
     raw = statistics.median(raws)
     half = peak / 2
-    _, lat = await farm_pass(port, tokens, max(50, count // 2), half)
+    # p99 of one pass hangs on a few scheduler stalls of this shared machine: the median
+    # of the passes' percentiles, like the throughput figures.
+    passes = [
+        (await farm_pass(redis_pid, port, tokens, max(50, count // 2), half)).latencies_ms
+        for _ in range(repeats)
+    ]
+    p50 = statistics.median(percentile(lat, 50) for lat in passes)
+    p99 = statistics.median(percentile(lat, 99) for lat in passes)
     mb = peak * len(payload) / 1e6
     return Row(
         tokens,
@@ -197,8 +233,11 @@ async def measure(port: int, tokens: int, count: int, repeats: int) -> Row:
         raw,
         mb / raw,
         half,
-        percentile(lat, 50),
-        percentile(lat, 99),
+        p50,
+        p99,
+        cpu,
+        statistics.median(raw_redis),
+        (os.cpu_count() or 1) * 1e6 / sum(cpu.values()),
     )
 
 
@@ -210,6 +249,17 @@ def table(rows: list[Row]) -> str:
         lines.append(
             f"{r.tokens:>11} {r.entry_bytes / 1024:>9.1f} {r.farm_entries_s:>10.0f} {r.farm_mb_s:>9.1f} "
             f"{r.raw_xadd_mb_s:>13.1f} {r.ratio:>6.2f} {r.p50_ms:>7.2f} {r.p99_ms:>7.2f}"
+        )
+    lines.append("")
+    lines.append(
+        f"{'tokens/traj':>11} {'CPU us per entry at peak: redis':>31} {'producer':>9} "
+        f"{'consumer':>9} {'redis in raw XADD':>17} {'CPU-bound ent/s':>15} {'farm/CPU-bound':>14}"
+    )
+    for r in rows:
+        lines.append(
+            f"{r.tokens:>11} {r.cpu_us['redis']:>31.0f} {r.cpu_us['producer']:>9.0f} "
+            f"{r.cpu_us['consumer']:>9.0f} {r.raw_redis_cpu_us:>17.0f} "
+            f"{r.cpu_bound_entries_s:>15.0f} {r.farm_entries_s / r.cpu_bound_entries_s:>14.2f}"
         )
     return "\n".join(lines)
 
@@ -230,7 +280,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         proc, port = start_redis(Path(tmp))
         try:
-            rows = [asyncio.run(measure(port, t, n, repeats)) for t, n in plan.items()]
+            rows = [asyncio.run(measure(proc.pid, port, t, n, repeats)) for t, n in plan.items()]
         finally:
             proc.terminate()
             proc.wait(10)
@@ -244,4 +294,8 @@ def main(argv: list[str]) -> int:
         )
         print(table(rows))
         print("raw XADD = redis-benchmark, pipelined XADD of the same payload (no consume, no ack)")
+        print(
+            f"CPU-bound ent/s = {os.cpu_count()} cores / (redis + producer + consumer CPU per"
+            " entry): the rate if every core did nothing but the farm's work"
+        )
     return 0
