@@ -117,7 +117,12 @@ class HttpClient:
         self._idle: dict[str, list[_Connection]] = collections.defaultdict(list)
         self._live: set[_Connection] = set()  # open or opening
         self._opening = 0
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        # Requests waiting for a connection: (origin, future of a connection, or None
+        # for a slot reserved to open one).
+        self._waiters: collections.deque[tuple[str, asyncio.Future[_Connection | None]]] = (
+            collections.deque()
+        )
+        self._dispatching = False
         self._targets: dict[tuple[str, str], tuple[str, bytes]] = {}
         self._ssl: ssl.SSLContext | None = None
         self._closed = False
@@ -135,9 +140,10 @@ class HttpClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         for attempt in (0, 1):
-            conn = self._pop_idle(origin)
+            # Idle connections go to queued requests first (FIFO), never past them.
+            conn = None if self._waiters else self._pop_idle(origin)
             reused = conn is not None
-            if conn is None:  # the slow path: wait for a free slot, connect
+            if conn is None:  # the slow path: wait for a connection or a free slot
                 async with asyncio.timeout_at(deadline):
                     conn, reused = await self._acquire(origin)
             # A bare timer, not asyncio.timeout: this runs once per env step.
@@ -163,7 +169,7 @@ class HttpClient:
         for conn in list(self._live):
             conn.close()
         while self._waiters:
-            waiter = self._waiters.popleft()
+            _, waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_exception(HttpConnectionError("client closed"))
 
@@ -177,25 +183,63 @@ class HttpClient:
         return None
 
     async def _acquire(self, origin: str) -> tuple[_Connection, bool]:
-        while True:
-            if self._closed:
-                raise HttpConnectionError("client closed")
+        """A connection to `origin`: idle, new, or handed over in arrival order."""
+        if self._closed:
+            raise HttpConnectionError("client closed")
+        if not self._waiters:
             conn = self._pop_idle(origin)
             if conn is not None:
                 return conn, True
-            if self.open_connections < self.limit:
+            if self.open_connections < self.limit or self._evict_idle():
                 return await self._open(origin), False
-            if not self._evict_idle():  # free a slot held by an idle connection elsewhere
-                waiter = asyncio.get_running_loop().create_future()
-                self._waiters.append(waiter)
-                try:
-                    await waiter
-                except BaseException:
-                    if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                        self._wake()  # woken, then cancelled: hand the free slot on
-                    raise
+        waiter: asyncio.Future[_Connection | None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((origin, waiter))
+        self._dispatch()
+        try:
+            conn = await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                granted = waiter.result()  # granted, then cancelled: pass it on
+                if granted is None:
+                    self._opening -= 1
+                    self._dispatch()
+                else:
+                    self._release(granted, True)
+            raise
+        if conn is None:  # a free slot, reserved for this request by _dispatch
+            return await self._open(origin, reserved=True), False
+        return conn, True
 
-    async def _open(self, origin: str) -> _Connection:
+    def _dispatch(self) -> None:
+        """Serve queued requests, oldest first: an idle connection to the same server, or
+        a free slot (made by closing an idle connection to another server if need be)."""
+        if self._dispatching:
+            return  # re-entered through _evict_idle -> close -> _forget
+        self._dispatching = True
+        try:
+            self._serve_waiters()
+        finally:
+            self._dispatching = False
+
+    def _serve_waiters(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            origin, waiter = waiters[0]
+            if waiter.done():  # cancelled or timed out while queued
+                waiters.popleft()
+                continue
+            conn = self._pop_idle(origin)
+            if conn is not None:
+                waiters.popleft()
+                waiter.set_result(conn)
+            elif self.open_connections < self.limit or self._evict_idle():
+                waiters.popleft()
+                self._opening += 1  # reserved: released by _open
+                waiter.set_result(None)
+            else:
+                return
+
+    async def _open(self, origin: str, reserved: bool = False) -> _Connection:
         scheme, _, hostport = origin.partition("://")
         host, _, port = hostport.rpartition(":")
         context = None
@@ -203,14 +247,18 @@ class HttpClient:
             if self._ssl is None:
                 self._ssl = ssl.create_default_context()
             context = self._ssl
-        self._opening += 1
+        if not reserved:
+            self._opening += 1
         try:
             async with asyncio.timeout(self.connect_timeout_s):
                 _, conn = await asyncio.get_running_loop().create_connection(
                     lambda: _Connection(self, origin), host.strip("[]"), int(port), ssl=context
                 )
-        finally:
+        except BaseException:
             self._opening -= 1
+            self._dispatch()  # the slot is free again
+            raise
+        self._opening -= 1
         self._live.add(conn)
         if self._closed:
             conn.close()
@@ -220,19 +268,23 @@ class HttpClient:
     def _release(self, conn: _Connection, keep_alive: bool) -> None:
         if keep_alive and not conn.closed and not self._closed:
             self._idle[conn.origin].append(conn)
-            self._wake()
+            if self._waiters:
+                self._dispatch()
         else:
             conn.close()
 
     def _forget(self, conn: _Connection) -> None:
+        """`conn` is closed: drop it, and give its slot to a queued request."""
         if conn in self._live:
             self._live.discard(conn)
             idle = self._idle.get(conn.origin)
             if idle and conn in idle:
                 idle.remove(conn)
-            self._wake()
+            if self._waiters:
+                self._dispatch()
 
     def _evict_idle(self) -> bool:
+        """Close the longest-idle connection, if any (its slot frees at once)."""
         for idle in self._idle.values():
             while idle:
                 conn = idle.pop(0)
@@ -240,13 +292,6 @@ class HttpClient:
                     conn.close()
                     return True
         return False
-
-    def _wake(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
 
     def _target(self, method: str, url: str) -> tuple[str, bytes]:
         """(origin, request head up to the Content-Length value), cached per method and URL."""

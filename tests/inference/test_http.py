@@ -202,6 +202,29 @@ async def test_limit_holds_across_origins_and_idle_connections_make_room() -> No
         await http.close()
 
 
+async def test_queued_requests_are_served_before_newer_ones() -> None:
+    """A caller that sends again as soon as its reply comes back does not jump the queue."""
+    http = HttpClient(limit=1, connect_timeout_s=2)
+    try:
+        async with serving(reply_ok) as (server, url):
+
+            async def eager() -> None:
+                for i in range(3):
+                    await http.request("POST", url + "/x", b"eager%d" % i, 5)
+
+            async def once(i: int) -> None:
+                await http.request("POST", url + "/x", b"queued%d" % i, 5)
+
+            first = asyncio.create_task(eager())
+            await asyncio.sleep(0)  # eager0 takes the only connection
+            await asyncio.gather(first, *(once(i) for i in range(3)))
+        assert server.bodies == [
+            b"eager0", b"queued0", b"queued1", b"queued2", b"eager1", b"eager2"
+        ]  # fmt: skip
+    finally:
+        await http.close()
+
+
 async def test_unreachable_server_is_an_os_error(client: HttpClient) -> None:
     async with serving(reply_ok) as (_, url):
         pass  # the port is closed again
