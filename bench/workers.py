@@ -35,7 +35,7 @@ from broker.messages import Task
 from envs import Env
 from workers.episode import EpisodeContext, EpisodeSettings, run_episode
 from workers.lag import LagMonitor
-from workers.resources import loop_factory, tune_gc
+from workers.resources import loop_factory, raise_open_files_limit, tune_gc
 
 
 class SimEnv(Env):
@@ -339,7 +339,7 @@ def _table(cpu: dict, loop: str, capped: dict, conc: dict, cmp: dict) -> str:
         ("  of which the episode loop alone", f"{main['loop_only_cpu_us']:.0f} us", "",
          "codec, env API, bookkeeping, metrics; no HTTP (instant in-process generator)"),
         *_conc_rows(capped, f"client default pool ({capped['pool']} conns)"),
-        *_conc_rows(conc, f"client pool {conc['pool']}"),
+        *_conc_rows(conc, f"client pool {conc['pool']} (one per episode)"),
         (f"sync batch-barrier loop ({cmp['episodes']} episodes, batch {cmp['concurrency']})",
          f"{cmp['sync_steps_per_s']:.0f} steps/s", "", "GEM / AgentGym-RL style"),
         ("this farm (same episodes, same concurrency)", f"{cmp['async_steps_per_s']:.0f} steps/s",
@@ -365,6 +365,7 @@ def main(argv: list[str]) -> int:
     quick = args.quick
     n = args.episodes or (2000 if quick else 10_000)
     tune_gc()  # as python -m workers does
+    raise_open_files_limit()  # as python -m workers does: a connection per episode
 
     async def cpu_phase() -> dict[str, float]:
         cpu = await measure_cpu_per_step(300 if quick else 1000, 3 if quick else 5)
@@ -374,7 +375,7 @@ def main(argv: list[str]) -> int:
     async def scale_phase() -> dict[str, Any]:
         window, lat = (5.0, (1000.0, 500.0)) if quick else (30.0, (4000.0, 2000.0))
         capped = await measure_concurrency(n, window, None, *lat)
-        conc = await measure_concurrency(n, window, 2000, *lat)
+        conc = await measure_concurrency(n, window, n, *lat)
         cmp = await (
             measure_sync_vs_async(128, 64, 50.0)
             if quick

@@ -21,6 +21,7 @@ from broker.memory import tune_malloc
 from broker.settings import add_settings_flags
 from workers.config import WorkerConfig
 from workers.errors import ConfigError
+from workers.resources import loop_factory, raise_open_files_limit
 
 log = logging.getLogger("workers")
 
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     log.info("%s", json.dumps({"event": "config", **cfg.redacted()}))
     tune_malloc()
+    raise_open_files_limit()
     if cfg.metrics_port:
         from prometheus_client import start_http_server
 
@@ -99,8 +101,6 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         return await serve(cfg, stop)
-
-    from workers.resources import loop_factory
 
     try:
         with asyncio.Runner(loop_factory=loop_factory(cfg.event_loop)) as runner:

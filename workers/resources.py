@@ -5,7 +5,8 @@
   code change to run a new environment);
 - `open_sandbox`: the sandbox pool handed to environments that take one, or no pool;
 - `tune_gc`: garbage-collector settings for processes holding thousands of episodes;
-- `loop_factory`: the event loop the worker runs on.
+- `loop_factory`: the event loop the worker runs on;
+- `raise_open_files_limit`: room for a connection (and sandbox socket) per episode.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
+import resource
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -66,3 +68,20 @@ def loop_factory(name: str) -> Callable[[], Any] | None:
 
         return uvloop.new_event_loop
     raise ConfigError(f"unknown event loop {name!r}")
+
+
+def raise_open_files_limit() -> int:
+    """Raise the soft open-files limit to the hard one (as vLLM's server does); returns it.
+
+    Thousands of episodes hold thousands of inference connections, and the common soft
+    default of 1,024 descriptors would fail them with EMFILE.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass  # a container may forbid it: keep the soft limit
+    return soft

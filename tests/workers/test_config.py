@@ -70,6 +70,22 @@ def test_event_loop_choice(name: str, loop_type: str) -> None:
     assert got == (loop_type or "asyncio.unix_events._UnixSelectorEventLoop")
 
 
+def test_open_files_limit_is_raised_to_the_hard_limit() -> None:
+    probe = (
+        "import resource\n"
+        "from workers.resources import raise_open_files_limit\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "got = raise_open_files_limit()\n"
+        "assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == got\n"
+        "print(got, hard)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    got, hard = (int(x) for x in out.stdout.split())
+    assert got > 256
+    assert got == hard or hard < 0  # RLIM_INFINITY is -1: then a large finite soft limit
+
+
 def test_worker_ids_default_unique() -> None:
     assert load_config(BASE).worker_id != load_config(BASE).worker_id
 
