@@ -47,9 +47,15 @@ def _task_from(v: list[Any]) -> Task:
     )  # fmt: skip
 
 
+def _bin(arr: np.ndarray) -> memoryview:
+    # msgpack packs a contiguous buffer as bin in one copy; tobytes() would add another
+    # (10x slower for a 2 MB array: fresh allocation and page faults).
+    return memoryview(np.ascontiguousarray(arr))
+
+
 def _turn_to(t: Turn) -> list[Any]:
     return [
-        t.prompt_ids.tobytes(), t.completion_ids.tobytes(), t.logprobs.tobytes(),
+        _bin(t.prompt_ids), _bin(t.completion_ids), _bin(t.logprobs),
         t.weight_version, t.reward, t.terminated, t.truncated,
     ]  # fmt: skip
 

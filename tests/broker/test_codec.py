@@ -101,6 +101,16 @@ def test_arrays_decode_as_zero_copy_views():
     assert out.completion_ids.tolist() == [3, 4, 5]
 
 
+def test_strided_and_big_endian_arrays_round_trip():
+    ids = np.arange(12, dtype="<i4")[::3]  # a strided view: not contiguous
+    turn = Turn([7], ids, np.full(4, -0.25, dtype=">f4"), 0, 0.0, True, False)
+    out = decode(encode(TrajectoryGroup("g", Task("g", "toy@{}", 1, 0, 0),
+                                        (Trajectory((turn,), "terminated"),), "w")))  # fmt: skip
+    got = out.trajectories[0].turns[0]
+    assert got.completion_ids.tolist() == [0, 3, 6, 9]
+    assert got.logprobs.tolist() == [-0.25] * 4
+
+
 @given(st.dictionaries(st.binary(max_size=3), st.binary(max_size=40), max_size=4))
 def test_arbitrary_fields_never_raise_anything_but_decode_error(fields):
     try:
