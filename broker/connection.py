@@ -79,14 +79,19 @@ class RedisSettings:
 READ_SIZE = 4 << 20
 
 
-class _BulkConnection(aioredis.Connection):
+class _BulkReads:
+    """Mixin: open the connection's asyncio stream with a READ_SIZE limit."""
+
     def _connection_arguments(self) -> dict[str, object]:
-        return {**super()._connection_arguments(), "limit": READ_SIZE}
+        return {**super()._connection_arguments(), "limit": READ_SIZE}  # type: ignore[misc]
 
 
-class _BulkSSLConnection(aioredis.SSLConnection):
-    def _connection_arguments(self) -> dict[str, object]:
-        return {**super()._connection_arguments(), "limit": READ_SIZE}
+class _BulkConnection(_BulkReads, aioredis.Connection):
+    pass
+
+
+class _BulkSSLConnection(_BulkReads, aioredis.SSLConnection):
+    pass
 
 
 async def connect(settings: RedisSettings) -> aioredis.Redis:
