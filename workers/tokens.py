@@ -12,6 +12,11 @@ with a sentinel observation and cached as ``pre + tokens(observation) + post``. 
 cached form is checked against the full template diff on sample observations when it
 is built; a template whose diff does not split that way (it rewrites content, merges
 tokens across the boundary) uses the full rendering on every turn instead.
+
+Text from environments is encoded with special tokens as plain text: an observation
+that prints ``<|im_end|>`` (a sandboxed program can) gets the characters, not the
+control token, so it cannot forge turns of the conversation. (A template rendered in
+full, the fallback above, would still parse them: use templates that split.)
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ class ChatCodec:
 
     def __init__(self, tokenizer: Any) -> None:
         self._tok = tokenizer
-        self._backend = getattr(tokenizer, "_tokenizer", None)  # the Rust tokenizer, if any
+        self._backend = _text_backend(tokenizer)
         self.stop_token_ids: tuple[int, ...] = self._stop_ids()
         self._tail = self._assistant_tail()
         self._obs_cache: dict[str, tuple[list[int], list[int]] | None] = {}
@@ -41,9 +46,10 @@ class ChatCodec:
 
     # --- public ------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
+        """Token ids of environment text; special-token strings in it stay text."""
         if self._backend is not None:
             return list(self._backend.encode(text, add_special_tokens=False).ids)
-        return list(self._tok.encode(text, add_special_tokens=False))
+        return list(self._tok.encode(text, add_special_tokens=False, split_special_tokens=True))
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
         if self._backend is not None:
@@ -148,6 +154,21 @@ class ChatCodec:
             if token in vocab and vocab[token] not in ids:
                 ids.append(int(vocab[token]))
         return tuple(ids)
+
+
+def _text_backend(tokenizer: Any) -> Any:
+    """A copy of the Rust tokenizer that encodes special-token strings as text, or None.
+
+    A copy, because the flag is the tokenizer's own state and the chat template must
+    keep parsing the special tokens it writes."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None:
+        return None
+    from tokenizers import Tokenizer
+
+    text = Tokenizer.from_str(backend.to_str())
+    text.encode_special_tokens = True
+    return text
 
 
 def as_messages(observation: Any) -> list[dict[str, Any]]:
