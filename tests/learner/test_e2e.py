@@ -103,6 +103,14 @@ def run_farm(redis_url: str, run: str, model: Path, logs: Path, *, push_interval
     return records, samples
 
 
+def _tails(logs: Path) -> str:
+    """The end of every process log of a run, for a failure message."""
+    return "\n".join(
+        f"--- {log.name} ---\n{log.read_text(errors='replace')[-1500:]}"
+        for log in sorted(logs.glob("*.log"))
+    )
+
+
 def rise(records: list[dict[str, object]]) -> float:
     rewards = [float(r["reward_mean"]) for r in records]  # type: ignore[arg-type]
     return statistics.mean(rewards[-WINDOW:]) - statistics.mean(rewards[:WINDOW])
@@ -114,7 +122,9 @@ def test_reward_rises_with_weight_push_and_not_without(
 ) -> None:
     learning, in_flight = run_farm(redis_server.url, "learn", tiny_model_dir, tmp_path / "learn",
                                    push_interval=1, steps=STEPS, workers=3)  # fmt: skip
-    assert rise(learning) >= RISE, f"no learning: {[r['reward_mean'] for r in learning]}"
+    assert rise(learning) >= RISE, (
+        f"no learning: {[r['reward_mean'] for r in learning]}\n" + _tails(tmp_path / "learn")
+    )
     # the admission bound, across three worker processes
     assert max(in_flight) <= LIMIT, f"in flight reached {max(in_flight)} > {LIMIT}"
     assert max(in_flight) == LIMIT, "the bound never bound anything"
