@@ -32,6 +32,7 @@ from broker.keys import LEARNER_GROUP, RunKeys
 from broker.memory import tune_malloc
 from broker.messages import Task, Trajectory, TrajectoryGroup, Turn
 from broker.producer import Producer, Retention
+from workers.resources import loop_factory
 
 KEYS = RunKeys("bench")
 READ_COUNT = 8
@@ -139,7 +140,8 @@ def _producer_process(
     tune_malloc()  # as a worker process does
     go.wait()
     started = time.process_time()
-    asyncio.run(_produce(port, tokens, count, rate))
+    with asyncio.Runner(loop_factory=loop_factory("uvloop")) as runner:  # as workers run
+        runner.run(_produce(port, tokens, count, rate))
     cpu_s.value = time.process_time() - started
 
 
