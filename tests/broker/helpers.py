@@ -1,10 +1,18 @@
-"""Message factories for broker tests."""
+"""Message factories and a task consumer for broker tests."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from broker.consumer import Consumer, ConsumerConfig
+from broker.keys import WORKERS_GROUP, RunKeys
 from broker.messages import Task, Trajectory, TrajectoryGroup, Turn
+
+
+def task_consumer(redis, keys: RunKeys, name: str, **config) -> Consumer:
+    """A consumer of `keys.tasks` in the workers' group, as a worker builds one."""
+    cfg = ConsumerConfig(group=WORKERS_GROUP, consumer=name, **config)
+    return Consumer(redis, keys, [keys.tasks], cfg, expect=Task)
 
 
 def make_task(task_id: str, group_size: int = 2, version: int = 0) -> Task:

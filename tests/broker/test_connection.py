@@ -11,12 +11,10 @@ from prometheus_client import REGISTRY
 from redis.exceptions import NoPermissionError
 
 from broker.connection import RedisSettings, connect
-from broker.consumer import Consumer, ConsumerConfig
 from broker.errors import RedisAuthFailed, RedisUnavailable
 from broker.keys import WORKERS_GROUP, RunKeys
-from broker.messages import Task
 from broker.producer import Producer, Retention
-from tests.broker.helpers import make_task
+from tests.broker.helpers import make_task, task_consumer
 from tests.conftest import free_port, require
 
 KEYS = RunKeys("c")
@@ -123,13 +121,7 @@ async def test_counters_follow_the_traffic(redis_server):
         dead = value("farm_broker_deadlettered_total", stream=KEYS.tasks)
         await Producer(client).publish(KEYS.tasks, [make_task("m1"), make_task("m2")])
         await client.xadd(KEYS.tasks, {b"bad": b"1"})
-        c = Consumer(
-            client,
-            KEYS,
-            [KEYS.tasks],
-            ConsumerConfig(group=WORKERS_GROUP, consumer="m", block_ms=10),
-            expect=Task,
-        )
+        c = task_consumer(client, KEYS, "m", block_ms=10)
         await c.ensure_groups()
         await c.commit(await c.read())
         assert value("farm_broker_published_total", stream=KEYS.tasks) == before + 2

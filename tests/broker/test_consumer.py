@@ -10,9 +10,9 @@ from broker.codec import decode, encode
 from broker.connection import RedisSettings, connect
 from broker.consumer import Consumer, ConsumerConfig
 from broker.keys import LEARNER_GROUP, WORKERS_GROUP, RunKeys
-from broker.messages import DeadLetter, Task, TrajectoryGroup
+from broker.messages import DeadLetter, TrajectoryGroup
 from broker.producer import Producer
-from tests.broker.helpers import make_group, make_task
+from tests.broker.helpers import make_group, make_task, task_consumer
 
 KEYS = RunKeys("t")
 
@@ -25,8 +25,7 @@ async def redis(redis_server):
 
 
 def consumer(redis, name: str, **overrides) -> Consumer:
-    cfg = ConsumerConfig(group=WORKERS_GROUP, consumer=name, block_ms=50, **overrides)
-    return Consumer(redis, KEYS, [KEYS.tasks], cfg, expect=Task)
+    return task_consumer(redis, KEYS, name, **{"block_ms": 50, **overrides})
 
 
 async def test_commit_publishes_acks_and_records_seen(redis):

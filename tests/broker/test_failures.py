@@ -13,28 +13,24 @@ import pytest
 from broker.admission import AdmissionBudget
 from broker.codec import decode
 from broker.connection import RedisSettings, connect
-from broker.consumer import Consumer, ConsumerConfig
 from broker.deadletters import list_dead_letters, requeue
 from broker.errors import BudgetError, RedisUnavailable
 from broker.keys import WORKERS_GROUP, RunKeys
-from broker.messages import Task
 from broker.producer import Producer
-from tests.broker.helpers import make_group, make_task
+from tests.broker.helpers import make_group, make_task, task_consumer
 
 KEYS = RunKeys("f")
 
 VICTIM = textwrap.dedent("""
     import asyncio, sys
     from broker.connection import RedisSettings, connect
-    from broker.consumer import Consumer, ConsumerConfig
-    from broker.keys import RunKeys, WORKERS_GROUP
-    from broker.messages import Task
-    from tests.broker.helpers import make_group
+    from broker.keys import RunKeys
+    from tests.broker.helpers import make_group, task_consumer
 
     async def main():
         keys = RunKeys("f")
         redis = await connect(RedisSettings.from_url(sys.argv[1]))
-        c = Consumer(redis, keys, [keys.tasks], ConsumerConfig(group=WORKERS_GROUP, consumer="victim"), expect=Task)
+        c = task_consumer(redis, keys, "victim")
         await c.ensure_groups()
         batch = await c.read(count=10)
         await c.commit(batch[:3], publish=[(keys.trajectories(), make_group(d.message.task_id)) for d in batch[:3]])
@@ -65,9 +61,8 @@ async def test_sigkilled_consumer_entries_are_reclaimed_and_processed_once(redis
         victim.stdout.close()
 
     async def survivor(name: str) -> None:
-        cfg = ConsumerConfig(group=WORKERS_GROUP, consumer=name, block_ms=50,
-                             reclaim_idle_ms=200, reclaim_interval_s=0.1)  # fmt: skip
-        c = Consumer(redis, KEYS, [KEYS.tasks], cfg, expect=Task)
+        c = task_consumer(redis, KEYS, name, block_ms=50, reclaim_idle_ms=200,
+                          reclaim_interval_s=0.1)  # fmt: skip
         idle_rounds = 0
         while idle_rounds < 10:
             batch = await c.read(count=3)
@@ -87,9 +82,7 @@ async def test_acked_entries_survive_redis_sigkill_with_aof(redis_factory):
     server = redis_factory(appendonly=True)
     redis = await connect(RedisSettings.from_url(server.url))
     await Producer(redis).publish(KEYS.tasks, [make_task(f"a{i}") for i in range(10)])
-    c = Consumer(
-        redis, KEYS, [KEYS.tasks], ConsumerConfig(group=WORKERS_GROUP, consumer="w"), expect=Task
-    )
+    c = task_consumer(redis, KEYS, "w")
     await c.ensure_groups()
     batch = await c.read(count=10)
     await c.commit(
@@ -101,13 +94,7 @@ async def test_acked_entries_survive_redis_sigkill_with_aof(redis_factory):
     try:
         assert await redis.xlen(KEYS.trajectories()) == 6
         assert (await redis.xpending(KEYS.tasks, WORKERS_GROUP))["pending"] == 4
-        again = Consumer(
-            redis,
-            KEYS,
-            [KEYS.tasks],
-            ConsumerConfig(group=WORKERS_GROUP, consumer="w"),
-            expect=Task,
-        )
+        again = task_consumer(redis, KEYS, "w")
         redelivered = [d.message.task_id for d in await again.read(count=10)]
         assert redelivered == [f"a{i}" for i in range(6, 10)]
     finally:
@@ -184,13 +171,7 @@ async def test_unreachable_redis_is_one_clear_error():
 
 async def test_dead_letters_requeue_to_source(redis):
     await redis.xadd(KEYS.tasks, {b"k": b"task", b"v": b"2", b"b": b""})
-    c = Consumer(
-        redis,
-        KEYS,
-        [KEYS.tasks],
-        ConsumerConfig(group=WORKERS_GROUP, consumer="w", block_ms=10),
-        expect=Task,
-    )
+    c = task_consumer(redis, KEYS, "w", block_ms=10)
     await c.ensure_groups()
     assert await c.read() == []
     [(dl_id, letter)] = await list_dead_letters(redis, KEYS)

@@ -8,11 +8,11 @@ from prometheus_client import REGISTRY
 
 from broker.admission import AdmissionBudget
 from broker.connection import RedisSettings, connect
-from broker.consumer import Consumer, ConsumerConfig
 from broker.keys import WORKERS_GROUP, RunKeys
 from broker.messages import Task
 from broker.producer import Producer
 from learner.service import export_stream_gauges
+from tests.broker.helpers import task_consumer
 
 
 async def test_stream_gauges_follow_redis(redis_server):
@@ -22,13 +22,7 @@ async def test_stream_gauges_follow_redis(redis_server):
         await Producer(redis).publish(
             keys.tasks, [Task(f"t{i}", "toy@{}", 1, i, 0) for i in range(5)]
         )
-        c = Consumer(
-            redis,
-            keys,
-            [keys.tasks],
-            ConsumerConfig(group=WORKERS_GROUP, consumer="w"),
-            expect=Task,
-        )
+        c = task_consumer(redis, keys, "w")
         await c.ensure_groups()
         await c.read(count=2)  # 2 pending, 3 not yet delivered
         budget = AdmissionBudget(redis, keys)
