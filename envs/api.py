@@ -10,6 +10,7 @@ environment runs unchanged. Optional attributes ``system_prompt``, ``tools`` and
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from typing import Any, Protocol, runtime_checkable
@@ -99,8 +100,16 @@ async def astep(env: Any, action: Any) -> StepResult:
     return obs, float(reward), bool(terminated), bool(truncated), dict(info or {})
 
 
-async def aclose(env: Any) -> None:
-    """Close ``env`` if it has ``aclose`` or ``close``; a missing close is fine."""
+async def aclose(env: Any, timeout_s: float | None = None) -> None:
+    """Close ``env`` if it has ``aclose`` or ``close``; a missing close is fine.
+
+    ``timeout_s`` bounds an asynchronous close (TimeoutError beyond it). A synchronous
+    one runs to its end: no timer could interrupt it, so none is armed.
+    """
     method = getattr(env, "aclose", None) or getattr(env, "close", None)
-    if method is not None:
-        await _maybe_await(method())
+    if method is None:
+        return
+    result = method()
+    if inspect.isawaitable(result):
+        async with asyncio.timeout(timeout_s):
+            await result

@@ -252,11 +252,8 @@ def _mark_truncated(state: _State, reason: str = "truncated:wall_time") -> str:
 
 async def _close(env: Any, timeout_s: float) -> None:
     """Close the env; a close that fails or hangs is logged, never raised."""
-    if not (hasattr(env, "aclose") or hasattr(env, "close")):
-        return  # nothing to close: no timer to arm
     try:
-        async with asyncio.timeout(timeout_s):
-            await envs.aclose(env)
+        await envs.aclose(env, timeout_s)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # a broken close must not spoil a finished episode

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -77,6 +79,28 @@ async def test_legacy_env_is_adapted() -> None:
     assert await envs.areset(env, seed=1) == ("legacy", {})
     assert await envs.astep(env, "x") == ("x", 1.0, True, False, {"old": True})
     await envs.aclose(env)  # no close method: nothing to do, no error
+
+
+async def test_a_hanging_async_close_is_bounded_and_a_sync_close_runs() -> None:
+    class Hangs:
+        async def aclose(self) -> None:
+            await asyncio.sleep(60)
+
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await envs.aclose(Hangs(), timeout_s=0.1)
+    assert time.monotonic() - started < 5
+
+    class SlowSync:
+        closed = False
+
+        def close(self) -> None:
+            time.sleep(0.2)
+            self.closed = True
+
+    env = SlowSync()
+    await envs.aclose(env, timeout_s=0.01)  # no timer can stop a sync close: it finishes
+    assert env.closed
 
 
 async def test_env_base_defaults() -> None:
