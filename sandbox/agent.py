@@ -113,19 +113,23 @@ def _prctl(option: int, value: int) -> None:
         _LIBC.prctl(option, value, 0, 0, 0)
 
 
+def proc_stat(pid: int | str) -> list[bytes] | None:
+    """The fields of /proc/<pid>/stat after the command name (state, ppid, ...), or None
+    once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(b")") + 2 :].split()
+
+
 def _proc_children() -> dict[int, list[int]]:
     """Map pid -> child pids from /proc (only what this pid namespace can see)."""
     tree: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
-        tree.setdefault(ppid, []).append(int(name))
+        if name.isdigit() and (fields := proc_stat(name)) is not None:
+            tree.setdefault(int(fields[1]), []).append(int(name))
     return tree
 
 
@@ -167,13 +171,8 @@ def _await_dead(pids: set[int], deadline: float) -> None:
     alive = set(pids)
     while alive and time.monotonic() < deadline:
         for pid in list(alive):
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                alive.discard(pid)
-                continue
-            if stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] in (b"Z", b"X"):
+            fields = proc_stat(pid)
+            if fields is None or fields[0] in (b"Z", b"X"):
                 alive.discard(pid)
         if alive:
             time.sleep(0.001)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from sandbox.agent import proc_stat
 from sandbox.config import SandboxConfig
 from sandbox.errors import SandboxUnavailable
 
@@ -101,14 +102,12 @@ def reap_orphan_jails(root: Path) -> int:
             continue
         try:
             args = (entry / "cmdline").read_bytes().split(b"\0")
-            stat = (entry / "stat").read_bytes()
         except OSError:
             continue
-        if (
-            not args
-            or not args[0].endswith(b"bwrap")
-            or stat[stat.rindex(b")") + 2 :].split()[1] != b"1"
-        ):
+        if not args[0].endswith(b"bwrap"):
+            continue
+        fields = proc_stat(entry.name)
+        if fields is None or fields[1] != b"1":  # gone, or not orphaned
             continue
         binds = [
             args[i + 1].decode(errors="replace") for i, a in enumerate(args[:-1]) if a == b"--bind"
