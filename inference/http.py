@@ -183,15 +183,12 @@ class HttpClient:
         return None
 
     async def _acquire(self, origin: str) -> tuple[_Connection, bool]:
-        """A connection to `origin`: idle, new, or handed over in arrival order."""
+        """A new connection to `origin`, or one handed over in arrival order (called once
+        `request` found no idle connection it may take)."""
         if self._closed:
             raise HttpConnectionError("client closed")
-        if not self._waiters:
-            conn = self._pop_idle(origin)
-            if conn is not None:
-                return conn, True
-            if self.open_connections < self.limit or self._evict_idle():
-                return await self._open(origin), False
+        if not self._waiters and (self.open_connections < self.limit or self._evict_idle()):
+            return await self._open(origin), False
         waiter: asyncio.Future[_Connection | None] = asyncio.get_running_loop().create_future()
         self._waiters.append((origin, waiter))
         self._dispatch()
