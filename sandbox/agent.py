@@ -49,6 +49,7 @@ EXIT_GRACE_S = 0.05  # after the child exits, how long to wait for pipes held by
 KILL_WAIT_S = 2.0  # bound on waiting for killed leftovers to die
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
 
 
 class FrameError(Exception):
@@ -783,8 +784,13 @@ class SessionState:
             self.worker = PyWorker(self.last_limits)
 
 
-def _serve_session(listener: socket.socket, workdir: str, wakeup_r: int) -> None:
+def _serve_session(listener: socket.socket, slot_dir: str, wakeup_r: int) -> None:
     """A session process: one connection at a time, one request at a time."""
+    os.umask(0o077)
+    workdir, tmpdir = os.path.join(slot_dir, "work"), os.path.join(slot_dir, "tmp")
+    for path in (workdir, tmpdir):
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    ENV["TMPDIR"] = tmpdir  # this process and the children it forks: private to the session
     session = SessionState(workdir, wakeup_r)
     while True:
         conn, _ = listener.accept()
@@ -834,11 +840,32 @@ def _is_argv(argv: object) -> bool:
 
 
 class Agent:
-    """The control loop: accepts any number of connections, forks session processes."""
+    """The control loop: accepts any number of connections, forks session processes.
 
-    def __init__(self, socket_dir: str, work_dir: str, lifeline: int = -1) -> None:
+    With ``session_uids`` (first uid, count) and root inside the sandbox, session slot
+    ``i`` runs as uid ``first + i`` in ``<work-dir>/<i>``, with no capabilities and
+    no-new-privileges; the agent keeps only what it needs to create and end sessions.
+    Without them every session runs as the agent's own uid (one session per jail).
+    """
+
+    def __init__(
+        self,
+        socket_dir: str,
+        work_dir: str,
+        lifeline: int = -1,
+        session_uids: tuple[int, int] | None = None,
+        host_gid: int = 0,
+    ) -> None:
         self.socket_dir, self.work_dir, self.lifeline = socket_dir, work_dir, lifeline
         self.sessions: dict[str, int] = {}
+        self.slots: dict[str, int] = {}  # session id -> slot, kept across a reopen
+        first, count = session_uids or (0, 0)
+        self.first_uid = first if session_uids and os.geteuid() == 0 else None
+        self.free = list(range(count)) if self.first_uid is not None else []
+        if self.first_uid is not None:
+            # only the agent and the host's group may enter: no session reaches a socket
+            os.chown(socket_dir, 0, host_gid)
+            os.chmod(socket_dir, 0o770)
         self.sel = selectors.DefaultSelector()
         self.buffers: dict[socket.socket, bytearray] = {}
         self.wakeup_r, self.wakeup_w = os.pipe()
@@ -931,11 +958,40 @@ class Agent:
         if not isinstance(sid, str) or not SESSION_RE.match(sid):
             return _error("'session' must match [A-Za-z0-9_-]{1,40}")
         self._stop_session(sid)
-        workdir = os.path.join(self.work_dir, sid)
         if op == "close":
-            shutil.rmtree(workdir, ignore_errors=True)
+            self._wipe(sid)
             return {"ok": True}
-        return self._open(sid, workdir)
+        if self.first_uid is not None and sid not in self.slots:
+            if not self.free:
+                return _error("no free session slot in this sandbox")
+            self.slots[sid] = self.free.pop()
+        return self._open(sid)
+
+    def _slot_dir(self, sid: str) -> str:
+        return os.path.join(self.work_dir, str(self.slots.get(sid, sid)))
+
+    def _uid(self, sid: str) -> int | None:
+        return None if self.first_uid is None else self.first_uid + self.slots[sid]
+
+    def _wipe(self, sid: str) -> None:
+        """Delete a closed session's files, as its own uid (the agent cannot read them)."""
+        slot_dir, uid = self._slot_dir(sid), self._uid(sid) if sid in self.slots else None
+        if uid is None:
+            shutil.rmtree(slot_dir, ignore_errors=True)
+            return
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                _drop_to(uid)
+                _empty(slot_dir)
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        if status == 0:  # a slot whose files survived is never handed out again
+            self.free.append(self.slots[sid])
+        del self.slots[sid]
 
     def _stop_session(self, sid: str) -> None:
         pid = self.sessions.pop(sid, None)
@@ -949,18 +1005,23 @@ class Agent:
             kill_descendants(os.getpid(), keep=frozenset(self.sessions.values()))
             reap()
 
-    def _open(self, sid: str, workdir: str) -> dict:
-        os.makedirs(workdir, mode=0o700, exist_ok=True)
+    def _open(self, sid: str) -> dict:
+        slot_dir, uid = self._slot_dir(sid), self._uid(sid)
+        if uid is None:
+            os.makedirs(slot_dir, mode=0o700, exist_ok=True)
+        elif not os.path.ismount(slot_dir):
+            os.makedirs(slot_dir, mode=0o700, exist_ok=True)
+            os.chown(slot_dir, uid, uid)
         path = os.path.join(self.socket_dir, f"s-{sid}.sock")
         listener = _bind(path)
         pid = os.fork()
         if pid == 0:
-            self._become_session(listener, workdir)
+            self._become_session(listener, slot_dir, uid)
         listener.close()
         self.sessions[sid] = pid
         return {"ok": True, "socket": os.path.basename(path), "pid": pid}
 
-    def _become_session(self, listener: socket.socket, workdir: str) -> None:
+    def _become_session(self, listener: socket.socket, slot_dir: str, uid: int | None) -> None:
         code = 0
         try:
             self.sel.close()
@@ -970,7 +1031,10 @@ class Agent:
             for conn in self.buffers:
                 conn.close()
             os.setpgid(0, 0)
-            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # sessions never outlive their agent
+            if uid is not None:
+                _drop_to(uid)
+            # after the uid change, which clears it: sessions never outlive their agent
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
             _prctl(PR_SET_CHILD_SUBREAPER, 1)
             os.close(self.wakeup_r)
             os.close(self.wakeup_w)
@@ -978,10 +1042,36 @@ class Agent:
             os.set_blocking(wakeup_r, False)
             os.set_blocking(wakeup_w, False)
             signal.set_wakeup_fd(wakeup_w)
-            _serve_session(listener, workdir, wakeup_r)
+            _serve_session(listener, slot_dir, wakeup_r)
         except BaseException:
             code = 1
         os._exit(code)
+
+
+def _drop_to(uid: int) -> None:
+    """Become ``uid`` for good: no groups, no capabilities, no way back up."""
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)  # from root to non-root: every capability set is cleared
+    _prctl(PR_SET_NO_NEW_PRIVS, 1)
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise PermissionError(f"could not become uid {uid}")
+
+
+def _empty(path: str) -> None:
+    """Remove everything under ``path`` (kept: it may be a mount point), first giving
+    back to its owner the directory permissions the code may have taken away."""
+    for root, dirs, _ in os.walk(path):
+        for name in dirs:
+            target = os.path.join(root, name)
+            if not os.path.islink(target):
+                os.chmod(target, 0o700)
+    for name in os.listdir(path):
+        target = os.path.join(path, name)
+        if os.path.isdir(target) and not os.path.islink(target):
+            shutil.rmtree(target)
+        else:
+            os.unlink(target)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -992,9 +1082,20 @@ def main(argv: list[str] | None = None) -> int:
         "--lifeline-fd", type=int, default=-1,
         help="exit when this pipe closes: the pool that started us is gone",
     )  # fmt: skip
+    parser.add_argument(
+        "--session-uids", default="",
+        help="FIRST:COUNT: session slot i runs as uid FIRST+i (needs root in the sandbox)",
+    )  # fmt: skip
+    parser.add_argument("--host-gid", type=int, default=0, help="group of the host's pool")
     args = parser.parse_args(argv)
     os.makedirs(args.work_dir, exist_ok=True)
-    Agent(args.socket_dir, args.work_dir, args.lifeline_fd).serve_forever()
+    uids = None
+    if args.session_uids:
+        first, _, count = args.session_uids.partition(":")
+        uids = (int(first), int(count))
+    Agent(
+        args.socket_dir, args.work_dir, args.lifeline_fd, uids, args.host_gid
+    ).serve_forever()
     return 0
 
 
