@@ -103,12 +103,12 @@ class DockerBackend:
         return Handle(name, socket_dir, uid, container)
 
     def _tmpfs(self, uid: int) -> dict[str, str]:
-        """A tmpfs per session slot (its disk limit, owned by its uid); /tmp and /dev/shm
-        are not writable by sessions, so they are neither a channel nor a trap."""
+        """A tmpfs per session slot (its disk limit, owned by its uid). /tmp stays on the
+        read-only root (the engine would make a tmpfs there 1777) and /dev/shm is root's:
+        no session can write either, so neither is a channel or a trap."""
         cfg = self.config
         mounts = {
             IN_SANDBOX_WORK: "size=1m,mode=0711,uid=0,gid=0",
-            "/tmp": "size=1m,mode=0755,uid=0,gid=0",
             "/dev/shm": "size=1m,mode=0755,uid=0,gid=0",
         }
         for slot in range(cfg.sessions_per_sandbox):
