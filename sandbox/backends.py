@@ -232,9 +232,10 @@ class UnsafeBackend(_ProcessBackend):
 
     async def prepare(self) -> None:
         log.warning(
-            "SANDBOX BACKEND unsafe-no-isolation: untrusted code runs on this host with "
-            "rlimits only (as a throw-away uid when started as root, else as uid %d); "
-            "never use it for model-generated code in production",
+            "SANDBOX BACKEND unsafe-no-isolation: NO ISOLATION AT ALL. Untrusted code runs "
+            "on this host with rlimits only (as a throw-away uid when started as root, else "
+            "as uid %d), and sessions sharing a sandbox can read, overwrite and kill each "
+            "other; never use it for model-generated code in production",
             os.getuid(),
         )
 
