@@ -123,7 +123,7 @@ class DockerBackend:
         uids = f"{uid + 1}:{cfg.sessions_per_sandbox}"
         return self.client.containers.run(
             self.image,
-            command=["python3", "-I", "-S", "/opt/agent/agent.py",
+            command=["python3", "-I", "-S", "/opt/agent/agent",
                      "--socket-dir", IN_SANDBOX_SOCKETS, "--work-dir", IN_SANDBOX_WORK,
                      "--session-uids", uids, "--host-gid", str(os.getegid())],
             name=name,

@@ -123,7 +123,9 @@ async def test_an_attacker_session_cannot_reach_its_neighbour(pool_factory) -> N
             # (the victim's check below sees none of it)
             breached -= {"socket", "tmp_link", "shm_link", "tmp_file", "shm_file"}
         assert not breached, probes
-        mine = await attacker.run_python("import os, tempfile; print(os.getuid(), tempfile.gettempdir())")
+        mine = await attacker.run_python(
+            "import os, tempfile; print(os.getuid(), tempfile.gettempdir())"
+        )
         uid, tmp = mine.stdout.split()
         assert tmp != info["tmp"]
         if pool.config.backend == "docker":  # one container: distinct uids are the wall
