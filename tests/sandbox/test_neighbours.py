@@ -162,3 +162,42 @@ async def test_concurrent_victim_socket_is_unreachable(pool_factory) -> None:
         heard, tried = await asyncio.gather(listen, connect)
     assert heard.stdout == "nobody\n", heard
     assert tried.stdout.startswith("denied"), tried
+
+
+SELF_CHECK = """
+import os, stat, tempfile
+status = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines())
+agent = dict(l.split(':', 1) for l in open('/proc/1/status').read().splitlines())
+print(status['CapEff'].strip(), status['CapPrm'].strip(), status['NoNewPrivs'].strip(),
+      oct(os.umask(0o077)), oct(stat.S_IMODE(os.stat('.').st_mode)),
+      oct(stat.S_IMODE(os.stat(tempfile.gettempdir()).st_mode)),
+      os.environ['HOME'] == os.getcwd(), agent['CapEff'].strip())
+"""
+
+
+async def test_sessions_have_no_capabilities_and_private_dirs(pool_factory) -> None:
+    pool: SandboxPool = await pool_factory(sessions_per_sandbox=2)
+    async with pool.session() as s:
+        r = await s.run_python(SELF_CHECK)
+    assert r.ok, r
+    eff, prm, nnp, umask, work_mode, tmp_mode, home, agent_caps = r.stdout.split()
+    assert (eff, prm, nnp) == ("0000000000000000", "0000000000000000", "1")
+    assert (umask, work_mode, tmp_mode, home) == ("0o77", "0o700", "0o700", "True")
+    # docker: the agent keeps CHOWN, KILL, SETGID, SETUID only; bwrap: nothing at all
+    assert int(agent_caps, 16) == (0xE1 if pool.config.backend == "docker" else 0)
+
+
+async def test_a_reused_slot_starts_empty(pool_factory) -> None:
+    """A closed session's files are wiped (as its uid) before its slot serves again."""
+    pool: SandboxPool = await pool_factory(sessions_per_sandbox=1, max_sandboxes=1, warm=1)
+    async with pool.session() as first:
+        await first.run_python(
+            "import os\nos.makedirs('d/e')\nopen('d/e/f', 'w').write('x')\nos.chmod('d', 0)"
+        )
+        uid = (await first.run_python("import os; print(os.getuid())")).stdout
+    async with pool.session() as second:
+        r = await second.run_python("import os; print(os.getuid(), os.listdir('.'))")
+    assert r.ok, r
+    if pool.config.backend == "docker":  # same container, same slot, same uid
+        assert first.sandbox is second.sandbox and r.stdout.split()[0] == uid.strip()
+    assert r.stdout.split(" ", 1)[1] == "[]\n"
