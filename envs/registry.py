@@ -185,7 +185,9 @@ def _one_line(exc: pydantic.ValidationError) -> str:
 
 
 def _bad_kwargs(name: str, factory: Factory, problem: object) -> EnvSpecError:
-    return EnvSpecError(f"bad kwargs for {name!r}: {problem}; accepted kwargs: {_accepted(factory)}")
+    return EnvSpecError(
+        f"bad kwargs for {name!r}: {problem}; accepted kwargs: {_accepted(factory)}"
+    )
 
 
 def check_spec(spec: str) -> tuple[str, dict[str, Any]]:

@@ -27,8 +27,8 @@ from envs.api import ResetResult, StepResult
 from envs.codegym.runner import Reply, run_request
 from envs.codegym.sources import CodeGymSource, get_source, runtime_source
 from envs.errors import EnvInfraError, EnvStateError
-from envs.registry import spec_config
 from envs.parsing import parse_tool_calls
+from envs.registry import spec_config
 from envs.sandboxed import open_session, require_pool
 from envs.toolenv import format_error
 
