@@ -13,7 +13,6 @@ from broker.keys import RunKeys
 from broker.messages import ErrorCategory, Task
 from tests.workers import testenvs  # registers the test environments
 from tests.workers.farm import (
-    pending_ids,
     publish_tasks,
     redis_client,
     running_worker,
@@ -31,9 +30,6 @@ async def test_env_that_raises_and_env_that_hangs(
         Task("hang", "wk-hang", group_size=2, seed=1, policy_version=0),
         Task("fine", 'wk-dialogue@{"turns": 2}', group_size=2, seed=1, policy_version=0),
         Task("badspec", "no-such-env@{", group_size=1, seed=1, policy_version=0),
-        Task("badkwargs", 'wk-dialogue@{"colour": 1}', group_size=2, seed=1, policy_version=0),
-        Task("unbuildable", "wk-unbuildable", group_size=3, seed=1, policy_version=0),
-        Task("overrun", "wk-overrun", group_size=2, seed=40, policy_version=0),
     ]
     async with redis_client(redis_server.url) as redis:
         await redis.xadd(keys.tasks, {b"k": b"task", b"v": b"1", b"b": b"\xc1garbage"})
@@ -41,20 +37,14 @@ async def test_env_that_raises_and_env_that_hangs(
         async with running_worker(
             redis, tiny_model_dir, [policy_server.url], run="faults",
             env_step_timeout_s=1.0, episode_timeout_s=5.0,
-        ) as worker:  # fmt: skip
-            found = {g.group_id: g for g in await wait_groups(redis, keys, 4, within_s=60)}
+        ):  # fmt: skip
+            found = {g.group_id: g for g in await wait_groups(redis, keys, 3, within_s=60)}
             await wait_until(lambda: _no_pending(redis, keys), 30, "every task acked")
-        letters = [letter for _, letter in await list_dead_letters(redis, keys)]
-    # Permanent task errors are dead letters after one attempt, never groups.
-    assert set(found) == {"raise", "hang", "fine", "overrun"}
-    assert worker.tasks_dead_lettered == 3
-    reasons = sorted(letter.reason for letter in letters)
-    assert len(reasons) == 4 and all(letter.deliveries == 1 for letter in letters)
-    assert any(r.startswith("undecodable") for r in reasons)  # the garbage entry
-    assert any(r.startswith("task badspec: kwargs of spec") for r in reasons)
-    assert any("task badkwargs: bad kwargs for 'wk-dialogue'" in r and "accepted kwargs: turns"
-               in r for r in reasons)  # fmt: skip
-    assert any(r.startswith("task unbuildable: unknown source") for r in reasons)
+        reasons = sorted(letter.reason for _, letter in await list_dead_letters(redis, keys))
+    # the undecodable entry and the bad spec are dead letters, kept with their reasons
+    assert set(found) == {"raise", "hang", "fine"}
+    assert len(reasons) == 2 and reasons[0].startswith("task badspec: kwargs of spec")
+    assert reasons[1].startswith("undecodable")
     raised, hung, fine = found["raise"], found["hang"], found["fine"]
     for t in raised.trajectories:
         assert (t.finish_reason, t.error) == ("error", ErrorCategory.ENV)
@@ -66,6 +56,34 @@ async def test_env_that_raises_and_env_that_hangs(
     for t in fine.trajectories:  # the worker survived both and still works
         assert (t.finish_reason, t.error) == ("terminated", ErrorCategory.NONE)
     assert not fine.infra_failed
+
+
+async def test_permanent_task_errors_are_dead_letters_and_the_end_is_final(
+    redis_server, policy_server, tiny_model_dir: Path
+) -> None:
+    keys = RunKeys("permanent")
+    tasks = [
+        Task("badname", "no-such-env", group_size=2, seed=1, policy_version=0),
+        Task("badkwargs", 'wk-dialogue@{"colour": 1}', group_size=2, seed=1, policy_version=0),
+        Task("unbuildable", "wk-unbuildable", group_size=3, seed=1, policy_version=0),
+        Task("overrun", "wk-overrun", group_size=2, seed=40, policy_version=0),
+    ]
+    async with redis_client(redis_server.url) as redis:
+        await publish_tasks(redis, keys, tasks)
+        async with running_worker(
+            redis, tiny_model_dir, [policy_server.url], run="permanent"
+        ) as worker:
+            found = {g.group_id: g for g in await wait_groups(redis, keys, 1, within_s=60)}
+            await wait_until(lambda: _no_pending(redis, keys), 30, "every task acked")
+        letters = [letter for _, letter in await list_dead_letters(redis, keys)]
+    # Permanent task errors are dead letters after one attempt, never groups.
+    assert set(found) == {"overrun"} and worker.tasks_dead_lettered == 3
+    assert all(letter.deliveries == 1 for letter in letters)
+    reasons = sorted(letter.reason for letter in letters)
+    assert reasons[0].startswith("task badkwargs: bad kwargs for 'wk-dialogue'")
+    assert "accepted kwargs: turns, step_s, pad" in reasons[0]
+    assert reasons[1].startswith("task badname: unknown environment 'no-such-env'")
+    assert reasons[2].startswith("task unbuildable: unknown source")  # raised by make
     # terminated ends the episode: the env is never stepped again, whatever it would answer
     assert [len(t.turns) for t in found["overrun"].trajectories] == [1, 1]
     assert testenvs.OVERRUN_STEPS == {40: 1, 41: 1}
