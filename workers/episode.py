@@ -3,7 +3,8 @@
 Invariants:
 - `run_episode` never raises for a failure of the model, the environment, the sandbox or
   inference: it returns a `Trajectory` whose `finish_reason`/`error` say what happened
-  (only cancellation and `EnvSpecError`, a task that cannot run at all, propagate). Whether to retry is decided by the caller (`group`).
+  (only cancellation and `EnvSpecError`, a task that cannot run at all, propagate).
+  Whether to retry is decided by the caller (`group`).
 - after `terminated` or `truncated` the loop returns: the env is never stepped again
   (`envs.astep` would refuse with `EnvStateError` anyway);
 - Token bookkeeping is exact (see `workers.tokens`): the concatenation of every turn's
