@@ -23,9 +23,9 @@ from inference.openai_generate import WatchedRequest, abort_all, check_ids, gen_
 from inference.openai_routes import (
     RENDERER,
     SERVER,
-    close_stream,
     api_errors,
     check_model,
+    close_stream,
     token_namer,
     validate,
 )

@@ -47,16 +47,16 @@ from inference.openai_generate import (
 
 RENDERER = web.AppKey("openai_renderer", TokenizerRenderer)
 SERVER = web.AppKey("openai_server_state", Any)  # the policy server's ServerState
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[..., Awaitable[web.StreamResponse]]
 
 
 def api_errors(handler: Handler) -> Handler:
     """Answer an ApiError with its status and vLLM's error body."""
 
     @functools.wraps(handler)
-    async def wrapped(request: web.Request) -> web.StreamResponse:
+    async def wrapped(request: web.Request, *args: Any) -> web.StreamResponse:
         try:
-            return await handler(request)
+            return await handler(request, *args)
         except ApiError as exc:
             return web.json_response(exc.body(), status=exc.status)
 

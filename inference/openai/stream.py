@@ -27,7 +27,10 @@ class ChatChoiceStream:
         self.finished = False  # the delta with finish_reason was sent
 
     def content_delta(self) -> str:
-        limit = call_syntax_start(self.text.text) if self.parse_tools else None
+        limit = None
+        if self.parse_tools:
+            # Parsed content is stripped: whitespace before a call is held back with it.
+            limit = len(self.text.text[: call_syntax_start(self.text.text)].rstrip())
         return self.text.take(limit=limit)
 
     def final_delta(self) -> tuple[dict[str, Any], bool]:

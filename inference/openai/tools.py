@@ -57,7 +57,7 @@ def call_syntax_start(text: str) -> int:
     otherwise the earliest opener, or a tail that could grow into one, is held back.
     """
     head = text.lstrip()
-    if head.startswith(_BARE_STARTS) or (head and "```".startswith(head)):
+    if not head or head.startswith(_BARE_STARTS) or "```".startswith(head):
         return 0
     found = [at for opener in _OPENERS if (at := text.find(opener)) >= 0]
     if found:
