@@ -43,10 +43,20 @@ def error_payload(message: str, status: int, param: str | None = None) -> dict[s
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
+# Union members and validator kinds that pydantic puts in an error's location; not fields.
+_LOC_NOISE = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "tagged-union"})
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    parts = [str(p) for p in loc if not (isinstance(p, str) and (p in _LOC_NOISE or "[" in p))]
+    return ".".join(parts)
+
+
 def from_validation(exc: ValidationError) -> ApiError:
-    """The first pydantic error as a 400 naming its field path (`messages.1.content`)."""
-    err = exc.errors()[0]
-    param = ".".join(str(p) for p in err["loc"]) or None
+    """The most specific pydantic error (the deepest location, so a union reports the member
+    that got furthest) as a 400 whose `param` is the field path (`messages.1.content`)."""
+    err = max(exc.errors(), key=lambda e: len(e["loc"]))
+    param = _field_path(err["loc"]) or None
     return ApiError(f"{param}: {err['msg']}" if param else err["msg"], param)
 
 
