@@ -16,9 +16,9 @@ from aiohttp import web
 from inference.engine import Sequence
 from inference.openai.errors import ApiError
 from inference.openai.models import TextCompletionRequest
-from inference.openai.responses import envelope, legacy_logprobs, usage, version_spans
+from inference.openai.responses import OutputFormat, StreamHead, token_fields, usage
+from inference.openai.schema import CompletionChoice, CompletionResponse
 from inference.openai.sse import open_event_stream, sse_event
-from inference.openai.text import ChoiceText
 from inference.openai_generate import WatchedRequest, abort_all, check_ids, gen_params, generate
 from inference.openai_routes import (
     RENDERER,
@@ -26,6 +26,7 @@ from inference.openai_routes import (
     api_errors,
     check_model,
     close_stream,
+    generated,
     token_namer,
     validate,
 )
@@ -58,21 +59,15 @@ def _prompts(req: TextCompletionRequest, renderer: Any, limits: Any) -> list[lis
 
 
 def _choice(
-    req: TextCompletionRequest, seq: Sequence, text: ChoiceText, start: int, name: Any
-) -> dict[str, Any]:
-    """The fields of a choice for its tokens from `start` on (all of them when not streaming)."""
-    choice: dict[str, Any] = {"logprobs": None, "finish_reason": None, "stop_reason": None}
-    if req.logprobs is not None:
-        end = len(seq.tokens)
-        choice["logprobs"] = legacy_logprobs(
-            seq.tokens[start:end], seq.logprobs[start:end], seq.tops[start:end], name, 0
-        )
-    if req.return_token_ids:
-        choice["token_ids"] = list(seq.tokens[start:])
-        choice["prompt_token_ids"] = list(seq.prompt) if start == 0 else None
-    if req.return_weight_versions:
-        choice["weight_versions"] = version_spans(seq.versions[start:], start)
-    return choice
+    index: int, text: str, seq: Sequence, start: int, fmt: OutputFormat, final: bool
+) -> CompletionChoice:
+    """A choice (whole, or a chunk's part from token `start` on), closing it when `final`."""
+    fields = token_fields(generated(seq, start), fmt, chat=False)
+    if fmt.token_ids and start == 0:
+        fields["prompt_token_ids"] = list(seq.prompt)
+    reason = {"finish_reason": seq.finish_reason, "stop_reason": seq.stop_reason}
+    none = {"finish_reason": None}
+    return CompletionChoice(index=index, text=text, **fields, **(reason if final else none))
 
 
 @api_errors
@@ -82,32 +77,38 @@ async def text_completions(request: web.Request, body: Any) -> web.StreamRespons
     renderer = request.app[RENDERER]
     req: TextCompletionRequest = validate(TextCompletionRequest, body)
     check_model(req.model, state.model_name)
+    fmt = OutputFormat(
+        token_text=token_namer(renderer, req.return_tokens_as_token_ids),
+        logprobs=req.logprobs is not None,
+        top_logprobs=req.logprobs or 0,
+        token_ids=bool(req.return_token_ids),
+        weight_versions=bool(req.return_weight_versions),
+    )
     progress = asyncio.Event()
     gens = []
     for prompt in _prompts(req, renderer, state.limits):
-        params = gen_params(req, len(prompt), state.limits, req.max_tokens, req.logprobs or 0)
+        params = gen_params(req, len(prompt), state.limits, req.max_tokens, fmt.top_logprobs)
         stops, skip = req.stop_strings(), req.skip_special_tokens
         gens.append(WatchedRequest(prompt, params, renderer, stops, skip, progress))
-    name = token_namer(renderer, req.return_tokens_as_token_ids)
     if req.stream:
-        return await _stream(request, state, req, gens, name)
+        return await _stream(request, state, req, gens, fmt)
     await generate(state.engine, gens)
-    choices = []
-    for gen in gens:
-        for seq, text in zip(gen.seqs, gen.texts, strict=True):
-            choice = _choice(req, seq, text, 0, name)
-            choice |= {"finish_reason": seq.finish_reason, "stop_reason": seq.stop_reason}
-            choices.append({"index": len(choices), "text": text.text} | choice)
+    rows = [(seq, text) for gen in gens for seq, text in zip(gen.seqs, gen.texts, strict=True)]
+    choices = [_choice(i, text.text, seq, 0, fmt, True) for i, (seq, text) in enumerate(rows)]
     prompt_tokens = sum(len(g.seqs[0].prompt) for g in gens)
-    completion = sum(len(s.tokens) for g in gens for s in g.seqs)
-    body = envelope("text_completion", state.model_name)
-    return web.json_response(body | {"choices": choices, "usage": usage(prompt_tokens, completion)})
+    counts = usage(prompt_tokens, sum(len(seq.tokens) for seq, _ in rows))
+    answer = CompletionResponse(model=state.model_name, choices=choices, usage=counts)
+    return web.json_response(text=answer.model_dump_json())
 
 
 async def _stream(
-    request: web.Request, state: Any, req: TextCompletionRequest, gens: list[Any], name: Any
+    request: web.Request,
+    state: Any,
+    req: TextCompletionRequest,
+    gens: list[WatchedRequest],
+    fmt: OutputFormat,
 ) -> web.StreamResponse:
-    head = envelope("text_completion", state.model_name)
+    head = StreamHead(state.model_name, kind="text_completion")
     rows = [(seq, text) for gen in gens for seq, text in zip(gen.seqs, gen.texts, strict=True)]
     sent = [0] * len(rows)
     closed = [False] * len(rows)
@@ -116,19 +117,17 @@ async def _stream(
         for gen in gens:
             state.engine.submit(gen)
         while not all(g.done.done() for g in gens):
-            await gens[0].progress.wait()
+            await gens[0].progress.wait()  # one event shared by the batch's requests
             gens[0].progress.clear()
             for index, (seq, text) in enumerate(rows):
                 if closed[index] or (sent[index] == len(seq.tokens) and seq.finish_reason is None):
                     continue
-                choice = _choice(req, seq, text, sent[index], name)
+                closed[index] = seq.finish_reason is not None
+                piece = text.take(final=closed[index])
+                choice = _choice(index, piece, seq, sent[index], fmt, closed[index])
                 sent[index] = len(seq.tokens)
-                if seq.finish_reason is not None:
-                    closed[index] = True
-                    choice |= {"finish_reason": seq.finish_reason, "stop_reason": seq.stop_reason}
-                delta = text.take(final=closed[index])
-                chunk = {"index": index, "text": delta} | choice
-                await response.write(sse_event(head | {"choices": [chunk], "usage": None}))
+                chunk = CompletionResponse(**head.fields(), choices=[choice])
+                await response.write(sse_event(chunk))
         await close_stream(response, req, gens, head)
     except (asyncio.CancelledError, ConnectionResetError):
         abort_all(state.engine, gens)

@@ -1,7 +1,7 @@
 """The CPU policy server's OpenAI routes: `/v1/chat/completions`, `/tokenize`, `/detokenize`.
 
-A thin layer over `inference.openai` (request models, rendering, tool-call parsing, response
-and SSE shapes) and `inference.openai_generate` (engine parameters, watched requests).
+A thin layer over `inference.openai` (request and response models, rendering, tool-call
+parsing, SSE) and `inference.openai_generate` (engine parameters, watched requests).
 `add_openai_routes(app, state_key)` registers them; text and streamed `/v1/completions` live
 in `openai_completions.py`. Every refusal is a 4xx in vLLM's ErrorResponse shape.
 """
@@ -25,25 +25,28 @@ from inference.openai.models import (
     TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
-from inference.openai.render import TokenizerRenderer, template_messages
+from inference.openai.render import TokenizerRenderer, render_chat_request
 from inference.openai.responses import (
+    Generated,
+    OutputFormat,
+    StreamHead,
+    chat_choice,
+    chat_chunk,
     chat_finish_reason,
-    chat_logprobs,
-    chat_message,
-    envelope,
+    chat_stream_choice,
     usage,
-    version_spans,
+    usage_chunk,
+)
+from inference.openai.schema import (
+    ChatCompletionResponse,
+    ChatDelta,
+    DetokenizeResponse,
+    TokenizeResponse,
 )
 from inference.openai.sse import SSE_DONE, open_event_stream, sse_event
 from inference.openai.stream import ChatChoiceStream
-from inference.openai.tools import extract_tool_calls
-from inference.openai_generate import (
-    WatchedRequest,
-    abort_all,
-    check_ids,
-    gen_params,
-    generate,
-)
+from inference.openai.tools import ParsedMessage, extract_tool_calls
+from inference.openai_generate import WatchedRequest, abort_all, check_ids, gen_params, generate
 
 RENDERER = web.AppKey("openai_renderer", TokenizerRenderer)
 SERVER = web.AppKey("openai_server_state", Any)  # the policy server's ServerState
@@ -63,17 +66,16 @@ def api_errors(handler: Handler) -> Handler:
     return wrapped
 
 
-async def read_model(request: web.Request, model: type[BaseModel]) -> Any:
-    """The body validated as `model`; malformed JSON or a bad field is a 400."""
+async def read_body(request: web.Request) -> Any:
     raw = await request.read()
     try:
-        body = json.loads(raw)
+        return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(f"malformed JSON body: {exc}") from None
-    return validate(model, body)
 
 
 def validate(model: type[BaseModel], body: Any) -> Any:
+    """`body` validated as `model`; a bad field is a 400 naming it."""
     if not isinstance(body, dict):
         raise ApiError("request body must be a JSON object")
     try:
@@ -93,150 +95,130 @@ def token_namer(renderer: TokenizerRenderer, as_ids: bool | None) -> Callable[[i
     return lambda t: renderer.decode([t], skip_special_tokens=False)
 
 
-def render_chat(renderer: TokenizerRenderer, req: ChatCompletionRequest) -> list[int]:
-    return renderer.render_messages(
-        template_messages(req.messages),
-        req.template_tools(),
-        add_generation_prompt=req.add_generation_prompt,
-        template_kwargs=req.chat_template_kwargs,
-    )
-
-
-def _extras(req: ChatCompletionRequest, seq: Sequence, start: int) -> dict[str, Any]:
-    """The project's per-choice fields for the tokens from `start` on."""
-    extra: dict[str, Any] = {}
-    if req.return_token_ids:
-        extra["token_ids"] = list(seq.tokens[start:])
-    if req.return_weight_versions:
-        extra["weight_versions"] = version_spans(seq.versions[start:], start)
-    return extra
-
-
-def _logprobs(req: ChatCompletionRequest, seq: Sequence, start: int, name: Any) -> Any:
-    if not req.logprobs:
-        return None
+def generated(seq: Sequence, start: int = 0) -> Generated:
+    """The engine sequence's tokens from `start` on, in the shared builders' terms."""
     end = len(seq.tokens)
-    tops = seq.tops[start:end]
-    return chat_logprobs(
-        seq.tokens[start:end], seq.logprobs[start:end], tops, name, req.top_logprobs or 0
+    return Generated(
+        seq.tokens[start:end],
+        seq.logprobs[start:end],
+        seq.tops[start:end],
+        seq.versions[start:end],
+        start,
     )
 
 
-def chat_body(
-    req: ChatCompletionRequest, gen: WatchedRequest, model: str, name: Any
-) -> dict[str, Any]:
+def _chat_format(req: ChatCompletionRequest, renderer: TokenizerRenderer) -> OutputFormat:
+    return OutputFormat(
+        token_text=token_namer(renderer, req.return_tokens_as_token_ids),
+        logprobs=bool(req.logprobs),
+        top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
+        token_ids=bool(req.return_token_ids),
+        weight_versions=bool(req.return_weight_versions),
+    )
+
+
+def chat_response(
+    req: ChatCompletionRequest, gen: WatchedRequest, model: str, fmt: OutputFormat
+) -> ChatCompletionResponse:
     choices = []
     for index, (seq, text) in enumerate(zip(gen.seqs, gen.texts, strict=True)):
-        parsed = extract_tool_calls(text.text) if req.parses_tools() else None
-        message = chat_message(parsed) if parsed else chat_message_text(text.text)
+        parsed = (
+            extract_tool_calls(text.text) if req.parses_tools() else ParsedMessage(text.text, [])
+        )
         choices.append(
-            {
-                "index": index,
-                "message": message,
-                "logprobs": _logprobs(req, seq, 0, name),
-                "finish_reason": chat_finish_reason(seq.finish_reason, bool(message["tool_calls"])),
-                "stop_reason": seq.stop_reason,
-                **_extras(req, seq, 0),
-            }
+            chat_choice(index, parsed, generated(seq), fmt, seq.finish_reason, seq.stop_reason)
         )
     prompt = gen.seqs[0].prompt
-    body = envelope("chat.completion", model) | {
-        "choices": choices,
-        "usage": usage(len(prompt), sum(len(s.tokens) for s in gen.seqs)),
-    }
-    if req.return_token_ids:
-        body["prompt_token_ids"] = list(prompt)
-    return body
-
-
-def chat_message_text(text: str) -> dict[str, Any]:
-    return {"role": "assistant", "content": text, "tool_calls": []}
+    return ChatCompletionResponse(
+        model=model,
+        choices=choices,
+        usage=usage(len(prompt), sum(len(s.tokens) for s in gen.seqs)),
+        prompt_token_ids=list(prompt) if req.return_token_ids else None,
+    )
 
 
 @api_errors
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[SERVER]
     renderer = request.app[RENDERER]
-    req: ChatCompletionRequest = await read_model(request, ChatCompletionRequest)
+    req: ChatCompletionRequest = validate(ChatCompletionRequest, await read_body(request))
     check_model(req.model, state.model_name)
-    prompt = render_chat(renderer, req)
-    top = (req.top_logprobs or 0) if req.logprobs else 0
-    params = gen_params(req, len(prompt), state.limits, req.output_limit(), top)
-    progress = asyncio.Event()
-    gen = WatchedRequest(
-        prompt, params, renderer, req.stop_strings(), req.skip_special_tokens, progress
-    )
-    name = token_namer(renderer, req.return_tokens_as_token_ids)
+    prompt = render_chat_request(renderer, req)
+    fmt = _chat_format(req, renderer)
+    params = gen_params(req, len(prompt), state.limits, req.output_limit(), fmt.top_logprobs)
+    stops, skip = req.stop_strings(), req.skip_special_tokens
+    gen = WatchedRequest(prompt, params, renderer, stops, skip, asyncio.Event())
     if req.stream:
-        return await stream_chat(request, state, req, gen, name)
+        return await stream_chat(request, state, req, gen, fmt)
     await generate(state.engine, [gen])
-    return web.json_response(chat_body(req, gen, state.model_name, name))
+    body = chat_response(req, gen, state.model_name, fmt)
+    return web.json_response(text=body.model_dump_json())
 
 
 async def stream_chat(
-    request: web.Request, state: Any, req: ChatCompletionRequest, gen: WatchedRequest, name: Any
+    request: web.Request,
+    state: Any,
+    req: ChatCompletionRequest,
+    gen: WatchedRequest,
+    fmt: OutputFormat,
 ) -> web.StreamResponse:
     """Send the choices as chat.completion.chunk events while the engine generates them."""
-    head = envelope("chat.completion.chunk", state.model_name)
+    head = StreamHead(state.model_name)
     streams = [ChatChoiceStream(text, req.parses_tools()) for text in gen.texts]
     response = await open_event_stream(request)
     try:
         state.engine.submit(gen)
         for index in range(len(streams)):
-            delta = {"role": "assistant", "content": ""}
-            await response.write(sse_event(head | {"choices": [_chunk(index, delta)]}))
+            opening = chat_stream_choice(index, ChatDelta(role="assistant", content=""))
+            await response.write(sse_event(chat_chunk(head, [opening])))
         while not gen.done.done():
             await gen.progress.wait()
             gen.progress.clear()
             for index, (seq, stream) in enumerate(zip(gen.seqs, streams, strict=True)):
-                choice = _next_chunk(req, index, seq, stream, name)
+                choice = _next_choice(index, seq, stream, fmt)
                 if choice is not None:
-                    await response.write(sse_event(head | {"choices": [choice], "usage": None}))
-        await close_stream(response, req, gen, head)
+                    await response.write(sse_event(chat_chunk(head, [choice])))
+        await close_stream(response, req, [gen], head)
     except (asyncio.CancelledError, ConnectionResetError):
         abort_all(state.engine, [gen])  # the client went away: free the batch slots
         raise
     return response
 
 
-def _chunk(index: int, delta: dict[str, Any], **fields: Any) -> dict[str, Any]:
-    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": None} | fields
-
-
-def _next_chunk(
-    req: ChatCompletionRequest, index: int, seq: Sequence, stream: ChatChoiceStream, name: Any
-) -> dict[str, Any] | None:
-    """This choice's chunk for what happened since the last one, or None when nothing did."""
+def _next_choice(index: int, seq: Sequence, stream: ChatChoiceStream, fmt: OutputFormat) -> Any:
+    """This choice's part of a chunk for what happened since the last one, or None."""
     if stream.finished:
         return None
-    start = stream.sent_tokens
-    stream.sent_tokens = len(seq.tokens)
-    fields = {"logprobs": _logprobs(req, seq, start, name), **_extras(req, seq, start)}
+    start, stream.sent_tokens = stream.sent_tokens, len(seq.tokens)
+    new = generated(seq, start)
     if seq.finish_reason is not None:
         stream.finished = True
         delta, calls = stream.final_delta()
         reason = chat_finish_reason(seq.finish_reason, calls)
-        return _chunk(index, delta, finish_reason=reason, stop_reason=seq.stop_reason, **fields)
+        return chat_stream_choice(index, delta, new, fmt, reason, seq.stop_reason)
     content = stream.content_delta()
-    if not content and (start == len(seq.tokens) or fields == {"logprobs": None}):
+    reports_tokens = fmt.logprobs or fmt.token_ids or fmt.weight_versions
+    if not content and not (new.token_ids and reports_tokens):
         return None
-    return _chunk(index, {"content": content} if content else {}, **fields)
+    return chat_stream_choice(
+        index, ChatDelta(content=content) if content else ChatDelta(), new, fmt
+    )
 
 
 async def close_stream(
-    response: web.StreamResponse, req: Any, gens: Any, head: dict[str, Any]
+    response: web.StreamResponse, req: Any, gens: list[WatchedRequest], head: StreamHead
 ) -> None:
-    """Usage (when asked for) or the error that ended generation, then [DONE]."""
-    gens = gens if isinstance(gens, list) else [gens]
+    """The error that ended generation, or usage when asked for; then [DONE]."""
     errors = [g.done.exception() for g in gens if g.done.exception() is not None]
     if errors:
         status = getattr(errors[0], "status", 500)
-        error = ApiError(f"generation failed: {errors[0]}", status=status)
-        await response.write(sse_event(error.body()))
+        await response.write(
+            sse_event(ApiError(f"generation failed: {errors[0]}", status=status).body())
+        )
     elif req.include_usage():
         prompt = sum(len(g.seqs[0].prompt) for g in gens)
         completion = sum(len(s.tokens) for g in gens for s in g.seqs)
-        await response.write(sse_event(head | {"choices": [], "usage": usage(prompt, completion)}))
+        await response.write(sse_event(usage_chunk(head, usage(prompt, completion))))
     await response.write(SSE_DONE)
     await response.write_eof()
 
@@ -245,42 +227,31 @@ async def close_stream(
 async def tokenize(request: web.Request) -> web.Response:
     state = request.app[SERVER]
     renderer = request.app[RENDERER]
-    raw = await request.read()
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(f"malformed JSON body: {exc}") from None
+    body = await read_body(request)
     chat = isinstance(body, dict) and "messages" in body
     req = validate(TokenizeChatRequest if chat else TokenizeCompletionRequest, body)
     check_model(req.model, state.model_name)
     if chat:
         if req.continue_final_message:
             raise ApiError("continue_final_message is not supported", "continue_final_message")
-        ids = renderer.render_messages(
-            template_messages(req.messages),
-            req.template_tools(),
-            add_generation_prompt=req.add_generation_prompt,
-            template_kwargs=req.chat_template_kwargs,
-        )
+        ids = render_chat_request(renderer, req)
     else:
         ids = renderer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-    return web.json_response(
-        {
-            "count": len(ids),
-            "max_model_len": state.limits.max_model_len,
-            "tokens": ids,
-            "token_strs": renderer.token_strings(ids) if req.return_token_strs else None,
-        }
+    strs = renderer.token_strings(ids) if req.return_token_strs else None
+    answer = TokenizeResponse(
+        count=len(ids), max_model_len=state.limits.max_model_len, tokens=ids, token_strs=strs
     )
+    return web.json_response(text=answer.model_dump_json())
 
 
 @api_errors
 async def detokenize(request: web.Request) -> web.Response:
     state = request.app[SERVER]
-    req: DetokenizeRequest = await read_model(request, DetokenizeRequest)
+    req: DetokenizeRequest = validate(DetokenizeRequest, await read_body(request))
     check_model(req.model, state.model_name)
     check_ids(req.tokens, state.limits, "tokens")
-    return web.json_response({"prompt": request.app[RENDERER].decode(req.tokens)})
+    answer = DetokenizeResponse(prompt=request.app[RENDERER].decode(req.tokens))
+    return web.json_response(text=answer.model_dump_json())
 
 
 def add_openai_routes(app: web.Application, state_key: web.AppKey[Any]) -> None:

@@ -1,9 +1,9 @@
 """Chat messages to prompt token ids through the model's chat template.
 
-`ChatRenderer` is the seam: any object with `render_messages`, `encode` and `decode` renders a
-request. `TokenizerRenderer` implements it over a Hugging Face tokenizer (the CPU policy
-server's); the worker's `ChatCodec` can implement the same three methods over its tokenizer, so
-both endpoints render identically. `template_messages` turns validated messages into the dicts
+`ChatRenderer` is the seam: any object with `render_messages` renders a request
+(`render_chat_request`). `TokenizerRenderer` implements it over a Hugging Face tokenizer (the
+CPU policy server's; an endpoint that holds the same tokenizer, as the workers' `ChatCodec`
+does, gets the same ids by wrapping it the same way). `template_messages` turns validated messages into the dicts
 chat templates read: content parts joined into one string, and tool-call arguments decoded from
 their JSON string into an object (as vLLM does), so a template may write them with `tojson`.
 """
@@ -19,7 +19,7 @@ from inference.openai.models import Message
 
 
 class ChatRenderer(Protocol):
-    """Renders chat messages to token ids and converts between text and ids."""
+    """Renders chat messages (template dicts) and tools to prompt token ids."""
 
     def render_messages(
         self,
@@ -30,9 +30,23 @@ class ChatRenderer(Protocol):
         template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]: ...
 
-    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]: ...
 
-    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str: ...
+class _ChatFields(Protocol):
+    messages: list[Message]
+    add_generation_prompt: bool
+    chat_template_kwargs: dict[str, Any] | None
+
+    def template_tools(self) -> list[dict[str, Any]] | None: ...
+
+
+def render_chat_request(renderer: ChatRenderer, req: _ChatFields) -> list[int]:
+    """Prompt ids of a chat completion or chat `/tokenize` request."""
+    return renderer.render_messages(
+        template_messages(req.messages),
+        req.template_tools(),
+        add_generation_prompt=req.add_generation_prompt,
+        template_kwargs=req.chat_template_kwargs,
+    )
 
 
 def _arguments(raw: str) -> Any:

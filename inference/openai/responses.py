@@ -1,10 +1,10 @@
-"""JSON-ready response pieces in vLLM 0.33's OpenAI shapes (chat and text completions).
+"""Response and chunk builders in vLLM 0.33's OpenAI shapes, from what a choice generated.
 
-Pure functions over plain lists, so any endpoint can build them from what it generated:
-aligned `token_ids`, raw `logprobs` of the sampled tokens, `tops` (per step, the most likely
-`(id, logprob)` pairs) and per-token weight-version labels. `token_text(id)` names a token in
-logprob entries (its decoded text, or `token_id:<id>` with `return_tokens_as_token_ids`).
-Logprobs are clamped at -9999.0 as vLLM does, so JSON never carries -inf.
+Pure functions over neutral inputs, so any endpoint builds identical responses: a
+`Generated` holds a choice's tokens (all of them, or those since its last chunk) with their raw
+logprobs, top alternatives and weight-version labels; an `OutputFormat` says what the request
+asked to see (logprobs, top-N, token ids, version spans, and how to name a token). Logprobs are
+clamped at -9999.0 as vLLM does, so JSON never carries -inf.
 """
 
 from __future__ import annotations
@@ -12,83 +12,122 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from inference.openai.schema import (
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChatLogprobs,
+    ChatMessage,
+    ChatStreamChoice,
+    CompletionLogprobs,
+    LogprobEntry,
+    TopLogprob,
+    Usage,
+    WeightVersionSpan,
+)
 from inference.openai.tools import ParsedMessage
 
 TokenText = Callable[[int], str]
 Tops = Sequence[Sequence[tuple[int, float]]]
 
 
+@dataclass(frozen=True)
+class Generated:
+    """Tokens of one choice: all of them, or those after index `start` (a chunk's)."""
+
+    token_ids: Sequence[int]  # sampled ids
+    logprobs: Sequence[float]  # raw logprob of each sampled id
+    tops: Tops  # per token, the most likely (id, logprob) pairs (empty when not asked for)
+    versions: Sequence[str]  # per token, the weight version label that sampled it
+    start: int = 0  # index of token_ids[0] among all of the choice's tokens
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """What a request asked to see of each choice's tokens."""
+
+    token_text: TokenText  # names a token: its text, or `token_id:<id>`
+    logprobs: bool = False  # report logprobs
+    top_logprobs: int = 0  # alternatives per token (chat) / per step (completions)
+    token_ids: bool = False  # return_token_ids
+    weight_versions: bool = False  # return_weight_versions
+
+
 def _lp(value: float) -> float:
     return max(value, -9999.0)
 
 
-def chat_logprobs(
-    token_ids: Sequence[int],
-    logprobs: Sequence[float],
-    tops: Tops,
-    token_text: TokenText,
-    top_n: int,
-) -> dict[str, Any]:
-    """OpenAI chat logprobs: `{"content": [{token, logprob, bytes, top_logprobs}]}`."""
-
-    def entry(token_id: int, logprob: float) -> dict[str, Any]:
-        text = token_text(token_id)
-        return {"token": text, "logprob": _lp(logprob), "bytes": list(text.encode())}
-
-    content = []
-    for i, (token_id, logprob) in enumerate(zip(token_ids, logprobs, strict=True)):
-        item = entry(token_id, logprob)
-        item["top_logprobs"] = [entry(t, lp) for t, lp in tops[i][:top_n]] if top_n else []
-        content.append(item)
-    return {"content": content}
+def _top(token_text: TokenText, token_id: int, logprob: float) -> dict[str, Any]:
+    text = token_text(token_id)
+    return {"token": text, "logprob": _lp(logprob), "bytes": list(text.encode())}
 
 
-def legacy_logprobs(
-    token_ids: Sequence[int],
-    logprobs: Sequence[float],
-    tops: Tops,
-    token_text: TokenText,
-    text_start: int,
-) -> dict[str, Any]:
-    """OpenAI completions logprobs `{tokens, token_logprobs, top_logprobs, text_offset}`;
-    each `top_logprobs` entry holds the sampled token plus the most likely ones."""
-    tokens = [token_text(t) for t in token_ids]
+def chat_logprobs(gen: Generated, fmt: OutputFormat) -> ChatLogprobs:
+    """OpenAI chat logprobs: one entry per token with its `top_logprobs` alternatives."""
+    content = [
+        LogprobEntry(
+            **_top(fmt.token_text, token_id, logprob),
+            top_logprobs=[
+                TopLogprob(**_top(fmt.token_text, t, lp)) for t, lp in step[: fmt.top_logprobs]
+            ],
+        )
+        for token_id, logprob, step in zip(gen.token_ids, gen.logprobs, gen.tops, strict=True)
+    ]
+    return ChatLogprobs(content=content)
+
+
+def legacy_logprobs(gen: Generated, fmt: OutputFormat, text_start: int = 0) -> CompletionLogprobs:
+    """OpenAI completions logprobs; each `top_logprobs` entry holds the sampled token plus
+    the most likely ones."""
+    tokens = [fmt.token_text(t) for t in gen.token_ids]
     offsets, pos = [], text_start
     for text in tokens:
         offsets.append(pos)
         pos += len(text)
     top = [
-        {token_text(t): _lp(lp) for t, lp in [(tok, lp), *step]}
-        for tok, lp, step in zip(token_ids, logprobs, tops, strict=True)
+        {fmt.token_text(t): _lp(lp) for t, lp in [(tok, lp), *step[: fmt.top_logprobs]]}
+        for tok, lp, step in zip(gen.token_ids, gen.logprobs, gen.tops, strict=True)
     ]
-    return {
-        "tokens": tokens,
-        "token_logprobs": [_lp(v) for v in logprobs],
-        "top_logprobs": top,
-        "text_offset": offsets,
-    }
+    return CompletionLogprobs(
+        tokens=tokens,
+        token_logprobs=[_lp(v) for v in gen.logprobs],
+        top_logprobs=top,
+        text_offset=offsets,
+    )
 
 
-def version_spans(labels: Sequence[str], offset: int = 0) -> list[dict[str, Any]]:
-    """Per-token version labels -> contiguous half-open spans `{version, start, end}`,
-    counted from `offset` (the index of the first label among the choice's tokens)."""
-    spans: list[dict[str, Any]] = []
+def version_spans(labels: Sequence[str], offset: int = 0) -> list[WeightVersionSpan]:
+    """Per-token version labels -> contiguous half-open spans, counted from `offset`."""
+    spans: list[WeightVersionSpan] = []
     for i, label in enumerate(labels, start=offset):
-        if spans and spans[-1]["version"] == label:
-            spans[-1]["end"] = i + 1
+        if spans and spans[-1].version == label:
+            spans[-1].end = i + 1
         else:
-            spans.append({"version": label, "start": i, "end": i + 1})
+            spans.append(WeightVersionSpan(version=label, start=i, end=i + 1))
     return spans
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
+def token_fields(gen: Generated, fmt: OutputFormat, *, chat: bool) -> dict[str, Any]:
+    """The requested per-choice extras: `logprobs`, `token_ids`, `weight_versions`."""
+    fields: dict[str, Any] = {"logprobs": None}
+    if fmt.logprobs:
+        fields["logprobs"] = chat_logprobs(gen, fmt) if chat else legacy_logprobs(gen, fmt)
+    if fmt.token_ids:
+        fields["token_ids"] = list(gen.token_ids)
+    if fmt.weight_versions:
+        fields["weight_versions"] = version_spans(gen.versions, gen.start)
+    return fields
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
 
 
 def chat_finish_reason(engine_reason: str | None, tool_calls: bool) -> str:
@@ -98,16 +137,70 @@ def chat_finish_reason(engine_reason: str | None, tool_calls: bool) -> str:
     return "tool_calls" if tool_calls and reason == "stop" else reason
 
 
-def chat_message(parsed: ParsedMessage) -> dict[str, Any]:
-    return {"role": "assistant", "content": parsed.content, "tool_calls": parsed.tool_calls}
+def chat_choice(
+    index: int,
+    parsed: ParsedMessage,
+    gen: Generated,
+    fmt: OutputFormat,
+    finish_reason: str | None,
+    stop_reason: int | str | None,
+) -> ChatChoice:
+    """A whole choice of a chat completion."""
+    return ChatChoice(
+        index=index,
+        message=ChatMessage(content=parsed.content, tool_calls=parsed.tool_calls),
+        finish_reason=chat_finish_reason(finish_reason, bool(parsed.tool_calls)),
+        stop_reason=stop_reason,
+        **token_fields(gen, fmt, chat=True),
+    )
 
 
-def envelope(kind: str, model: str, request_id: str | None = None) -> dict[str, Any]:
-    """The common head of a response or chunk: id, object, created, model."""
-    prefix = "chatcmpl" if kind.startswith("chat") else "cmpl"
-    return {
-        "id": request_id or f"{prefix}-{uuid.uuid4().hex}",
-        "object": kind,
-        "created": int(time.time()),
-        "model": model,
-    }
+@dataclass(frozen=True)
+class StreamHead:
+    """What every chunk of one streamed response repeats: its id, creation time and model."""
+
+    model: str  # served model name
+    kind: str = "chat.completion.chunk"  # the chunks' `object` ("text_completion" for text)
+    id: str = field(default="")  # generated when empty
+    created: int = field(default_factory=lambda: int(time.time()))  # unix time
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            prefix = "chatcmpl" if self.kind.startswith("chat") else "cmpl"
+            object.__setattr__(self, "id", f"{prefix}-{uuid.uuid4().hex}")
+
+    def fields(self) -> dict[str, Any]:
+        """The head as explicitly set fields (chunks are dumped with exclude_unset)."""
+        return {"id": self.id, "object": self.kind, "created": self.created, "model": self.model}
+
+
+def usage_chunk(head: StreamHead, usage_: Usage) -> dict[str, Any]:
+    """The last chunk of a stream with `include_usage`: no choices, the usage."""
+    return head.fields() | {"choices": [], "usage": usage_.model_dump()}
+
+
+def chat_chunk(
+    head: StreamHead, choices: list[ChatStreamChoice], usage_: Usage | None = None
+) -> ChatCompletionChunk:
+    """A chunk of a streamed chat completion (no choices and `usage_`: the usage chunk)."""
+    extra = {"usage": usage_} if usage_ is not None else {}
+    return ChatCompletionChunk(**head.fields(), choices=choices, **extra)
+
+
+def chat_stream_choice(
+    index: int,
+    delta: ChatDelta,
+    gen: Generated | None = None,
+    fmt: OutputFormat | None = None,
+    finish_reason: str | None = None,
+    stop_reason: int | str | None = None,
+) -> ChatStreamChoice:
+    """A choice's part of a chunk; `gen` (with `fmt`) adds the new tokens' extras."""
+    fields = token_fields(gen, fmt, chat=True) if gen is not None and fmt is not None else {}
+    closing = {"stop_reason": stop_reason} if finish_reason is not None else {}
+    return ChatStreamChoice(
+        index=index,
+        delta=delta,
+        finish_reason=finish_reason,
+        **({"logprobs": None} | fields | closing),
+    )

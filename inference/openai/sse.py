@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from pydantic import BaseModel
 
 SSE_DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {
@@ -19,8 +20,11 @@ SSE_HEADERS = {
 }
 
 
-def sse_event(payload: dict[str, Any]) -> bytes:
-    """One event carrying `payload` as compact JSON."""
+def sse_event(payload: BaseModel | dict[str, Any]) -> bytes:
+    """One event carrying `payload` as compact JSON; a model is dumped with `exclude_unset`,
+    as vLLM sends chunks, so a chunk carries only the fields its builder set."""
+    if isinstance(payload, BaseModel):
+        return b"data: " + payload.model_dump_json(exclude_unset=True).encode() + b"\n\n"
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 

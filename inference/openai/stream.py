@@ -11,8 +11,7 @@ the non-streamed `tool_calls` (ids aside).
 
 from __future__ import annotations
 
-from typing import Any
-
+from inference.openai.schema import ChatDelta, DeltaToolCall
 from inference.openai.text import ChoiceText
 from inference.openai.tools import call_syntax_start, extract_tool_calls
 
@@ -33,7 +32,7 @@ class ChatChoiceStream:
             limit = len(self.text.text[: call_syntax_start(self.text.text)].rstrip())
         return self.text.take(limit=limit)
 
-    def final_delta(self) -> tuple[dict[str, Any], bool]:
+    def final_delta(self) -> tuple[ChatDelta, bool]:
         """The closing delta and whether it carries tool calls."""
         if self.parse_tools:
             parsed = extract_tool_calls(self.text.text)
@@ -41,10 +40,15 @@ class ChatChoiceStream:
                 sent = self.text.text[: self.text.emitted]
                 content = parsed.content or ""
                 rest = content[len(sent) :] if content.startswith(sent) else ""
-                calls = [{"index": k, **call} for k, call in enumerate(parsed.tool_calls)]
-                delta: dict[str, Any] = {"tool_calls": calls}
-                if rest:
-                    delta["content"] = rest
+                calls = [
+                    DeltaToolCall(index=k, **call.model_dump())
+                    for k, call in enumerate(parsed.tool_calls)
+                ]
+                delta = (
+                    ChatDelta(tool_calls=calls, content=rest)
+                    if rest
+                    else ChatDelta(tool_calls=calls)
+                )
                 return delta, True
         rest = self.text.take(final=True)
-        return ({"content": rest} if rest else {}), False
+        return (ChatDelta(content=rest) if rest else ChatDelta()), False

@@ -2,7 +2,7 @@
 
 `extract_tool_calls(text)` parses every syntax `envs.parsing` knows (Hermes/Qwen `<tool_call>`,
 CodeGym `<|FunctionCallBegin|>`, bare JSON). A well-formed call becomes
-`{"id": "call_...", "type": "function", "function": {"name", "arguments": JSON string}}` and the
+a `ToolCall` (`id` "call_...", `type` function, `function.arguments` a JSON string) and the
 text outside the call syntax stays the message content; text with a malformed call attempt
 stays plain content with no tool calls, as vLLM's parsers treat it, so the client sees what the
 model wrote. `call_syntax_start(text)` says where streamed content must stop being sent, because
@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from envs.parsing import parse_tool_calls
+from inference.openai.schema import FunctionCall, ToolCall
 
 _OPENERS = ("<tool_call>", "<|FunctionCallBegin|>")
 _BARE_STARTS = ("{", "[", "```")
@@ -27,7 +27,7 @@ class ParsedMessage:
     """An assistant reply split into content and OpenAI tool calls."""
 
     content: str | None  # None when the reply is only tool calls
-    tool_calls: list[dict[str, Any]]  # OpenAI tool_calls (empty: none parsed)
+    tool_calls: list[ToolCall]  # OpenAI tool_calls (empty: none parsed)
 
 
 def new_call_id() -> str:
@@ -40,11 +40,11 @@ def extract_tool_calls(text: str) -> ParsedMessage:
     if parsed.error is not None or not parsed.calls:
         return ParsedMessage(text, [])
     calls = [
-        {
-            "id": new_call_id(),
-            "type": "function",
-            "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
-        }
+        ToolCall(
+            id=new_call_id(),
+            type="function",  # set, so that a chunk dumped with exclude_unset carries it
+            function=FunctionCall(name=call.name, arguments=json.dumps(call.arguments)),
+        )
         for call in parsed.calls
     ]
     return ParsedMessage(parsed.content or None, calls)

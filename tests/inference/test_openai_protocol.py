@@ -14,7 +14,21 @@ from hypothesis import strategies as st
 from inference.openai.errors import ApiError
 from inference.openai.models import ChatCompletionRequest, Message
 from inference.openai.render import template_messages
-from inference.openai.responses import chat_finish_reason, legacy_logprobs, version_spans
+from inference.openai.responses import (
+    Generated,
+    OutputFormat,
+    StreamHead,
+    chat_chunk,
+    chat_finish_reason,
+    chat_logprobs,
+    chat_stream_choice,
+    legacy_logprobs,
+    usage,
+    usage_chunk,
+    version_spans,
+)
+from inference.openai.schema import ChatDelta
+from inference.openai.sse import sse_event
 from inference.openai.stream import ChatChoiceStream
 from inference.openai.text import ChoiceText
 from inference.openai.tools import call_syntax_start, extract_tool_calls
@@ -76,13 +90,13 @@ def test_extract_tool_calls_gives_openai_tool_calls_and_the_remaining_content() 
     parsed = extract_tool_calls(reply)
     assert parsed.content == "Checking."
     [call] = parsed.tool_calls
-    assert call["type"] == "function" and call["id"].startswith("call_")
-    assert call["function"]["name"] == "get_weather"
-    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
     codegym = extract_tool_calls(
         '<|FunctionCallBegin|>[{"name": "f", "parameters": {}}]<|FunctionCallEnd|>'
     )
-    assert [c["function"]["name"] for c in codegym.tool_calls] == ["f"] and codegym.content is None
+    assert [c.function.name for c in codegym.tool_calls] == ["f"] and codegym.content is None
 
 
 def test_a_malformed_call_stays_plain_content() -> None:
@@ -110,9 +124,10 @@ def test_streamed_chat_content_and_calls_match_the_non_streamed_message() -> Non
         stream.text.feed(list(data[:n]), final=n == len(data))
         sent.append(stream.content_delta())
     delta, calls = stream.final_delta()
-    assert calls and "".join(sent) + delta.get("content", "") == "Checking."
-    assert [c["function"]["name"] for c in delta["tool_calls"]] == ["f"]
-    assert delta["tool_calls"][0]["index"] == 0
+    assert calls and "".join(sent) + (delta.content or "") == "Checking."
+    assert [(c.index, c.function.name) for c in delta.tool_calls] == [(0, "f")]
+    # a chunk dumped as vLLM dumps it (exclude_unset) still names the call's type
+    assert delta.model_dump(exclude_unset=True)["tool_calls"][0]["type"] == "function"
 
 
 def test_template_messages_decode_tool_call_arguments_and_join_text_parts() -> None:
@@ -169,20 +184,48 @@ def test_a_user_message_without_content_is_invalid() -> None:
 
 
 def test_response_pieces() -> None:
-    assert version_spans(["3", "3", "4"], offset=5) == [
+    spans = version_spans(["3", "3", "4"], offset=5)
+    assert [s.model_dump() for s in spans] == [
         {"version": "3", "start": 5, "end": 7},
         {"version": "4", "start": 7, "end": 8},
     ]
     assert chat_finish_reason("stop", True) == "tool_calls"
     assert chat_finish_reason("length", True) == "length"
-    block = legacy_logprobs([104, 105], [-1.0, float("-inf")], [[], []], chr, 0)
-    assert block["text_offset"] == [0, 1] and block["token_logprobs"] == [-1.0, -9999.0]
+    gen = Generated([104, 105], [-1.0, float("-inf")], [[(1, -0.5)], [(2, -0.1)]], ["0", "0"])
+    fmt = OutputFormat(token_text=chr, logprobs=True, top_logprobs=1)
+    block = legacy_logprobs(gen, fmt)
+    assert block.text_offset == [0, 1] and block.token_logprobs == [-1.0, -9999.0]
+    assert block.top_logprobs == [{"h": -1.0, "\x01": -0.5}, {"i": -9999.0, "\x02": -0.1}]
+    [first, _] = chat_logprobs(gen, fmt).content
+    assert (first.token, first.bytes, [t.token for t in first.top_logprobs]) == (
+        "h",
+        [104],
+        ["\x01"],
+    )
+
+
+def test_stream_chunks_carry_only_what_they_set() -> None:
+    head = StreamHead("m")
+    opening = chat_chunk(head, [chat_stream_choice(0, ChatDelta(role="assistant", content=""))])
+    wire = json.loads(sse_event(opening)[len(b"data: ") :])
+    assert wire["object"] == "chat.completion.chunk" and wire["id"] == head.id
+    assert wire["choices"] == [
+        {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+    ]
+    usage_only = json.loads(sse_event(usage_chunk(head, usage(3, 4)))[len(b"data: ") :])
+    assert usage_only["choices"] == [] and usage_only["usage"]["total_tokens"] == 7
 
 
 def test_the_openai_package_imports_neither_torch_nor_the_engine() -> None:
     code = (
         "import sys, inference.openai.models, inference.openai.render, inference.openai.tools, "
-        "inference.openai.responses, inference.openai.sse, inference.openai.stream; "
+        "inference.openai.responses, inference.openai.sse, inference.openai.stream, "
+        "inference.openai.schema; "
         "print(sorted(m for m in ('torch', 'inference.engine', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
