@@ -173,6 +173,7 @@ async def test_streamed_chat_equals_the_whole_reply(server_factory, sdk) -> None
         "seed": 3,
         "max_completion_tokens": 15,
         "max_tokens": 100,  # max_completion_tokens wins, as in vLLM
+        "logprobs": True,
         "extra_body": {"ignore_eos": True, "allowed_token_ids": LETTERS},
     }
     whole = await api.chat.completions.create(**kwargs)
@@ -184,6 +185,8 @@ async def test_streamed_chat_equals_the_whole_reply(server_factory, sdk) -> None
     for index, choice in enumerate(whole.choices):
         mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == index]
         assert "".join(c.delta.content or "" for c in mine) == choice.message.content
+        streamed = [e.logprob for c in mine if c.logprobs for e in c.logprobs.content]
+        assert streamed == [e.logprob for e in choice.logprobs.content]
         assert len(choice.message.content) == 15
         assert [c.finish_reason for c in mine if c.finish_reason] == ["length"]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 30
@@ -346,6 +349,19 @@ async def test_a_client_leaving_a_stream_frees_its_sequence(server_factory, sdk)
     await stream.close()
     await eventually(lambda: REGISTRY.get_sample_value("farm_inference_running_sequences") == 0)
     assert not server.state.engine._running
+
+
+async def test_api_key_guards_the_openai_routes(server_factory, sdk) -> None:
+    server = await server_factory(api_key="sesame")
+    wrong = sdk(server.url)
+    with pytest.raises(openai.AuthenticationError):
+        await wrong.chat.completions.create(model=server.state.model_name, messages=ASK)
+    right = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="sesame", max_retries=0)
+    async with right:
+        reply = await right.completions.create(
+            model=server.state.model_name, prompt="a", max_tokens=1
+        )
+    assert reply.usage.completion_tokens == 1
 
 
 @pytest.mark.slow
