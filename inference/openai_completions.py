@@ -112,10 +112,10 @@ async def _stream(
     rows = [(seq, text) for gen in gens for seq, text in zip(gen.seqs, gen.texts, strict=True)]
     sent = [0] * len(rows)
     closed = [False] * len(rows)
-    response = await open_event_stream(request)
+    for gen in gens:
+        state.engine.submit(gen)  # a refusal here is still a plain HTTP error
     try:
-        for gen in gens:
-            state.engine.submit(gen)
+        response = await open_event_stream(request)
         while not all(g.done.done() for g in gens):
             await gens[0].progress.wait()  # one event shared by the batch's requests
             gens[0].progress.clear()

@@ -165,9 +165,9 @@ async def stream_chat(
     """Send the choices as chat.completion.chunk events while the engine generates them."""
     head = StreamHead(state.model_name)
     streams = [ChatChoiceStream(text, req.parses_tools()) for text in gen.texts]
-    response = await open_event_stream(request)
+    state.engine.submit(gen)  # a refusal here is still a plain HTTP error, not a broken stream
     try:
-        state.engine.submit(gen)
+        response = await open_event_stream(request)
         for index in range(len(streams)):
             opening = chat_stream_choice(index, ChatDelta(role="assistant", content=""))
             await response.write(sse_event(chat_chunk(head, [opening])))

@@ -152,6 +152,17 @@ class SamplingFields(_Model):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+def _check_tools_and_stream(data: dict[str, Any]) -> None:
+    """vLLM's cross-field rules: no empty `tools`, no tool_choice without tools, and
+    `stream_options` only with `stream`."""
+    if data.get("tools") == []:
+        raise ApiError("tools must not be an empty array; omit the field instead", "tools")
+    if data.get("tool_choice") not in (None, "none") and not data.get("tools"):
+        raise ApiError("tool_choice needs tools", "tool_choice")
+    if data.get("stream_options") is not None and not data.get("stream"):
+        raise ApiError("stream_options can only be given with stream=true", "stream_options")
+
+
 class ChatCompletionRequest(SamplingFields):
     """The accepted subset of vLLM's ChatCompletionRequest."""
 
@@ -184,6 +195,7 @@ class ChatCompletionRequest(SamplingFields):
                 )
             if data.get("top_logprobs") and not data.get("logprobs"):
                 raise ApiError("top_logprobs needs logprobs=true", "top_logprobs")
+            _check_tools_and_stream(data)
         return data
 
     def output_limit(self) -> int | None:
@@ -241,6 +253,10 @@ class TextCompletionRequest(SamplingFields):
     def _refuse_unsupported(cls, data: Any) -> Any:
         if isinstance(data, dict):
             refuse_non_neutral(data, NEUTRAL_VALUES | {"suffix": (None, ""), "best_of": (None, 1)})
+            if data.get("stream_options") is not None and not data.get("stream"):
+                raise ApiError(
+                    "stream_options can only be given with stream=true", "stream_options"
+                )
         return data
 
 

@@ -193,7 +193,7 @@ async def test_streamed_chat_equals_the_whole_reply(server_factory, sdk) -> None
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
 
 
-async def test_stop_strings_cut_the_reply(server_factory, sdk) -> None:
+async def test_stop_strings_and_top_p(server_factory, sdk) -> None:
     server = await server_factory()
     api = sdk(server.url)
     base: dict[str, Any] = {
@@ -211,6 +211,8 @@ async def test_stop_strings_cut_the_reply(server_factory, sdk) -> None:
     assert reply.choices[0].finish_reason == "stop"
     assert reply.choices[0].model_extra["stop_reason"] == stop
     assert reply.usage.completion_tokens == len(cut) + len(stop)  # one byte token per letter
+    nucleus = await api.chat.completions.create(**(base | {"temperature": 1.0, "top_p": 1e-9}))
+    assert nucleus.choices[0].message.content == full  # a tiny nucleus keeps only the argmax
     stream = await api.chat.completions.create(**base, stop=stop, stream=True)
     assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == cut
 
@@ -298,7 +300,13 @@ BAD_CHAT = [
     ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"stop_token_ids": [100_000]}, "stop_token_ids"),
-    ({"stream_options": {"include_usage": "sometimes"}}, "stream_options.include_usage"),
+    (
+        {"stream": True, "stream_options": {"include_usage": "sometimes"}},
+        "stream_options.include_usage",
+    ),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"tools": []}, "tools"),
+    ({"tool_choice": "auto"}, "tool_choice"),
 ]
 
 
