@@ -17,6 +17,8 @@ import aiohttp
 import openai
 import pytest
 import torch
+from openai.types import Completion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from prometheus_client import REGISTRY
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -391,3 +393,27 @@ def _sync_calls(api: openai.OpenAI) -> None:
         assert next(c.object for c in stream) == "chat.completion.chunk"
     with pytest.raises(openai.BadRequestError):
         api.chat.completions.create(model=model.id, messages=[])
+
+
+async def test_raw_bodies_validate_as_the_openai_types(
+    server_factory, tool_model_dir: Path
+) -> None:
+    """The SDK builds its objects leniently; validating the raw JSON checks the wire shape."""
+    server = await server_factory(model=tool_model_dir)
+    body = {"messages": ASK, "tools": TOOLS, "temperature": 0, "n": 2, "logprobs": True}
+    status, whole = await post(server.url + "/v1/chat/completions", body)
+    assert status == 200
+    parsed = ChatCompletion.model_validate(whole)
+    assert parsed.choices[1].message.tool_calls[0].function.name == "get_weather"
+    async with aiohttp.ClientSession() as session:
+        stream = body | {"stream": True, "stream_options": {"include_usage": True}}
+        async with session.post(server.url + "/v1/chat/completions", json=stream) as r:
+            assert r.headers["Content-Type"].startswith("text/event-stream")
+            events = (await r.text()).split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""]
+    chunks = [
+        ChatCompletionChunk.model_validate_json(e.removeprefix("data: ")) for e in events[:-2]
+    ]
+    assert {c.id for c in chunks} == {chunks[0].id} and chunks[-1].usage is not None
+    status, text = await post(server.url + "/v1/completions", {"prompt": ["a", "b"], "logprobs": 1})
+    assert status == 200 and len(Completion.model_validate(text).choices) == 2
