@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from typing import Annotated
 
 import redis.asyncio as aioredis
+from pydantic import AfterValidator
 from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -32,6 +34,10 @@ def check_redis_url(url: str) -> str:
             f"unsupported Redis URL scheme in {_redact(url)!r}: must start with redis://, rediss:// or unix://"
         )
     return url
+
+
+# A Redis URL field of a config model, checked for a scheme the clients speak.
+RedisUrl = Annotated[str, AfterValidator(check_redis_url)]
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from broker.admission import AdmissionBudget
 from broker.keys import RunKeys
 from broker.messages import Task
 from broker.producer import Producer
+from learner.config import CurriculumRules, HorizonSchedule
 from learner.errors import TaskSourceError
 from learner.metrics import TASKS_ISSUED
 
@@ -74,15 +75,6 @@ def load_dataset(path: Path) -> list[TaskRow]:
     return rows
 
 
-@dataclass(frozen=True)
-class CurriculumRules:
-    enabled: bool = False
-    window: int = 32
-    promote_above: float = 0.8
-    demote_below: float = 0.2
-    success_threshold: float = 0.5
-
-
 class TaskSampler:
     """Seeded draws from the dataset, optionally following a difficulty curriculum."""
 
@@ -91,7 +83,7 @@ class TaskSampler:
         self.rules = rules
         self.levels = sorted({r.difficulty for r in rows})
         self.level_index = 0
-        self.recent: deque[bool] = deque(maxlen=rules.window)
+        self.recent: deque[bool] = deque(maxlen=rules.curriculum_window)
         self.rng = np.random.default_rng(seed)
 
     @property
@@ -102,7 +94,7 @@ class TaskSampler:
         """A row and a task seed."""
         pool = (
             [r for r in self.rows if r.difficulty == self.level]
-            if self.rules.enabled
+            if self.rules.curriculum
             else self.rows
         )
         row = pool[int(self.rng.integers(len(pool)))]
@@ -110,11 +102,11 @@ class TaskSampler:
 
     def observe(self, episode_returns: list[float]) -> None:
         """Feed finished episodes; move the level when the window says so."""
-        if not self.rules.enabled:
+        if not self.rules.curriculum:
             return
         for r in episode_returns:
             self.recent.append(r >= self.rules.success_threshold)
-        if len(self.recent) < self.rules.window:
+        if len(self.recent) < self.rules.curriculum_window:
             return
         rate = sum(self.recent) / len(self.recent)
         if rate >= self.rules.promote_above and self.level_index < len(self.levels) - 1:
@@ -135,20 +127,6 @@ class TaskSampler:
         self.recent.clear()
         self.recent.extend(bool(x) for x in state["recent"])
         self.rng.bit_generator.state = state["rng"]
-
-
-@dataclass(frozen=True)
-class HorizonSchedule:
-    """Max turns rising by one every `every` steps from `start` to `end` (None: off)."""
-
-    start: int | None = None
-    end: int | None = None
-    every: int = 10
-
-    def at(self, step: int) -> int | None:
-        if self.start is None or self.end is None:
-            return None
-        return min(self.end, self.start + step // self.every)
 
 
 class TaskFeeder:

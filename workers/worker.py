@@ -27,22 +27,11 @@ from broker.keys import WORKERS_GROUP, RunKeys
 from broker.messages import Task
 from workers import metrics
 from workers.config import WorkerConfig
-from workers.episode import EpisodeContext, EpisodeSettings
+from workers.episode import EpisodeContext
 from workers.group import run_group
 from workers.lag import LagMonitor
 
 log = logging.getLogger(__name__)
-
-
-def episode_settings(cfg: WorkerConfig) -> EpisodeSettings:
-    return EpisodeSettings(
-        max_tokens=cfg.max_tokens,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        max_context_tokens=cfg.max_context_tokens,
-        episode_timeout_s=cfg.episode_timeout_s,
-        env_step_timeout_s=cfg.env_step_timeout_s,
-    )
 
 
 class Worker:
@@ -53,7 +42,7 @@ class Worker:
         self.keys = RunKeys(cfg.run, partitions=cfg.partitions)
         self._redis = redis
         self._ctx = ctx
-        self._settings = episode_settings(cfg)
+        self._settings = cfg.episode
         self._consumer = Consumer(
             redis,
             self.keys,

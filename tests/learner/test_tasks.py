@@ -45,7 +45,7 @@ def test_dataset_errors_name_the_line(tmp_path: Path) -> None:
 
 def test_curriculum_moves_by_success_rate_and_state_round_trips() -> None:
     rows = [TaskRow("easy", 0), TaskRow("hard", 1)]
-    rules = CurriculumRules(enabled=True, window=4, promote_above=0.75, demote_below=0.25)
+    rules = CurriculumRules(curriculum=True, curriculum_window=4, promote_above=0.75, demote_below=0.25)
     sampler = TaskSampler(rows, seed=0, rules=rules)
     assert {sampler.draw()[0].env_spec for _ in range(20)} == {"easy"}
     sampler.observe([1.0, 1.0, 1.0, 0.0])  # 75% success: promote
@@ -60,7 +60,7 @@ def test_curriculum_moves_by_success_rate_and_state_round_trips() -> None:
 
 
 def test_horizon_schedule() -> None:
-    h = HorizonSchedule(start=2, end=4, every=10)
+    h = HorizonSchedule(horizon_start=2, horizon_max=4, horizon_every=10)
     assert [h.at(s) for s in (0, 9, 10, 25, 100)] == [2, 2, 3, 4, 4]
     assert HorizonSchedule().at(50) is None
 
