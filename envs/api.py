@@ -13,18 +13,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 StepResult = tuple[Any, float, bool, bool, dict[str, Any]]
 ResetResult = tuple[Any, dict[str, Any]]
-
-
-@runtime_checkable
-class SyncEnvLike(Protocol):
-    """What a synchronous (Gymnasium-shaped) environment provides."""
-
-    def reset(self, *, seed: int | None = None) -> ResetResult: ...
-    def step(self, action: Any) -> StepResult: ...
 
 
 class Env:

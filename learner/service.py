@@ -19,12 +19,12 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 import torch
-from redis.exceptions import RedisError
 
 from broker.connection import RedisSettings, connect
-from broker.errors import BrokerError
+from broker.errors import BrokerError, RedisUnavailable
 from broker.keys import LEARNER_GROUP, WORKERS_GROUP, RunKeys
 from broker.messages import PolicyVersion, TrajectoryGroup
+from broker.outage import retry_while_unavailable
 from broker.policy import current_policy, publish_policy
 from broker.status import refresh_stream_gauges
 from learner import metrics as m
@@ -157,9 +157,8 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
             cfg.consumer_name, cfg.reclaim_idle_s, cfg.max_deliveries
         )
         source = LiveSource(redis, keys, consumer, feeder, vocab, already_trained=recent)
-        await source.start()
-        if await current_policy(redis, keys) is None:
-            await publish_policy(redis, keys, PolicyVersion(version=state.version, step=state.step))
+        await retry_while_unavailable(source.start, "creating the learner group", stop)
+        await retry_while_unavailable(lambda: _publish_initial(redis, keys, state), "policy", stop)
         unacked = []
         while not (cfg.max_steps and state.step >= cfg.max_steps):
             batch = await source.next_batch(cfg.groups_per_batch, state.version, state.step, stop)
@@ -173,16 +172,19 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
                 state.sampler = feeder.sampler.state()
             push_s = 0.0
             if pusher is not None and state.step % cfg.push_interval == 0:
-                push_s = await _push(core, pusher, redis, keys)
+                push_s = await _push(core, pusher, redis, keys, stop)
             emit(step_record(core, prepared, stats, batch.wait_s, push_s), prepared)
             last = cfg.max_steps and state.step >= cfg.max_steps
             if cfg.checkpoint_dir is None or state.step % cfg.checkpoint_interval == 0 or last:
                 core.save()
-                await source.commit_trained(unacked)
+                await source.commit_trained(unacked, stop)
                 unacked = []
         if unacked:  # stopped between checkpoints: make the trained groups durable, then ack
             core.save()
-            await source.commit_trained(unacked)
+            try:
+                await source.commit_trained(unacked, stop)
+            except RedisUnavailable as exc:  # redelivered later; the checkpoint lists them
+                log.warning("trained groups left pending at stop: %s", exc)
         return state
     finally:
         core.dist.broadcast_groups([])
@@ -200,7 +202,7 @@ async def export_stream_gauges(redis: aioredis.Redis, keys: RunKeys, period_s: f
         try:
             async with asyncio.timeout(period_s):
                 await refresh_stream_gauges(redis, keys)
-        except (BrokerError, RedisError, TimeoutError) as exc:
+        except (BrokerError, TimeoutError) as exc:
             log.warning("stream gauges not refreshed: %s", exc)
         await asyncio.sleep(period_s)
 
@@ -216,7 +218,14 @@ async def _make_feeder(core: Core, redis: aioredis.Redis, keys: RunKeys) -> Task
     return feeder
 
 
-async def _push(core: Core, pusher: WeightPusher, redis: aioredis.Redis, keys: RunKeys) -> float:
+async def _publish_initial(redis: aioredis.Redis, keys: RunKeys, state: LearnerState) -> None:
+    if await current_policy(redis, keys) is None:
+        await publish_policy(redis, keys, PolicyVersion(version=state.version, step=state.step))
+
+
+async def _push(
+    core: Core, pusher: WeightPusher, redis: aioredis.Redis, keys: RunKeys, stop: asyncio.Event
+) -> float:
     started = time.perf_counter()
     version = core.state.step
     result = await pusher.push(core.trainer.model, version)
@@ -227,7 +236,9 @@ async def _push(core: Core, pusher: WeightPusher, redis: aioredis.Redis, keys: R
         servers=result.servers,
         weights_path=result.weights_path,
     )
-    await publish_policy(redis, keys, policy)
+    await retry_while_unavailable(
+        lambda: publish_policy(redis, keys, policy), "publishing the policy version", stop
+    )
     elapsed = time.perf_counter() - started
     m.PUSH_SECONDS.observe(elapsed)
     return elapsed

@@ -11,8 +11,9 @@ checkpoint can hold it.
 `TaskFeeder.top_up` is the only place tasks are issued: it takes slots from
 the broker's `AdmissionBudget` (passing the learner's buffered groups as the
 reserve), so tasks in flight plus groups buffered never exceed
-``(max_staleness + 1) x groups_per_batch`` however many workers run. It also
-publishes the current horizon to ``RunKeys.horizon``.
+``(max_staleness + 1) x groups_per_batch`` however many workers run. The
+horizon schedule's value is stamped on each task it issues (`Task.max_turns`): the
+task is the one place a worker reads it from.
 """
 
 from __future__ import annotations
@@ -149,7 +150,6 @@ class TaskFeeder:
         self.limit = limit
         self.budget = AdmissionBudget(redis, keys)
         self.producer = Producer(redis)
-        self._published_horizon: int | None = None
 
     async def start(self, in_flight: int) -> None:
         """Set the limit and re-count what is already in flight (fresh run or resume)."""
@@ -161,9 +161,6 @@ class TaskFeeder:
     async def top_up(self, buffered: int, version: int, step: int) -> list[Task]:
         """Issue as many tasks as the budget allows now; return them."""
         horizon = self.horizon.at(step)
-        if horizon is not None and horizon != self._published_horizon:
-            await self.redis.set(self.keys.horizon, horizon)
-            self._published_horizon = horizon
         granted = await self.budget.try_acquire(self.limit, reserve=buffered)
         tasks: list[Task] = []
         for _ in range(granted):
