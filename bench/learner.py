@@ -95,13 +95,13 @@ def compute_ceiling(model_dir: Path, groups: list[TrajectoryGroup], steps: int) 
     from learner.trainer import OptimConfig, Trainer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    cfg = OptimConfig(1e-5, 0.0, 0.2, 0.2, 2.0, 1.0, 8, Aggregation.TOKEN_MEAN, False)
+    cfg = OptimConfig(learning_rate=1e-5, micro_batch_size=8, aggregation=Aggregation.TOKEN_MEAN)
     trainer = Trainer(model, cfg, torch.device("cpu"), DistContext())
-    rules = BatchRules(Algorithm.GRPO, 1.0, 10**9, False, True)
+    rules = BatchRules(Algorithm.GRPO, gamma=1.0, skip_zero_variance=True)
     rates = []
     for s in range(steps + 1):
         batch = groups[s * GROUPS_PER_BATCH : (s + 1) * GROUPS_PER_BATCH]
-        prepared = prepare_batch(batch, rules, version=0)
+        prepared = prepare_batch(batch, rules, version=0, judge_staleness=False)
         started = time.perf_counter()
         trainer.step(prepared.samples, prepared.num_tokens, len(prepared.samples))
         if s:  # the first step warms up

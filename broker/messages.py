@@ -121,14 +121,6 @@ class Trajectory:
     sample_index: int = 0  # index within the group; the episode used seed + index
     timings: dict[str, float] = field(default_factory=dict)  # seconds: inference, env, total
 
-    @property
-    def total_reward(self) -> float:
-        return float(sum(t.reward for t in self.turns))
-
-    @property
-    def num_completion_tokens(self) -> int:
-        return int(sum(len(t.completion_ids) for t in self.turns))
-
 
 @dataclass(frozen=True)
 class TrajectoryGroup:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from farm.errors import FarmError
+from launch.logs import setup_logging
 
 
 def _stack_flags(p: argparse.ArgumentParser) -> None:
@@ -73,7 +73,7 @@ def _config_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    setup_logging("INFO")
     try:
         if args.command == "status":
             return asyncio.run(_status(args))

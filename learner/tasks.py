@@ -11,8 +11,9 @@ checkpoint can hold it.
 `TaskFeeder.top_up` is the only place tasks are issued: it takes slots from
 the broker's `AdmissionBudget` (passing the learner's buffered groups as the
 reserve), so tasks in flight plus groups buffered never exceed
-``(max_staleness + 1) x groups_per_batch`` however many workers run. It also
-publishes the current horizon to ``RunKeys.horizon``.
+``(max_staleness + 1) x groups_per_batch`` however many workers run. The
+horizon schedule's value is stamped on each task it issues (`Task.max_turns`): the
+task is the one place a worker reads it from.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from broker.admission import AdmissionBudget
 from broker.keys import RunKeys
 from broker.messages import Task
 from broker.producer import Producer
+from learner.config import CurriculumRules, HorizonSchedule
 from learner.errors import TaskSourceError
 from learner.metrics import TASKS_ISSUED
 
@@ -86,15 +88,6 @@ def load_dataset(path: Path) -> list[TaskRow]:
     return rows
 
 
-@dataclass(frozen=True)
-class CurriculumRules:
-    enabled: bool = False
-    window: int = 32
-    promote_above: float = 0.8
-    demote_below: float = 0.2
-    success_threshold: float = 0.5
-
-
 class TaskSampler:
     """Seeded draws from the dataset, optionally following a difficulty curriculum."""
 
@@ -103,7 +96,7 @@ class TaskSampler:
         self.rules = rules
         self.levels = sorted({r.difficulty for r in rows})
         self.level_index = 0
-        self.recent: deque[bool] = deque(maxlen=rules.window)
+        self.recent: deque[bool] = deque(maxlen=rules.curriculum_window)
         self.rng = np.random.default_rng(seed)
 
     @property
@@ -114,7 +107,7 @@ class TaskSampler:
         """A row and a task seed."""
         pool = (
             [r for r in self.rows if r.difficulty == self.level]
-            if self.rules.enabled
+            if self.rules.curriculum
             else self.rows
         )
         row = pool[int(self.rng.integers(len(pool)))]
@@ -122,11 +115,11 @@ class TaskSampler:
 
     def observe(self, episode_returns: list[float]) -> None:
         """Feed finished episodes; move the level when the window says so."""
-        if not self.rules.enabled:
+        if not self.rules.curriculum:
             return
         for r in episode_returns:
             self.recent.append(r >= self.rules.success_threshold)
-        if len(self.recent) < self.rules.window:
+        if len(self.recent) < self.rules.curriculum_window:
             return
         rate = sum(self.recent) / len(self.recent)
         if rate >= self.rules.promote_above and self.level_index < len(self.levels) - 1:
@@ -149,20 +142,6 @@ class TaskSampler:
         self.rng.bit_generator.state = state["rng"]
 
 
-@dataclass(frozen=True)
-class HorizonSchedule:
-    """Max turns rising by one every `every` steps from `start` to `end` (None: off)."""
-
-    start: int | None = None
-    end: int | None = None
-    every: int = 10
-
-    def at(self, step: int) -> int | None:
-        if self.start is None or self.end is None:
-            return None
-        return min(self.end, self.start + step // self.every)
-
-
 class TaskFeeder:
     """Issues tasks inside the admission budget."""
 
@@ -183,7 +162,6 @@ class TaskFeeder:
         self.limit = limit
         self.budget = AdmissionBudget(redis, keys)
         self.producer = Producer(redis)
-        self._published_horizon: int | None = None
 
     async def start(self, in_flight: int) -> None:
         """Set the limit and re-count what is already in flight (fresh run or resume)."""
@@ -195,9 +173,6 @@ class TaskFeeder:
     async def top_up(self, buffered: int, version: int, step: int) -> list[Task]:
         """Issue as many tasks as the budget allows now; return them."""
         horizon = self.horizon.at(step)
-        if horizon is not None and horizon != self._published_horizon:
-            await self.redis.set(self.keys.horizon, horizon)
-            self._published_horizon = horizon
         granted = await self.budget.try_acquire(self.limit, reserve=buffered)
         tasks: list[Task] = []
         for _ in range(granted):

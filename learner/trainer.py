@@ -18,24 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from learner.algorithms import Aggregation, aggregate, policy_token_loss, token_entropy
+from learner.algorithms import aggregate, policy_token_loss, token_entropy
 from learner.batch import Sample
+from learner.config import OptimConfig
 from learner.distributed import DistContext
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """The trainer's share of the learner config."""
-
-    learning_rate: float
-    weight_decay: float
-    clip_low: float
-    clip_high: float
-    tis_cap: float
-    max_grad_norm: float
-    micro_batch_size: int
-    aggregation: Aggregation
-    bf16: bool
 
 
 @dataclass(frozen=True)
@@ -132,7 +118,7 @@ class Trainer:
         sums[4], sums[5] = float("inf"), float("inf")
         for chunk in micro_batches(local, self.cfg.micro_batch_size):
             batch = collate(chunk, self.pad_id, self.device)
-            with autocast_context(self.device, self.cfg.bf16):
+            with autocast_context(self.device, self.cfg.bf16(self.device.type)):
                 logp, entropy = token_logprobs(self.model, batch)
             mask = batch["mask"][:, 1:]
             out = policy_token_loss(

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import envs
 from broker.messages import ErrorCategory, Task, Trajectory, Turn
 from workers import metrics
+from workers.config import EpisodeSettings
 from workers.errors import categorize
 from workers.tokens import ChatCodec
 
@@ -35,18 +36,6 @@ class Generator(Protocol):
     """What an episode needs from inference (`inference.client.GenerationClient`)."""
 
     async def generate(self, prompt_ids: Any, params: Any, *, session_id: str) -> Any: ...
-
-
-@dataclass(frozen=True)
-class EpisodeSettings:
-    """Limits and sampling shared by every episode a worker runs."""
-
-    max_tokens: int = 256  # completion tokens per turn (further capped by the context left)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_context_tokens: int = 4096  # prompt + completion tokens of the whole episode
-    episode_timeout_s: float = 600.0  # wall clock of the whole episode
-    env_step_timeout_s: float | None = None  # one reset or step (None: the episode limit only)
 
 
 @dataclass

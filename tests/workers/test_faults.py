@@ -106,7 +106,7 @@ async def test_episode_limits_truncate_with_reason(
             group_size=1,
             seed=1,
             policy_version=0,
-            max_turns=2,
+            max_turns=3,
         ),
         Task(
             "ctx", 'wk-dialogue@{"turns": 50, "pad": 150}', group_size=1, seed=2, policy_version=0
@@ -115,13 +115,11 @@ async def test_episode_limits_truncate_with_reason(
     wall = Task("wall", 'wk-dialogue@{"turns": 100000}', group_size=1, seed=3, policy_version=0)
     urls = [policy_server.url]
     async with redis_client(redis_server.url) as redis:
-        await redis.set(keys.horizon, 3)  # the learner's horizon overrides the task's max_turns
         await publish_tasks(redis, keys, tasks)
         async with running_worker(
             redis, tiny_model_dir, urls, run="limits", max_context_tokens=400
         ):
             found = {g.group_id: g.trajectories[0] for g in await wait_groups(redis, keys, 2, 60)}
-        await redis.delete(keys.horizon)
         await publish_tasks(redis, keys, [wall])
         async with running_worker(
             redis, tiny_model_dir, urls, run="limits", max_context_tokens=3500,
