@@ -1,6 +1,6 @@
 """`python -m bench workers [--quick] [--json]`: the rollout workers' own costs and scaling.
 
-Inference is a LATENCY-SIMULATING SERVER (`workers.loadgen`, a load generator in its own
+Inference is a LATENCY-SIMULATING SERVER (`bench._loadgen`, a load generator in its own
 process: it sleeps a log-normal latency and returns random tokens in the /v1/completions
 shape); environments are `bench-sim`, which sleep a heavy-tailed latency per step and
 run a heavy-tailed number of turns (seeded, so both loops see the same episodes). The
@@ -79,7 +79,7 @@ async def loadgen(median_ms: float, sigma: float):
     import aiohttp
 
     port = _free_port()
-    args = ["-m", "workers.loadgen", "--port", str(port), "--median-ms", str(median_ms)]
+    args = ["-m", "bench._loadgen", "--port", str(port), "--median-ms", str(median_ms)]
     proc = await asyncio.create_subprocess_exec(sys.executable, *args, "--sigma", str(sigma))
     url = f"http://127.0.0.1:{port}"
     try:

@@ -34,17 +34,29 @@ FIELD_BODY = b"b"
 
 def _task_to(t: Task) -> list[Any]:
     return [
-        t.task_id, t.env_spec, t.group_size, t.seed, t.policy_version,
-        t.issued_at, t.max_turns, t.meta,
-    ]  # fmt: skip
+        t.task_id,
+        t.env_spec,
+        t.group_size,
+        t.seed,
+        t.policy_version,
+        t.issued_at,
+        t.max_turns,
+        t.meta,
+    ]
 
 
 def _task_from(v: list[Any]) -> Task:
     task_id, env_spec, group_size, seed, policy_version, issued_at, max_turns, meta = v
     return Task(
-        task_id=task_id, env_spec=env_spec, group_size=group_size, seed=seed,
-        policy_version=policy_version, issued_at=issued_at, max_turns=max_turns, meta=meta,
-    )  # fmt: skip
+        task_id=task_id,
+        env_spec=env_spec,
+        group_size=group_size,
+        seed=seed,
+        policy_version=policy_version,
+        issued_at=issued_at,
+        max_turns=max_turns,
+        meta=meta,
+    )
 
 
 def _bin(arr: np.ndarray) -> memoryview:
@@ -55,9 +67,14 @@ def _bin(arr: np.ndarray) -> memoryview:
 
 def _turn_to(t: Turn) -> list[Any]:
     return [
-        _bin(t.prompt_ids), _bin(t.completion_ids), _bin(t.logprobs),
-        t.weight_version, t.reward, t.terminated, t.truncated,
-    ]  # fmt: skip
+        _bin(t.prompt_ids),
+        _bin(t.completion_ids),
+        _bin(t.logprobs),
+        t.weight_version,
+        t.reward,
+        t.terminated,
+        t.truncated,
+    ]
 
 
 def _turn_from(v: list[Any]) -> Turn:
@@ -86,9 +103,13 @@ _CATEGORIES = {c.value: c for c in ErrorCategory}
 
 def _traj_to(t: Trajectory) -> list[Any]:
     return [
-        [_turn_to(turn) for turn in t.turns], t.finish_reason, t.error.value,
-        t.error_detail, t.sample_index, t.timings,
-    ]  # fmt: skip
+        [_turn_to(turn) for turn in t.turns],
+        t.finish_reason,
+        t.error.value,
+        t.error_detail,
+        t.sample_index,
+        t.timings,
+    ]
 
 
 def _traj_from(v: list[Any]) -> Trajectory:
@@ -105,9 +126,12 @@ def _traj_from(v: list[Any]) -> Trajectory:
 
 def _group_to(g: TrajectoryGroup) -> list[Any]:
     return [
-        g.group_id, _task_to(g.task), [_traj_to(t) for t in g.trajectories],
-        g.worker_id, g.created_at,
-    ]  # fmt: skip
+        g.group_id,
+        _task_to(g.task),
+        [_traj_to(t) for t in g.trajectories],
+        g.worker_id,
+        g.created_at,
+    ]
 
 
 def _group_from(v: list[Any]) -> TrajectoryGroup:
@@ -128,9 +152,12 @@ def _policy_to(p: PolicyVersion) -> list[Any]:
 def _policy_from(v: list[Any]) -> PolicyVersion:
     version, step, servers, weights_path, created_at = v
     return PolicyVersion(
-        version=version, step=step, servers=tuple(servers),
-        weights_path=weights_path, created_at=created_at,
-    )  # fmt: skip
+        version=version,
+        step=step,
+        servers=tuple(servers),
+        weights_path=weights_path,
+        created_at=created_at,
+    )
 
 
 def _dead_to(d: DeadLetter) -> list[Any]:
@@ -148,9 +175,14 @@ def _dead_to(d: DeadLetter) -> list[Any]:
 def _dead_from(v: list[Any]) -> DeadLetter:
     source_stream, entry_id, reason, fields, deliveries, consumer, created_at = v
     return DeadLetter(
-        source_stream=source_stream, entry_id=entry_id, reason=reason, fields=dict(fields),
-        deliveries=deliveries, consumer=consumer, created_at=created_at,
-    )  # fmt: skip
+        source_stream=source_stream,
+        entry_id=entry_id,
+        reason=reason,
+        fields=dict(fields),
+        deliveries=deliveries,
+        consumer=consumer,
+        created_at=created_at,
+    )
 
 
 # kind -> (type, version, encoder, decoder)
