@@ -217,6 +217,9 @@ class InstantGenerator:
         ids = [*(self.rng.randrange(32, 127) for _ in range(7)), self.stop]
         return Generation(ids, [-1.0] * 8, [0] * 8, "stop", "instant")
 
+    def end_session(self, session_id: str) -> None:
+        """No sticky servers to forget."""
+
 
 async def measure_loop_only_cpu(episodes: int) -> float:
     """CPU per step of the episode loop alone (codec, env API, bookkeeping, metrics)."""

@@ -19,11 +19,13 @@ from broker.errors import DecodeError
 from broker.messages import (
     DeadLetter,
     ErrorCategory,
+    FinishReason,
     Message,
     PolicyVersion,
     Task,
     Trajectory,
     TrajectoryGroup,
+    Truncation,
     Turn,
 )
 
@@ -104,7 +106,8 @@ _CATEGORIES = {c.value: c for c in ErrorCategory}
 def _traj_to(t: Trajectory) -> list[Any]:
     return [
         [_turn_to(turn) for turn in t.turns],
-        t.finish_reason,
+        t.finish_reason.value,
+        None if t.truncation is None else t.truncation.value,
         t.error.value,
         t.error_detail,
         t.sample_index,
@@ -113,15 +116,23 @@ def _traj_to(t: Trajectory) -> list[Any]:
 
 
 def _traj_from(v: list[Any]) -> Trajectory:
-    turns, finish_reason, error, error_detail, sample_index, timings = v
+    turns, finish_reason, truncation, error, error_detail, sample_index, timings = v
     return Trajectory(
         turns=tuple(_turn_from(t) for t in turns),
-        finish_reason=finish_reason,
+        finish_reason=FinishReason(finish_reason),
         error=_CATEGORIES[error],
         error_detail=error_detail,
         sample_index=sample_index,
         timings=timings,
+        truncation=None if truncation is None else Truncation(truncation),
     )
+
+
+def _traj_from_v1(v: list[Any]) -> Trajectory:
+    """Group schema 1 spelled the cause inside the reason: "truncated:context"."""
+    turns, reason, error, error_detail, sample_index, timings = v
+    finish, _, cause = str(reason).partition(":")
+    return _traj_from([turns, finish, cause or None, error, error_detail, sample_index, timings])
 
 
 def _group_to(g: TrajectoryGroup) -> list[Any]:
@@ -134,15 +145,19 @@ def _group_to(g: TrajectoryGroup) -> list[Any]:
     ]
 
 
-def _group_from(v: list[Any]) -> TrajectoryGroup:
+def _group_from(v: list[Any], traj_from: Any = _traj_from) -> TrajectoryGroup:
     group_id, task, trajectories, worker_id, created_at = v
     return TrajectoryGroup(
         group_id=group_id,
         task=_task_from(task),
-        trajectories=tuple(_traj_from(t) for t in trajectories),
+        trajectories=tuple(traj_from(t) for t in trajectories),
         worker_id=worker_id,
         created_at=created_at,
     )
+
+
+def _group_from_v1(v: list[Any]) -> TrajectoryGroup:
+    return _group_from(v, _traj_from_v1)
 
 
 def _policy_to(p: PolicyVersion) -> list[Any]:
@@ -194,6 +209,10 @@ _CODECS: dict[str, tuple[type, int, Any, Any]] = {
 }
 
 
+# (kind, older schema version) -> decoder: entries written before a bump still decode.
+_OLDER: dict[tuple[str, int], Any] = {(TrajectoryGroup.KIND, 1): _group_from_v1}
+
+
 def encode(message: Message) -> dict[bytes, bytes]:
     """Encode a message into stream-entry fields."""
     kind = type(message).KIND
@@ -215,9 +234,11 @@ def decode(fields: Mapping[bytes, bytes], expect: type | None = None) -> Message
         raise DecodeError(f"unknown message kind {kind!r}")
     cls, known_version, _, from_wire = entry
     if version != known_version:
-        raise DecodeError(
-            f"unsupported schema version {version} for {kind!r} (know {known_version})"
-        )
+        from_wire = _OLDER.get((kind, version))
+        if from_wire is None:
+            raise DecodeError(
+                f"unsupported schema version {version} for {kind!r} (know {known_version})"
+            )
     if expect is not None and cls is not expect:
         raise DecodeError(f"expected {expect.KIND!r}, got {kind!r}")  # type: ignore[attr-defined]
     try:
