@@ -172,8 +172,10 @@ async def cmd_deadletters(redis: aioredis.Redis, keys: RunKeys, ctx: Context) ->
     letters = await list_dead_letters(redis, keys, count=1_000_000)
     if args.action == "list":
         for entry_id, letter in letters:
-            print(f"{entry_id} from {letter.source_stream} {letter.entry_id} "
-                  f"(delivered {letter.deliveries}): {letter.reason}")  # fmt: skip
+            print(
+                f"{entry_id} from {letter.source_stream} {letter.entry_id} "
+                f"(delivered {letter.deliveries}): {letter.reason}"
+            )
         print(f"{len(letters)} dead letters")
         return 0
     ids = [i for i, _ in letters] if args.all else args.ids

@@ -214,9 +214,13 @@ class Consumer:
 
     async def _delivery_counts(self, stream: str, ids: list[str]) -> dict[str, int]:
         rows = await self._redis.xpending_range(
-            stream, self._config.group, min=ids[0], max=ids[-1], count=len(ids) + 64,
+            stream,
+            self._config.group,
+            min=ids[0],
+            max=ids[-1],
+            count=len(ids) + 64,
             consumername=self._config.consumer,
-        )  # fmt: skip
+        )
         return {_s(r["message_id"]): int(r["times_delivered"]) for r in rows}
 
     async def _accept(

@@ -39,10 +39,20 @@ def _stack_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work-dir", type=Path, help="run directory (default .farm)")
     p.add_argument("--metrics-port", type=int, help="supervisor /metrics port (0: none)")
     p.add_argument("--status-interval-s", type=float, help="status refresh period (s)")
-    p.add_argument("--learner-arg", action="append", dest="learner_args", metavar="ARG",
-                   help="extra flag for the learner (repeatable)")  # fmt: skip
-    p.add_argument("--worker-arg", action="append", dest="worker_args", metavar="ARG",
-                   help="extra flag for each worker (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--learner-arg",
+        action="append",
+        dest="learner_args",
+        metavar="ARG",
+        help="extra flag for the learner (repeatable)",
+    )
+    p.add_argument(
+        "--worker-arg",
+        action="append",
+        dest="worker_args",
+        metavar="ARG",
+        help="extra flag for each worker (repeatable)",
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -64,10 +74,24 @@ def parser() -> argparse.ArgumentParser:
 
 def _config_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     keys = (
-        "run", "redis_url", "redis_port", "inference_urls", "inference_port", "model",
-        "workers", "worker_concurrency", "sandbox_backend", "env_spec", "tasks", "max_steps",
-        "work_dir", "metrics_port", "status_interval_s", "learner_args", "worker_args",
-    )  # fmt: skip
+        "run",
+        "redis_url",
+        "redis_port",
+        "inference_urls",
+        "inference_port",
+        "model",
+        "workers",
+        "worker_concurrency",
+        "sandbox_backend",
+        "env_spec",
+        "tasks",
+        "max_steps",
+        "work_dir",
+        "metrics_port",
+        "status_interval_s",
+        "learner_args",
+        "worker_args",
+    )
     return {k: getattr(args, k) for k in keys}
 
 

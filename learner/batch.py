@@ -98,8 +98,9 @@ def prepare_batch(
             continue
         staleness = max(0, version - group.min_weight_version)
         out.staleness.append(staleness)
-        out.episode_returns += [episode_return([t.reward for t in tr.turns], rules.gamma)
-                                for tr in group.trajectories]  # fmt: skip
+        out.episode_returns += [
+            episode_return([t.reward for t in tr.turns], rules.gamma) for tr in group.trajectories
+        ]
         action = _stale_action(staleness, rules) if judge_staleness else "fresh"
         if action == "drop":
             out.dropped_stale.append(group.group_id)

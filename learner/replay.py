@@ -79,8 +79,11 @@ async def replay_groups(spec: str, keys: RunKeys, redis_url: str) -> AsyncIterat
         yield message
 
 
-async def batches_of(groups: AsyncIterator[TrajectoryGroup], size: int,
-                     usable: Callable[[TrajectoryGroup], str | None]) -> AsyncIterator[list[TrajectoryGroup]]:  # fmt: skip
+async def batches_of(
+    groups: AsyncIterator[TrajectoryGroup],
+    size: int,
+    usable: Callable[[TrajectoryGroup], str | None],
+) -> AsyncIterator[list[TrajectoryGroup]]:
     batch: list[TrajectoryGroup] = []
     async for group in groups:
         problem = usable(group)

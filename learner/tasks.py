@@ -77,8 +77,11 @@ def load_dataset(path: Path) -> list[TaskRow]:
             if spec not in checked:  # each distinct spec once; nothing is built
                 envs.check_spec(spec)
                 checked.add(spec)
-            rows.append(TaskRow(spec, int(data.get("difficulty", 0)), data.get("max_turns"),
-                                data.get("meta")))  # fmt: skip
+            rows.append(
+                TaskRow(
+                    spec, int(data.get("difficulty", 0)), data.get("max_turns"), data.get("meta")
+                )
+            )
         except envs.EnvSpecError as exc:
             raise TaskSourceError(f"{path}:{number}: bad env_spec {spec!r}: {exc}") from None
         except (ValueError, KeyError, TypeError) as exc:
@@ -130,8 +133,11 @@ class TaskSampler:
             self.recent.clear()
 
     def state(self) -> dict[str, Any]:
-        return {"level_index": self.level_index, "recent": list(self.recent),
-                "rng": self.rng.bit_generator.state}  # fmt: skip
+        return {
+            "level_index": self.level_index,
+            "recent": list(self.recent),
+            "rng": self.rng.bit_generator.state,
+        }
 
     def restore(self, state: dict[str, Any]) -> None:
         if not state:
@@ -179,11 +185,17 @@ class TaskFeeder:
             row, seed = self.sampler.draw()
             meta = dict(row.meta or {})
             meta["difficulty"] = row.difficulty
-            tasks.append(Task(
-                task_id=f"{self.keys.run}-{uuid.uuid4().hex[:16]}", env_spec=row.env_spec,
-                group_size=self.group_size, seed=seed, policy_version=version,
-                max_turns=row.max_turns if horizon is None else horizon, meta=meta,
-            ))  # fmt: skip
+            tasks.append(
+                Task(
+                    task_id=f"{self.keys.run}-{uuid.uuid4().hex[:16]}",
+                    env_spec=row.env_spec,
+                    group_size=self.group_size,
+                    seed=seed,
+                    policy_version=version,
+                    max_turns=row.max_turns if horizon is None else horizon,
+                    meta=meta,
+                )
+            )
         if tasks:
             await self.producer.publish(self.keys.tasks, tasks)
             TASKS_ISSUED.inc(len(tasks))
@@ -204,8 +216,9 @@ async def _group_info(redis: aioredis.Redis, stream: str, group: str) -> dict[st
     return None
 
 
-async def count_in_flight(redis: aioredis.Redis, keys: RunKeys, workers_group: str,
-                          learner_group: str) -> int:  # fmt: skip
+async def count_in_flight(
+    redis: aioredis.Redis, keys: RunKeys, workers_group: str, learner_group: str
+) -> int:
     """Tasks issued whose groups the learner has not consumed yet, from the streams.
 
     Workers publish a group and ack its task in one transaction, so every issued

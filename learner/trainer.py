@@ -66,8 +66,14 @@ def collate(
         logp[i, :n] = torch.from_numpy(s.behaviour_logp)
         adv[i, :n] = torch.from_numpy(s.advantages)
     stale = torch.tensor([s.stale for s in samples], dtype=torch.bool)
-    tensors = {"input_ids": ids, "attention_mask": attn, "mask": mask, "behaviour_logp": logp,
-               "advantages": adv, "stale": stale}  # fmt: skip
+    tensors = {
+        "input_ids": ids,
+        "attention_mask": attn,
+        "mask": mask,
+        "behaviour_logp": logp,
+        "advantages": adv,
+        "stale": stale,
+    }
     return {k: v.to(device) for k, v in tensors.items()}
 
 
@@ -130,8 +136,13 @@ class Trainer:
                 stale=batch["stale"],
                 tis_cap=self.cfg.tis_cap,
             )
-            share = aggregate(out.loss, mask, self.cfg.aggregation,
-                              total_tokens=total_tokens, total_sequences=total_sequences)  # fmt: skip
+            share = aggregate(
+                out.loss,
+                mask,
+                self.cfg.aggregation,
+                total_tokens=total_tokens,
+                total_sequences=total_sequences,
+            )
             share.backward()
             on = mask > 0
             sums[0] += float(share.detach())

@@ -95,7 +95,9 @@ def test_a_bad_dataset_stops_the_learner_before_any_task(
 
 def test_curriculum_moves_by_success_rate_and_state_round_trips() -> None:
     rows = [TaskRow("easy", 0), TaskRow("hard", 1)]
-    rules = CurriculumRules(curriculum=True, curriculum_window=4, promote_above=0.75, demote_below=0.25)
+    rules = CurriculumRules(
+        curriculum=True, curriculum_window=4, promote_above=0.75, demote_below=0.25
+    )
     sampler = TaskSampler(rows, seed=0, rules=rules)
     assert {sampler.draw()[0].env_spec for _ in range(20)} == {"easy"}
     sampler.observe([1.0, 1.0, 1.0, 0.0])  # 75% success: promote
