@@ -300,10 +300,20 @@ class NcclWeightSync(_ControlClient):
                 )
                 for url, offset in zip(self.urls, self.rank_offsets, strict=True)
             ]
-            try:
-                await asyncio.gather(self.transport.start(self.world_size), *joins)
-            except _StepFailed as exc:
-                raise WeightSyncError(-1, {u: str(exc) for u in self.urls}, _NO_GROUP) from exc
+            # Wait for every side, even after a refusal: the trainer's rendezvous ends only by
+            # its own timeout, and a thread cannot be cancelled.
+            trainer, *answers = await asyncio.gather(
+                self.transport.start(self.world_size), *joins, return_exceptions=True
+            )
+        failures = {
+            u: str(a)
+            for u, a in zip(self.urls, answers, strict=True)
+            if isinstance(a, BaseException)
+        }
+        if isinstance(trainer, BaseException) and not failures:
+            failures = {u: f"trainer rendezvous: {trainer!r}" for u in self.urls}
+        if failures:
+            raise WeightSyncError(-1, failures, _NO_GROUP)
 
     async def push(self, tensors: Mapping[str, Any], version: int) -> None:
         """Pause, start, update (while broadcasting), finish with the version, resume, verify."""
