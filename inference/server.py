@@ -129,7 +129,7 @@ def auth_middleware(api_key: str | None) -> Any:
         if expected is not None and request.path not in OPEN_ROUTES:
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
-                return web.json_response(error_body("Unauthorized", 401), status=401)
+                return web.json_response({"error": "Unauthorized"}, status=401)  # vLLM's body
         return await handler(request)
 
     return check
@@ -144,6 +144,9 @@ async def completions(request: web.Request) -> web.Response:
         return web.json_response(
             error_body(f"The model `{req.model}` does not exist.", 404, "model"), status=404
         )
+    if state.engine.rejecting:  # vLLM 0.33's answer during an abort or wait pause
+        message = "Generation is paused. Please retry after it resumes."
+        return web.json_response(error_body(message, 503), status=503)
     gen = GenRequest(prompt, params)
     state.engine.submit(gen)
     try:
@@ -183,7 +186,8 @@ async def pause(request: web.Request) -> web.Response:
         mode = "wait"  # vLLM's deprecated spelling of mode=wait
     if mode not in ("abort", "wait", "keep"):
         raise ProtocolError(f"mode must be abort, wait or keep, not {mode!r}", "mode")
-    await request.app[STATE].engine.pause(mode)
+    clear_cache = request.query.get("clear_cache", "true").lower() != "false"
+    await request.app[STATE].engine.pause(mode, clear_cache)
     return web.json_response({"status": "paused"})
 
 
