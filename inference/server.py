@@ -230,8 +230,8 @@ async def weight_info(request: web.Request) -> web.Response:
 
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:
-    # KV is per request here; there is no cross-request prefix cache to drop.
-    return web.Response(status=200)
+    # KV is per request here; there is no cross-request prefix cache to drop. vLLM 0.33's body.
+    return web.json_response({"success": True})
 
 
 def build_app(state: ServerState) -> web.Application:

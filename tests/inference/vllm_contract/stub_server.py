@@ -153,16 +153,25 @@ def build_app(tp: int, pp: int, dp: int, api_key: str | None) -> FastAPI:
 
 
 def build_validator() -> FastAPI:
-    models = {"CompletionResponse": CompletionResponse, "ErrorResponse": ErrorResponse}
+    models = {
+        "CompletionResponse": CompletionResponse,
+        "CompletionResponseChoice": CompletionResponseChoice,
+        "ErrorResponse": ErrorResponse,
+    }
     app = FastAPI()
 
     @app.post("/validate/{name}")
     async def validate(name: str, request: Request) -> JSONResponse:
+        """`ok` when the model accepts the body; `extra`: top-level keys it does not declare."""
+        body = await request.json()
+        model = models[name]
+        extra = sorted(set(body) - set(model.model_fields)) if isinstance(body, dict) else []
         try:
-            models[name].model_validate(await request.json())
+            model.model_validate(body)
         except ValidationError as exc:
-            return JSONResponse({"ok": False, "errors": exc.errors(include_url=False)})
-        return JSONResponse({"ok": True})
+            errors = exc.errors(include_url=False, include_context=False)
+            return JSONResponse({"ok": False, "errors": repr(errors), "extra": extra})
+        return JSONResponse({"ok": True, "extra": extra})
 
     return app
 
