@@ -73,10 +73,9 @@ def error_excerpt(body: bytes | str | None, limit: int = EXCERPT_CHARS) -> str:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
         data = None
-    message = _message_of(data) if data is not None else None
-    if message is None:
-        message = raw.decode("utf-8", "replace")
-    message = " ".join(message.split())
+    message = " ".join((_message_of(data) or "").split()) if data is not None else ""
+    if not message:
+        message = " ".join(raw.decode("utf-8", "replace").split()) or "(blank body)"
     return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
