@@ -137,6 +137,9 @@ class Engine:
 
     # --- requests --------------------------------------------------------------------------
     def submit(self, request: GenRequest) -> None:
+        """Queue `request`; EngineError 503 during an abort or wait pause (vLLM 0.33's answer)."""
+        if self.rejecting:
+            raise EngineError("Generation is paused. Please retry after it resumes.", status=503)
         (self._held if self._holding else self._waiting).append(request)
         self._wake.set()
         self._update_gauges()

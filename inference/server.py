@@ -148,9 +148,6 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return web.json_response(
             error_body(f"The model `{req.model}` does not exist.", 404, "model"), status=404
         )
-    if state.engine.rejecting:  # vLLM 0.33's answer during an abort or wait pause
-        message = "Generation is paused. Please retry after it resumes."
-        return web.json_response(error_body(message, 503), status=503)
     gen = GenRequest(prompt, params)
     state.engine.submit(gen)
     try:
