@@ -52,11 +52,6 @@ def rank_offsets(world_sizes: Sequence[int]) -> tuple[list[int], int]:
     return offsets, next_rank
 
 
-def worker_rank(rank_offset: int, dp_index: int, tp_pp_size: int, rank_within_dp: int) -> int:
-    """The rank vLLM 0.33 gives one worker (nccl_common._worker_group_rank)."""
-    return rank_offset + dp_index * tp_pp_size + rank_within_dp
-
-
 def vllm_trainer_init(init_info: Mapping[str, Any], rank: int = 0) -> Communicator:
     """vLLM's own trainer_init (GPU machines with vLLM 0.33 installed)."""
     from vllm.distributed.weight_transfer.nccl_common import trainer_init
