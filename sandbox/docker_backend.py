@@ -123,9 +123,20 @@ class DockerBackend:
         uids = f"{uid + 1}:{cfg.sessions_per_sandbox}"
         return self.client.containers.run(
             self.image,
-            command=["python3", "-I", "-S", "/opt/agent/agent",
-                     "--socket-dir", IN_SANDBOX_SOCKETS, "--work-dir", IN_SANDBOX_WORK,
-                     "--session-uids", uids, "--host-gid", str(os.getegid())],
+            command=[
+                "python3",
+                "-I",
+                "-S",
+                "/opt/agent/agent",
+                "--socket-dir",
+                IN_SANDBOX_SOCKETS,
+                "--work-dir",
+                IN_SANDBOX_WORK,
+                "--session-uids",
+                uids,
+                "--host-gid",
+                str(os.getegid()),
+            ],
             name=name,
             detach=True,
             # root in the container only to switch each session to its own uid; it
@@ -148,7 +159,7 @@ class DockerBackend:
             environment={"PATH": "/usr/local/bin:/usr/bin:/bin"},
             ipc_mode="private",
             log_config={"type": "json-file", "config": {"max-size": "1m"}},
-        )  # fmt: skip
+        )
 
     async def alive(self, handle: Handle) -> bool:
         from docker.errors import DockerException

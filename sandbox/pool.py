@@ -288,9 +288,8 @@ class SandboxPool:
         cap = self.capacity
         states = ("starting",) if starting else ("idle", "busy")
         ready = [
-            sb for sb in self._sandboxes
-            if sb.state in states and not sb.draining and sb.load < cap
-        ]  # fmt: skip
+            sb for sb in self._sandboxes if sb.state in states and not sb.draining and sb.load < cap
+        ]
         return max(ready, key=lambda sb: sb.load, default=None)
 
     def _new_sandbox(self) -> Sandbox:
@@ -401,9 +400,10 @@ class SandboxPool:
             self._wake.clear()
             await self._health_check()
             spare = sum(
-                1 for sb in self._sandboxes
+                1
+                for sb in self._sandboxes
                 if not sb.draining and (sb.state == "starting" or sb.load == 0)
-            )  # fmt: skip
+            )
             for _ in range(self.config.warm - spare):
                 try:
                     await self._launch_warm()

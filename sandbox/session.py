@@ -43,8 +43,9 @@ class Session:
     """Handed out by `SandboxPool.session()`; not shared between concurrent tasks."""
 
     def __init__(
-        self, pool: SessionOwner, sandbox: object, sid: str, connection: AgentConnection
+        self, pool: SessionOwner, sandbox: Any, sid: str, connection: AgentConnection
     ) -> None:
+        # ``sandbox`` is the owner's record of where this session lives, opaque here
         self.pool, self.sandbox, self.id, self.connection = pool, sandbox, sid, connection
         self._lost = False
         self.closed = False  # set by the pool on release: a closed session refuses calls
