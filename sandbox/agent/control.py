@@ -68,7 +68,10 @@ class Agent:
         self.sessions: dict[str, int] = {}
         self.slots: dict[str, int] = {}  # session id -> slot, kept across a reopen
         first, count = session_uids or (0, 0)
-        self.first_uid = first if session_uids and os.geteuid() == 0 else None
+        if session_uids and os.geteuid() != 0:
+            # asked to isolate sessions and unable to: never fall back to a shared uid
+            raise PermissionError("--session-uids needs root in the sandbox to switch uids")
+        self.first_uid = first if session_uids else None
         self.free = list(range(count)) if self.first_uid is not None else []
         if self.first_uid is not None:
             # only the agent and the host's group may enter: no session reaches a socket

@@ -325,8 +325,15 @@ def _session_request(req: dict, session: SessionState) -> dict:
         return _error(f"run failed: {exc!r}")
 
 
-LIMIT_KEYS = ("cpu_s", "memory_bytes", "processes", "file_size_bytes", "open_files",
-              "output_bytes", "collect_bytes")  # fmt: skip
+LIMIT_KEYS = (
+    "cpu_s",
+    "memory_bytes",
+    "processes",
+    "file_size_bytes",
+    "open_files",
+    "output_bytes",
+    "collect_bytes",
+)
 
 
 def _is_argv(argv: object) -> bool:

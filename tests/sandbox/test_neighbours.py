@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
 
 from sandbox import SandboxPool, Violation
+from sandbox.backends import AGENT_PACKAGE
 
 VICTIM_SETUP = """
 import os, tempfile
@@ -201,3 +206,34 @@ async def test_a_reused_slot_starts_empty(pool_factory) -> None:
     if pool.config.backend == "docker":  # same container, same slot, same uid
         assert first.sandbox is second.sandbox and r.stdout.split()[0] == uid.strip()
     assert r.stdout.split(" ", 1)[1] == "[]\n"
+
+
+def test_agent_refuses_to_share_a_uid_when_asked_to_isolate() -> None:
+    """Without root in the sandbox the agent cannot give sessions their own uids: it
+    must not start at all rather than quietly run every session as itself."""
+    with tempfile.TemporaryDirectory(dir="/tmp") as scratch:  # reachable by uid 65534
+        _agent_refuses(Path(scratch))
+
+
+def _agent_refuses(tmp_path: Path) -> None:
+    sockets, work = tmp_path / "s", tmp_path / "w"
+    sockets.mkdir()
+    tmp_path.chmod(0o777)
+    sockets.chmod(0o777)
+    user = {"user": 65534, "group": 65534, "extra_groups": []} if os.geteuid() == 0 else {}
+    argv = [
+        "/usr/bin/python3",
+        "-I",
+        "-S",
+        str(AGENT_PACKAGE),
+        "--socket-dir",
+        str(sockets),
+        "--work-dir",
+        str(work),
+        "--session-uids",
+        "300001:2",
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False, **user)
+    assert done.returncode != 0
+    assert "needs root in the sandbox" in done.stderr
+    assert not (sockets / "agent.sock").exists()
