@@ -7,11 +7,14 @@ builder (`inference.protocol.completion_response`), so its replies have exactly 
 shape the real server sends and the `GenerationClient` accepts: token ids, legacy
 logprobs, `weight_versions` spans. Each request sleeps a latency drawn from a
 log-normal distribution, then returns random tokens (from `allowed_token_ids` when
-given) ending with the first stop token. It lets the worker benchmark drive thousands
+given) ending with the first stop token; with `--mode code` it answers instead with a
+```python block (the text the `code` environment extracts and runs) holding a passing,
+a failing or a slow (passing after a sleep) solution, drawn by seeded weights. It lets the worker benchmark drive thousands
 of episodes with no GPU, and measure the farm's own costs. `/health` and `/v1/models`
 answer too.
 
-CLI: `python -m bench._loadgen --port P [--median-ms 50] [--sigma 0.5] [--tokens 8]`.
+CLI: `python -m bench._loadgen --port P [--median-ms 50] [--sigma 0.5] [--tokens 8]
+[--mode random|code] [--slow-s 0.3]`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,18 @@ from inference.sampling import SampleSpec
 
 VOCAB = 256  # random tokens are bytes, which every tokenizer of the farm decodes
 MODEL = "loadgen"
+# Solutions of the built-in `sum-two` problem (the one the farm benchmark runs).
+PASSING = "a, b = map(int, input().split())\nprint(a + b)\n"
+FAILING = "a, b = map(int, input().split())\nprint(a - b)\n"
+MIX = (("passing", 0.4), ("failing", 0.4), ("slow", 0.2))  # kind, weight
+
+
+def code_answer(kind: str, slow_s: float) -> str:
+    """A model answer in the format the `code` env extracts: one ```python block."""
+    body = {"passing": PASSING, "failing": FAILING}.get(kind)
+    if body is None:  # slow: right, but only after a sleep in every test run
+        body = f"import time\ntime.sleep({slow_s})\n{PASSING}"
+    return f"Here is my solution.\n```python\n{body}```"
 
 
 class _NoText:
@@ -43,7 +58,12 @@ class _NoText:
 class LoadGenerator:
     """The request handler state: latency distribution and counters."""
 
-    def __init__(self, median_ms: float, sigma: float, tokens: int, seed: int = 0) -> None:
+    def __init__(
+        self, median_ms: float, sigma: float, tokens: int, seed: int = 0,
+        mode: str = "random", slow_s: float = 0.3,
+    ) -> None:  # fmt: skip
+        self.mode, self.slow_s = mode, slow_s
+        self.answers = {kind: 0 for kind, _ in MIX}  # code answers sent, by kind
         self.mu = math.log(max(median_ms, 1e-3) / 1000.0)
         self.sigma = sigma
         self.tokens = tokens
@@ -74,6 +94,12 @@ class LoadGenerator:
         allowed = req.allowed_token_ids
         pool = [t for t in allowed if t not in stops] if allowed else None
         ids = [self.rng.choice(pool) if pool else self.rng.randrange(VOCAB) for _ in range(k - 1)]
+        if self.mode == "code":  # byte-level ids: every farm tokenizer's id == byte
+            kind = self.rng.choices([m for m, _ in MIX], [w for _, w in MIX])[0]
+            self.answers[kind] += 1
+            text = code_answer(kind, self.slow_s).encode()
+            k = min(req.max_tokens, len(text) + 1)
+            ids = list(text[: k - 1])
         ids.append(stops[0] if stops else self.rng.randrange(VOCAB))
         spec = SampleSpec(1.0, 1.0, None, req.logprobs or 0)
         params = GenParams(1, k, spec, None, frozenset(stops), req.ignore_eos)
@@ -107,8 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--median-ms", type=float, default=50.0, help="median latency")
     parser.add_argument("--sigma", type=float, default=0.5, help="log-normal sigma of latency")
     parser.add_argument("--tokens", type=int, default=8, help="tokens per completion")
+    parser.add_argument(
+        "--mode", choices=("random", "code"), default="random",
+        help="random tokens, or code answers for the `code` env (sum-two)",
+    )  # fmt: skip
+    parser.add_argument("--slow-s", type=float, default=0.3, help="sleep of slow solutions")
     args = parser.parse_args(argv)
-    gen = LoadGenerator(args.median_ms, args.sigma, args.tokens)
+    gen = LoadGenerator(args.median_ms, args.sigma, args.tokens, mode=args.mode, slow_s=args.slow_s)
     web.run_app(build_app(gen), host=args.host, port=args.port, print=None, backlog=4096)
     return 0
 

@@ -74,13 +74,13 @@ def _free_port() -> int:
 
 
 @asynccontextmanager
-async def loadgen(median_ms: float, sigma: float):
-    """The latency-simulating server, in its own process."""
+async def loadgen(median_ms: float, sigma: float, *extra: str):
+    """The latency-simulating server, in its own process; `extra`: more CLI arguments."""
     import aiohttp
 
     port = _free_port()
     args = ["-m", "bench._loadgen", "--port", str(port), "--median-ms", str(median_ms)]
-    proc = await asyncio.create_subprocess_exec(sys.executable, *args, "--sigma", str(sigma))
+    proc = await asyncio.create_subprocess_exec(sys.executable, *args, "--sigma", str(sigma), *extra)
     url = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as session:
