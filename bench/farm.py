@@ -105,10 +105,18 @@ class Scrape:
     buckets: dict[str, dict[float, float]]  # histogram -> upper bound -> cumulative count
 
 
-def scrape(port: int) -> Scrape:
+def scrape(port: int, tries: int = 5) -> Scrape:
+    """One worker's metrics; retried, as a loaded worker may reset the connection."""
     url = f"http://127.0.0.1:{port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        text = resp.read().decode()
+    for attempt in range(tries):
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                text = resp.read().decode()
+            break
+        except OSError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.5)
     counters: dict[str, float] = {}
     buckets: dict[str, dict[float, float]] = {h: {} for h in HISTOGRAMS}
     for family in text_string_to_metric_families(text):
@@ -159,7 +167,11 @@ def start_workers(
     return procs, ports
 
 
-def stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
+def stop_workers(procs: list[subprocess.Popen[bytes]], log_dir: Path) -> None:
+    for k, p in enumerate(procs):
+        if p.poll() is not None:  # died during the run: show why before the logs go
+            log = (log_dir / f"worker-{k}.log").read_text(errors="replace")
+            print(f"worker {k} exited {p.returncode}:\n{log[-3000:]}", file=sys.stderr)
     for p in procs:
         p.terminate()
     for p in procs:
@@ -320,7 +332,7 @@ async def run_backend(backend: str, n: int, window_s: float, tmp: Path, model: P
             pids = [p.pid for p in procs]
             farm = await farm_window(ports, pids, backend, n, 4 * window_s, window_s, mem0)
     finally:
-        stop_workers(procs)
+        stop_workers(procs, tmp)
         redis.terminate()
         redis.wait(10)
     ceiling_after = await sandbox_ceiling(backend, n, workers, window_s)
