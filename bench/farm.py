@@ -376,12 +376,16 @@ def main(argv: list[str]) -> int:
     window = args.window_s or (20.0 if args.quick else 60.0)
     backends = ("docker", "bwrap") if args.backend == "both" else (args.backend,)
     from inference.tiny import build_tokenizer
+    from workers.resources import loop_factory, raise_open_files_limit, tune_gc
 
+    tune_gc()  # the ceiling's process runs as `python -m workers` does: GC and loop alike
+    raise_open_files_limit()
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-farm-") as tmp:
         model = Path(tmp) / "model"
         build_tokenizer().save_pretrained(model)
         for backend in backends:
-            results.append(asyncio.run(run_backend(backend, n, window, Path(tmp), model)))
+            with asyncio.Runner(loop_factory=loop_factory("uvloop")) as runner:
+                results.append(runner.run(run_backend(backend, n, window, Path(tmp), model)))
     print(json.dumps(results, indent=2) if args.json else table(results))
     return 0
