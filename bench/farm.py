@@ -44,6 +44,9 @@ from bench.workers import _free_port, loadgen
 ENV_SPEC = 'code@{"problem_ids": ["sum-two"], "max_attempts": 3}'
 EPISODES_PER_WORKER = 250
 SLOW_S = 0.3
+# uvloop's subprocess_exec rejects the user/group arguments bwrap jails start with
+# (sandbox/backends.py), so bwrap runs, workers and ceiling alike, on asyncio.
+LOOPS = {"docker": "uvloop", "bwrap": "asyncio"}
 HISTOGRAMS = ("farm_worker_sandbox_seconds", "farm_worker_event_loop_lag_seconds")
 
 
@@ -160,7 +163,7 @@ def start_workers(
                "--sandbox-backend", backend, "--metrics-port", str(port), "--max-tokens", "256",
                "--max-context-tokens", "4096", "--episode-timeout-s", "600",
                "--inference-max-connections", str(per_worker), "--log-level", "WARNING",
-               "--shutdown-grace-s", "5"]  # fmt: skip
+               "--shutdown-grace-s", "5", "--event-loop", LOOPS[backend]]  # fmt: skip
         log = open(log_dir / f"worker-{k}.log", "wb")
         procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
         ports.append(port)
@@ -385,7 +388,7 @@ def main(argv: list[str]) -> int:
         model = Path(tmp) / "model"
         build_tokenizer().save_pretrained(model)
         for backend in backends:
-            with asyncio.Runner(loop_factory=loop_factory("uvloop")) as runner:
+            with asyncio.Runner(loop_factory=loop_factory(LOOPS[backend])) as runner:
                 results.append(runner.run(run_backend(backend, n, window, Path(tmp), model)))
     print(json.dumps(results, indent=2) if args.json else table(results))
     return 0
