@@ -80,7 +80,9 @@ async def loadgen(median_ms: float, sigma: float, *extra: str):
 
     port = _free_port()
     args = ["-m", "bench._loadgen", "--port", str(port), "--median-ms", str(median_ms)]
-    proc = await asyncio.create_subprocess_exec(sys.executable, *args, "--sigma", str(sigma), *extra)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *args, "--sigma", str(sigma), *extra
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as session:
