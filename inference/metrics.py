@@ -52,7 +52,9 @@ PREFIX_EVICTED = Counter(
     "farm_inference_prefix_cache_evicted_blocks",
     "KV blocks evicted from the prefix cache to stay within --kv-cache-mb",
 )
-PREFIX_BYTES = Gauge("farm_inference_prefix_cache_size_bytes", "Bytes of KV held by the prefix cache")
+PREFIX_BYTES = Gauge(
+    "farm_inference_prefix_cache_size_bytes", "Bytes of KV held by the prefix cache"
+)
 PREFIX_BLOCKS = Gauge("farm_inference_prefix_cache_blocks", "KV blocks held by the prefix cache")
 
 # --- generation client -------------------------------------------------------------------------
