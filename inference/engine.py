@@ -63,6 +63,7 @@ class Sequence:
         self.versions: list[str] = []
         self.pending: list[int] = list(prompt)  # tokens not yet in the KV cache
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._buffers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.cache_epoch = -1  # the prefix cache's epoch when this sequence's KV began
         self.prompt_keys: list[bytes] = []  # prefix-cache keys of the prompt's full blocks
         self.finish_reason: str | None = None
@@ -75,6 +76,28 @@ class Sequence:
     @property
     def past_len(self) -> int:
         return 0 if self.kv is None else self.kv[0][0].shape[1]
+
+    def extend_kv(self, new: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Append per-layer (keys, values) of new tokens; `kv` stays a view of a buffer that
+        grows geometrically, so a decode step copies its one new token, not the whole past."""
+        old, added = self.past_len, new[0][0].shape[1]
+        size = old + added
+        if self._buffers is None or self._buffers[0][0].shape[1] < size:
+            capacity = max(size, 2 * old, 64)
+            buffers = []
+            for layer, (k, v) in enumerate(new):
+                kb = k.new_empty((k.shape[0], capacity, k.shape[2]))
+                vb = v.new_empty((v.shape[0], capacity, v.shape[2]))
+                if self.kv is not None:
+                    kb[:, :old], vb[:, :old] = self.kv[layer]
+                buffers.append((kb, vb))
+            self._buffers = buffers
+        for (kb, vb), (k, v) in zip(self._buffers, new, strict=True):
+            kb[:, old:size], vb[:, old:size] = k, v
+        self.kv = [(kb[:, :size], vb[:, :size]) for kb, vb in self._buffers]
+
+    def drop_kv(self) -> None:
+        self.kv = self._buffers = None
 
 
 class GenRequest:
@@ -287,7 +310,7 @@ class Engine:
             past = seq.past_len
             keys = cache.keys(seq.prompt + seq.tokens[: past - len(seq.prompt)], past)
             cache.insert(keys, seq.kv, seq.cache_epoch)
-        seq.kv = None
+        seq.drop_kv()
 
     # --- worker-thread side ----------------------------------------------------------------
     def _plan(self, live: list[Sequence]) -> list[list[Sequence]]:
@@ -366,14 +389,9 @@ class Engine:
         )
         for i, seq in enumerate(group):
             n = len(seq.pending)
-            new = [(layer.keys[i, :, -n:], layer.values[i, :, -n:]) for layer in cache.layers]
-            if seq.kv is None:
-                seq.kv = [(k.clone(), v.clone()) for k, v in new]
-            else:
-                seq.kv = [
-                    (torch.cat([ok, k], dim=1), torch.cat([ov, v], dim=1))
-                    for (ok, ov), (k, v) in zip(seq.kv, new, strict=True)
-                ]
+            seq.extend_kv(
+                [(layer.keys[i, :, -n:], layer.values[i, :, -n:]) for layer in cache.layers]
+            )
         return out.logits[:, -1, :]
 
     def _padded_cache(self, group: list[Sequence], past: int) -> DynamicCache:
