@@ -40,7 +40,7 @@ async def test_completion_and_error_bodies_validate_as_vllm_models(
     broken = dict(data["choices"][0], weight_versions=[{"version": 7, "start": "x"}])
     assert vllm_contract.validate("CompletionResponseChoice", broken)["ok"] is False
     errors = [
-        await post(server.url + "/v1/completions", {"prompt": "text"}),
+        await post(server.url + "/v1/completions", completion([1], max_tokens="many")),
         await post(server.url + "/v1/completions", completion([1], model="nope")),
         await post(server.url + "/v1/completions", raw=b"{not json"),
     ]
