@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from broker.connection import RedisSettings, connect
+from broker.consumer import ConsumerSettings
 from broker.errors import RedisUnavailable
 from broker.keys import LEARNER_GROUP, RunKeys
 from broker.producer import Producer
@@ -23,7 +24,7 @@ async def test_next_batch_and_commit_wait_out_a_redis_restart(
     keys = RunKeys("outage")
     redis = await connect(RedisSettings.from_url(server.url))
     try:
-        consumer = LiveSource.consumer_config("learner", 3600.0, 10)
+        consumer = LiveSource.consumer_config("learner", ConsumerSettings(3600.0, 10))
         source = LiveSource(redis, keys, consumer, feeder=None, vocab_size=256)
         await source.start()
         await Producer(redis).publish(keys.trajectories(), [make_group("g0"), make_group("g1")])
@@ -59,7 +60,7 @@ async def test_commit_at_stop_gives_up_and_leaves_the_entries_pending(
     keys = RunKeys("outage-stop")
     redis = await connect(RedisSettings.from_url(server.url))
     try:
-        consumer = LiveSource.consumer_config("learner", 3600.0, 10)
+        consumer = LiveSource.consumer_config("learner", ConsumerSettings(3600.0, 10))
         source = LiveSource(redis, keys, consumer, feeder=None, vocab_size=256)
         await source.start()
         await Producer(redis).publish(keys.trajectories(), [make_group("g0")])
