@@ -65,7 +65,7 @@ class Sequence:
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._buffers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.cache_epoch = -1  # the prefix cache's epoch when this sequence's KV began
-        self.prompt_keys: list[bytes] = []  # prefix-cache keys of the prompt's full blocks
+        self.prompt_keys: list[bytes] = []  # prefix-cache keys of the full blocks prefilled first
         self.finish_reason: str | None = None
         self.stop_reason: int | None = None
         self.generator: torch.Generator | None = None
@@ -156,6 +156,7 @@ class Engine:
         self.version = version
         self.paused = False
         self._holding = False  # new requests are held (a pause was asked for)
+        self.rejecting = False  # new requests are refused (503): an abort or wait pause, as vLLM
         self._waiting: deque[GenRequest] = deque()
         self._held: deque[GenRequest] = deque()
         self._running: list[GenRequest] = []
@@ -167,6 +168,9 @@ class Engine:
 
     # --- requests --------------------------------------------------------------------------
     def submit(self, request: GenRequest) -> None:
+        """Queue `request`; EngineError 503 during an abort or wait pause (vLLM 0.33's answer)."""
+        if self.rejecting:
+            raise EngineError("Generation is paused. Please retry after it resumes.", status=503)
         (self._held if self._holding else self._waiting).append(request)
         self._wake.set()
         self._update_gauges()
@@ -183,9 +187,15 @@ class Engine:
         self._update_gauges()
 
     # --- control ---------------------------------------------------------------------------
-    async def pause(self, mode: PauseMode) -> None:
-        """Stop generating. abort: end in-flight requests now; wait: let them finish; keep: freeze them."""
+    async def pause(self, mode: PauseMode, clear_cache: bool = True) -> None:
+        """Stop generating. abort: end in-flight requests now; wait: let them finish; keep: freeze them.
+
+        As in vLLM 0.33: abort and wait refuse new requests until resume (`rejecting`), keep
+        queues them; `clear_cache` drops the KV of frozen sequences, which then recompute
+        their prompt and generated tokens with the weights loaded at resume.
+        """
         self._holding = True
+        self.rejecting = mode != "keep"
         if mode == "wait":
             self.paused = False  # requests frozen by an earlier keep must run to completion too
             self._drained.clear()
@@ -198,12 +208,23 @@ class Engine:
                 for request in [*self._running, *self._waiting]:
                     self.abort(request)
                 self._running.clear()
+            if clear_cache:
+                self._drop_caches()
         metrics.PAUSED.set(1)
         self._update_gauges()
+
+    def _drop_caches(self) -> None:
+        self.prefix_cache.clear()
+        for request in self._running:
+            for seq in request.seqs:
+                if seq.finish_reason is None and seq.kv is not None:
+                    seq.drop_kv()  # the next step re-prefills everything seen so far
+                    seq.pending = [*seq.prompt, *seq.tokens]
 
     def resume(self) -> None:
         self.paused = False
         self._holding = False
+        self.rejecting = False
         self._waiting.extend(self._held)
         self._held.clear()
         self._wake.set()
@@ -329,21 +350,26 @@ class Engine:
         return [group for group in (prefill, decode) if group]
 
     def _attach_prefix(self, seq: Sequence, computing: set[bytes]) -> bool:
-        """Give `seq` the KV of its longest cached prompt prefix; False to defer it a step."""
+        """Give `seq` the KV of its longest cached prefix; False to defer it a step.
+
+        Without KV, `pending` is everything the sequence has seen: its prompt, plus its tokens
+        when a pause dropped its KV.
+        """
         cache = self.prefix_cache
         seq.cache_epoch = cache.epoch
         if not cache.enabled:
             return True
-        seq.prompt_keys = cache.keys(seq.prompt, len(seq.prompt))
-        usable = seq.prompt_keys[: (len(seq.prompt) - 1) // cache.block_size]  # >= 1 to prefill
+        history = seq.pending
+        seq.prompt_keys = cache.keys(history, len(history))
+        usable = seq.prompt_keys[: (len(history) - 1) // cache.block_size]  # >= 1 to prefill
         hit, kv = cache.match(usable)
         if hit < len(usable) and usable[hit] in computing:
             return False
         computing.update(usable[hit:])
-        cache.count_query(len(seq.prompt), hit * cache.block_size)
+        cache.count_query(len(history), hit * cache.block_size)
         if kv is not None:
             seq.kv = kv
-            seq.pending = seq.prompt[hit * cache.block_size :]
+            seq.pending = history[hit * cache.block_size :]
         return True
 
     def _forward_and_sample(
