@@ -30,6 +30,12 @@ class Algorithm(enum.StrEnum):
     REBN = "rebn"
     RLOO = "rloo"
     REINFORCE = "reinforce"
+    PPO = "ppo"  # critic PPO: per-token GAE from a learned value function
+
+    @property
+    def group_relative(self) -> bool:
+        """Whether the baseline comes from the group, so equal returns carry no signal."""
+        return self in (Algorithm.GRPO, Algorithm.RLOO)
 
 
 class Aggregation(enum.StrEnum):
@@ -37,6 +43,7 @@ class Aggregation(enum.StrEnum):
 
     TOKEN_MEAN = "token-mean"  # every completion token of the batch weighs the same
     SEQ_MEAN = "seq-mean"  # every sequence weighs the same, tokens averaged within it
+    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"  # Dr. GRPO: token losses summed, sequences averaged
 
 
 class StalePolicy(enum.StrEnum):
@@ -44,6 +51,43 @@ class StalePolicy(enum.StrEnum):
 
     CORRECT = "correct"  # train it with truncated importance sampling
     DROP = "drop"  # do not train it
+
+
+class Correction(enum.StrEnum):
+    """Behaviour correction pi_prox/mu applied to every token."""
+
+    TIS = "tis"  # truncated importance sampling: min(w, C)
+    MIS = "mis"  # masked importance sampling: w inside [1/C, C], else the token is masked
+
+
+class KLEstimator(enum.StrEnum):
+    """Per-token estimator of KL(pi_theta || pi_ref) (Schulman's k1/k2/k3)."""
+
+    K1 = "k1"  # log r
+    K2 = "k2"  # (log r)^2 / 2
+    K3 = "k3"  # exp(-log r) + log r - 1, unbiased and non-negative
+
+
+class KLMode(enum.StrEnum):
+    """Where the KL to the reference enters."""
+
+    LOSS = "loss"  # kl_coef * KL added to the loss (GRPO paper, verl use_kl_loss)
+    REWARD = "reward"  # kl_coef * KL subtracted from each turn's reward (InstructGPT, verl)
+
+
+class Overlong(enum.StrEnum):
+    """What happens to episodes cut short by the context limit (DAPO)."""
+
+    NONE = "none"  # trained like any other
+    MASK = "mask"  # overlong filtering: no loss on their tokens (still in the group baseline)
+    SOFT = "soft"  # soft linear punishment over the last overlong_buffer tokens
+
+
+class GroupStd(enum.StrEnum):
+    """The std that GRPO divides by."""
+
+    POPULATION = "population"  # sqrt(sum (R - mean)^2 / n)
+    UNBIASED = "unbiased"  # sqrt(sum (R - mean)^2 / (n - 1)), as torch.std in verl and TRL
 
 
 class Precision(enum.StrEnum):
@@ -85,6 +129,30 @@ class LearnerConfig(BaseSettings):
     max_staleness: int = Field(1, ge=0, le=1000, description="policy versions a group may lag")
     stale_policy: StalePolicy = Field(StalePolicy.CORRECT, description="stragglers: correct|drop")
     tis_cap: float = Field(2.0, ge=1.0, description="truncation rho_bar of importance weights")
+    # --- loss terms and estimators (issue 15; see the table in docs/learner.md) ---------------
+    ppo_epochs: int = Field(1, ge=1, le=64, description="passes over each batch")
+    mini_batches: int = Field(1, ge=1, le=1024, description="optimizer steps per pass")
+    dual_clip: float = Field(3.0, gt=1.0, description="dual-clip c: loss <= -c*A for A < 0")
+    correction: Correction = Field(Correction.TIS, description="behaviour correction: tis|mis")
+    log_ratio_clamp: float = Field(20.0, gt=0.0, le=80.0, description="|log ratio| bound")
+    kl_coef: float = Field(0.0, ge=0.0, description="KL to the initial weights (0: no reference)")
+    kl_estimator: KLEstimator = Field(KLEstimator.K3, description="k1|k2|k3")
+    kl_mode: KLMode = Field(KLMode.LOSS, description="loss term or reward penalty")
+    reference_offload: bool = Field(False, description="keep the reference model on the CPU")
+    entropy_coef: float = Field(0.0, ge=0.0, description="entropy bonus: loss -= coef*H")
+    dynamic_sampling: bool = Field(True, description="fill batches with informative groups")
+    dynamic_sampling_max_factor: float = Field(
+        4.0, ge=1.0, le=100.0, description="at most this x groups_per_batch groups per batch"
+    )
+    overlong: Overlong = Field(Overlong.NONE, description="context-truncated episodes")
+    overlong_max_tokens: int | None = Field(None, ge=1, description="L_max of the soft penalty")
+    overlong_buffer: int = Field(0, ge=0, description="L_cache: the soft penalty's ramp length")
+    overlong_penalty: float = Field(1.0, ge=0.0, description="soft penalty at L >= L_max")
+    grpo_scale_by_std: bool = Field(True, description="divide GRPO advantages by the group std")
+    grpo_std: GroupStd = Field(GroupStd.POPULATION, description="population|unbiased")
+    gae_lambda: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda (ppo)")
+    value_clip: float = Field(0.2, gt=0.0, description="value-loss clip range (ppo)")
+    critic_learning_rate: float = Field(1e-5, gt=0.0, le=1.0, description="critic AdamW (ppo)")
     # --- checkpoints, device, steps -----------------------------------------------------------
     checkpoint_dir: Path | None = Field(None, description="where checkpoints go (None: none)")
     checkpoint_interval: int = Field(10, ge=1, description="steps between checkpoints")
@@ -125,12 +193,26 @@ class LearnerConfig(BaseSettings):
             raise ValueError("horizon_start must not exceed horizon_max")
         if self.resume and self.checkpoint_dir is None:
             raise ValueError("resume needs checkpoint_dir")
+        if self.overlong is Overlong.SOFT and not (
+            self.overlong_max_tokens and 0 < self.overlong_buffer <= self.overlong_max_tokens
+        ):
+            raise ValueError("overlong soft needs 0 < overlong_buffer <= overlong_max_tokens")
         return self
 
     @property
+    def admission_steps(self) -> int:
+        """Steps of groups admission may hold: max_staleness + 1, less the push lag.
+
+        Weights reach the servers every push_interval steps, so a task issued now may
+        sample weights push_interval - 1 steps older than the learner's step.
+        """
+        lag = max(self.push_interval - 1, 0)
+        return max(self.max_staleness + 1 - lag, 1)
+
+    @property
     def admission_limit(self) -> int:
-        """Tasks (groups) allowed in flight or buffered: (max_staleness + 1) x groups_per_batch."""
-        return (self.max_staleness + 1) * self.groups_per_batch
+        """Tasks (groups) allowed in flight or buffered: admission_steps x groups_per_batch."""
+        return self.admission_steps * self.groups_per_batch
 
     @classmethod
     def load(cls, cli: dict[str, Any], toml_file: Path | None = None) -> LearnerConfig:

@@ -1,0 +1,50 @@
+"""The frozen reference policy for the KL term: the run's initial weights.
+
+Loaded only when ``kl_coef > 0`` (`load_reference`), from ``--model`` even when
+the learner resumes, so the KL is always to the weights the run started from.
+It never trains (no gradient, eval mode). With ``reference_offload`` it lives in
+CPU memory and visits the training device only for its forward pass, as verl's
+reference offload does; on a CPU learner the flag changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from learner.batch import Sample
+from learner.trainer import OptimConfig, sequence_logprobs
+
+
+class Reference:
+    """A frozen model that scores sequences."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, offload: bool) -> None:
+        self.device = device
+        self.offload = offload and device.type != "cpu"
+        self.model = model.to("cpu" if self.offload else device).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+
+    def logprobs(
+        self, samples: Sequence[Sample], cfg: OptimConfig, pad_id: int, device: torch.device
+    ) -> list[np.ndarray]:
+        """Reference logprobs of every token of `samples` (input coordinates)."""
+        if not self.offload:
+            return sequence_logprobs(self.model, samples, cfg, pad_id, device)
+        self.model.to(device)
+        try:
+            return sequence_logprobs(self.model, samples, cfg, pad_id, device)
+        finally:
+            self.model.to("cpu")
+
+
+def load_reference(model_dir: Path, device: torch.device, offload: bool) -> Reference:
+    """The initial weights of `model_dir`, frozen."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return Reference(model, device, offload)
