@@ -61,7 +61,7 @@ class BatchRules:
 
     algorithm: Algorithm
     gamma: float
-    max_staleness: int
+    max_staleness: int | None  # None: the versions are not this run's (replay), nothing is stale
     drop_stale: bool
     skip_zero_variance: bool
     scale_by_std: bool = True
@@ -131,7 +131,7 @@ def no_action_timeout(trajectory: Trajectory) -> bool:
 
 def _stale_action(staleness: int, rules: BatchRules) -> str:
     # Negative: the tokens came from weights a resume discarded; they are not fresh.
-    if 0 <= staleness <= rules.max_staleness:
+    if rules.max_staleness is None or 0 <= staleness <= rules.max_staleness:
         return "fresh"
     return "drop" if rules.drop_stale else "correct"
 

@@ -5,6 +5,12 @@ the learner resumes, so the KL is always to the weights the run started from.
 It never trains (no gradient, eval mode). With ``reference_offload`` it lives in
 CPU memory and visits the training device only for its forward pass, as verl's
 reference offload does; on a CPU learner the flag changes nothing.
+
+As a reward penalty (``kl_mode reward``), `kl_turn_penalties` estimates the KL
+per token between the behaviour logprobs mu recorded at rollout and the
+reference (no extra policy forward), sums it over each turn's completion
+tokens and scales it by ``kl_coef``; the batch subtracts it from the turn's
+reward before computing advantages.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from learner.batch import Sample
+from learner.batch import Sample, TurnPenalties
+from learner.config import KLEstimator
+from learner.losses import kl_penalty
 from learner.trainer import OptimConfig, sequence_logprobs
 
 
@@ -48,3 +56,25 @@ def load_reference(model_dir: Path, device: torch.device, offload: bool) -> Refe
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     return Reference(model, device, offload)
+
+
+def kl_turn_penalties(
+    reference: Reference,
+    samples: Sequence[Sample],
+    cfg: OptimConfig,
+    pad_id: int,
+    device: torch.device,
+    estimator: KLEstimator,
+    coef: float,
+) -> TurnPenalties:
+    """``coef * sum_{t in turn} KL_t(mu || ref)`` for every turn of every sample."""
+    out: dict[tuple[str, int], np.ndarray] = {}
+    for sample, ref in zip(samples, reference.logprobs(samples, cfg, pad_id, device), strict=True):
+        assert sample.turn_index is not None and sample.turn_rewards is not None
+        kl = kl_penalty(torch.from_numpy(sample.behaviour_logp), torch.from_numpy(ref), estimator)
+        kl = kl.numpy() * sample.loss_mask
+        turns = len(sample.turn_rewards)
+        on = sample.turn_index >= 0
+        sums = np.bincount(sample.turn_index[on], weights=kl[on], minlength=turns)
+        out[(sample.group_id, sample.episode)] = coef * sums
+    return out

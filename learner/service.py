@@ -12,6 +12,7 @@ after the current step, with a final checkpoint and ack.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import signal
@@ -39,8 +40,11 @@ from learner.checkpoint import (
     load_state,
     save_checkpoint,
 )
-from learner.config import LearnerConfig, Precision, StalePolicy
+from learner.config import Algorithm, KLMode, LearnerConfig, Precision, StalePolicy
+from learner.critic import Critic, CriticConfig, load_critic
 from learner.distributed import DistContext
+from learner.losses import PolicyLossConfig
+from learner.reference import Reference, kl_turn_penalties, load_reference
 from learner.source import LiveSource
 from learner.tasks import (
     CurriculumRules,
@@ -50,7 +54,7 @@ from learner.tasks import (
     count_in_flight,
     load_dataset,
 )
-from learner.trainer import OptimConfig, StepStats, Trainer
+from learner.trainer import LossTerms, OptimConfig, StepStats, Trainer
 from learner.weights import WeightPusher
 
 log = logging.getLogger("learner")
@@ -73,30 +77,41 @@ class Core:
     trainer: Trainer
     state: LearnerState
     checkpoint: Path | None  # the checkpoint resumed from
+    reference: Reference | None = None  # KL as a reward penalty (the trainer holds the loss one)
+    critic: Critic | None = None  # --algorithm ppo
 
     def rules(self, replay: bool) -> BatchRules:
-        return BatchRules(
-            algorithm=self.cfg.algorithm,
-            gamma=self.cfg.gamma,
-            # a replay trains what was recorded; its versions are not this run's
-            max_staleness=10**9 if replay else self.cfg.max_staleness,
-            drop_stale=self.cfg.stale_policy is StalePolicy.DROP,
-            skip_zero_variance=self.cfg.skip_zero_variance,
-        )
+        return batch_rules(self.cfg, replay)
 
     def train(
         self, groups: list[TrajectoryGroup], replay: bool
     ) -> tuple[PreparedBatch, StepStats | None]:
-        prepared = prepare_batch(groups, self.rules(replay), version=self.state.step)
+        rules = self.rules(replay)
+        prepared = prepare_batch(groups, rules, version=self.state.step)
+        if self.reference is not None and prepared.samples:
+            t = self.trainer
+            penalties = kl_turn_penalties(self.reference, prepared.samples, t.cfg, t.pad_id,
+                                          t.device, self.cfg.kl_estimator, self.cfg.kl_coef)  # fmt: skip
+            prepared = prepare_batch(groups, rules, version=self.state.step, penalties=penalties)
         stats = None
         if prepared.samples:
-            local = self.dist.shard(prepared.samples)
-            stats = self.trainer.step(local, prepared.num_tokens, len(prepared.samples))
+            samples = prepared.samples
+            if self.critic is not None:
+                samples = self.critic.annotate(samples)
+                prepared.advantages = [
+                    float(a) for s in samples for a in s.advantages[s.loss_mask > 0]
+                ]
+            stats = self.trainer.update(samples)
+            if self.critic is not None:
+                value_loss = self.critic.update(samples, self.cfg.ppo_epochs, self.cfg.mini_batches)
+                stats = dataclasses.replace(stats, value_loss=value_loss)
         self.state.step += 1
         self.state.record_step([g.group_id for g in groups])
         self.state.count("groups", len(groups))
         self.state.count("trained_groups", len(prepared.trained_groups))
         self.state.count("infra_failed", len(prepared.infra_failed))
+        self.state.count("no_action_timeouts", len(prepared.no_action_timeouts))
+        self.state.count("overlong", prepared.overlong)
         self.state.count("zero_variance", len(prepared.zero_variance))
         self.state.count("stale_dropped", len(prepared.dropped_stale))
         self.state.count("stale_corrected", len(prepared.corrected_stale))
@@ -108,6 +123,41 @@ class Core:
         return save_checkpoint(self.cfg.checkpoint_dir, self.trainer.model, self.trainer.optimizer,
                                self.state, tokenizer_dir=self.cfg.model,
                                keep=self.cfg.keep_checkpoints)  # fmt: skip
+
+
+def batch_rules(cfg: LearnerConfig, replay: bool) -> BatchRules:
+    """What a batch trains; a replay's versions are not this run's, so nothing is stale."""
+    return BatchRules(
+        algorithm=cfg.algorithm,
+        gamma=cfg.gamma,
+        max_staleness=None if replay else cfg.max_staleness,
+        drop_stale=cfg.stale_policy is StalePolicy.DROP,
+        skip_zero_variance=cfg.skip_zero_variance,
+        scale_by_std=cfg.grpo_scale_by_std,
+        group_std=cfg.grpo_std,
+        overlong=cfg.overlong,
+        overlong_max_tokens=cfg.overlong_max_tokens or 0,
+        overlong_buffer=cfg.overlong_buffer,
+        overlong_penalty=cfg.overlong_penalty,
+    )
+
+
+def optim_config(cfg: LearnerConfig, device: torch.device) -> OptimConfig:
+    """The trainer's share of the config."""
+    bf16 = cfg.precision is Precision.BF16 or (
+        cfg.precision is Precision.AUTO and device.type == "cuda"
+    )
+    policy = PolicyLossConfig(clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                              dual_clip=cfg.dual_clip, correction=cfg.correction, cap=cfg.tis_cap,
+                              log_ratio_clamp=cfg.log_ratio_clamp)  # fmt: skip
+    kl_loss = cfg.kl_coef if cfg.kl_mode is KLMode.LOSS else 0.0
+    terms = LossTerms(ppo_epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches, kl_coef=kl_loss,
+                      kl_estimator=cfg.kl_estimator, entropy_coef=cfg.entropy_coef)  # fmt: skip
+    return OptimConfig(
+        learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm, micro_batch_size=cfg.micro_batch_size,
+        aggregation=cfg.aggregation, bf16=bf16, policy=policy, terms=terms,
+    )  # fmt: skip
 
 
 def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> Core:
@@ -124,22 +174,24 @@ def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> C
         checkpoint = latest_checkpoint(cfg.checkpoint_dir)
     source = checkpoint or cfg.model
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-    bf16 = cfg.precision is Precision.BF16 or (
-        cfg.precision is Precision.AUTO and device.type == "cuda"
-    )
-    optim = OptimConfig(
-        learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay, clip_low=cfg.clip_low,
-        clip_high=cfg.clip_high, tis_cap=cfg.tis_cap, max_grad_norm=cfg.max_grad_norm,
-        micro_batch_size=cfg.micro_batch_size, aggregation=cfg.aggregation, bf16=bf16,
-    )  # fmt: skip
-    trainer = Trainer(model, optim, device, dist)
+    optim = optim_config(cfg, device)
+    # The reference is the initial weights (cfg.model, even on resume), loaded only for a KL.
+    reference = load_reference(cfg.model, device, cfg.reference_offload) if cfg.kl_coef else None
+    loss_reference = reference if cfg.kl_mode is KLMode.LOSS else None
+    trainer = Trainer(model, optim, device, dist, reference=loss_reference)
+    critic = None
+    if cfg.algorithm is Algorithm.PPO:
+        critic_cfg = CriticConfig(learning_rate=cfg.critic_learning_rate,
+                                  value_clip=cfg.value_clip, gamma=cfg.gamma, lam=cfg.gae_lambda)  # fmt: skip
+        critic = load_critic(cfg.model, critic_cfg, optim, device, dist)
     state = LearnerState()
     if checkpoint is not None:
         state = load_state(checkpoint)
         load_optimizer(checkpoint, trainer.optimizer)
         log.info("resumed from %s at step %d", checkpoint, state.step)
     dist.broadcast_model(trainer.model)
-    return Core(cfg, dist, trainer, state, checkpoint)
+    reward_reference = reference if cfg.kl_mode is KLMode.REWARD else None
+    return Core(cfg, dist, trainer, state, checkpoint, reward_reference, critic)
 
 
 def step_record(core: Core, prepared: PreparedBatch, stats: StepStats | None, wait_s: float,
@@ -155,6 +207,7 @@ def step_record(core: Core, prepared: PreparedBatch, stats: StepStats | None, wa
         "reward_mean": float(returns.mean()), "adv_mean": float(adv.mean()),
         "adv_std": float(adv.std()), "staleness_max": max(prepared.staleness, default=0),
         "zero_variance": len(prepared.zero_variance), "infra_failed": len(prepared.infra_failed),
+        "no_action_timeouts": len(prepared.no_action_timeouts), "overlong": prepared.overlong,
         "stale_dropped": len(prepared.dropped_stale),
         "stale_corrected": len(prepared.corrected_stale),
         "wait_s": round(wait_s, 4), "compute_s": round(compute_s, 4), "push_s": round(push_s, 4),
@@ -163,7 +216,11 @@ def step_record(core: Core, prepared: PreparedBatch, stats: StepStats | None, wa
     if stats is not None:
         record.update(loss=stats.loss, clip_fraction=stats.clip_fraction, entropy=stats.entropy,
                       ratio_mean=stats.ratio_mean, ratio_max=stats.ratio_max,
-                      grad_norm=stats.grad_norm)  # fmt: skip
+                      grad_norm=stats.grad_norm, dual_clip_fraction=stats.dual_clip_fraction,
+                      correction_fraction=stats.correction_fraction, kl=stats.kl,
+                      optimizer_steps=stats.optimizer_steps)  # fmt: skip
+        if stats.value_loss is not None:
+            record["value_loss"] = stats.value_loss
     _export(record, prepared)
     return record
 
@@ -184,6 +241,8 @@ def _export(record: dict[str, object], prepared: PreparedBatch) -> None:
     m.STALE_GROUPS.labels(action="corrected").inc(len(prepared.corrected_stale))
     m.ZERO_VARIANCE.inc(len(prepared.zero_variance))
     m.INFRA_FAILED.inc(len(prepared.infra_failed))
+    m.NO_ACTION_TIMEOUTS.inc(len(prepared.no_action_timeouts))
+    m.OVERLONG.inc(prepared.overlong)
     if "loss" in record:
         m.LOSS.set(float(record["loss"]))  # type: ignore[arg-type]
         m.CLIP_FRACTION.set(float(record["clip_fraction"]))  # type: ignore[arg-type]
@@ -191,6 +250,11 @@ def _export(record: dict[str, object], prepared: PreparedBatch) -> None:
         m.RATIO_MEAN.set(float(record["ratio_mean"]))  # type: ignore[arg-type]
         m.RATIO_MAX.set(float(record["ratio_max"]))  # type: ignore[arg-type]
         m.GRAD_NORM.set(float(record["grad_norm"]))  # type: ignore[arg-type]
+        m.DUAL_CLIP_FRACTION.set(float(record["dual_clip_fraction"]))  # type: ignore[arg-type]
+        m.CORRECTION_FRACTION.set(float(record["correction_fraction"]))  # type: ignore[arg-type]
+        m.KL.set(float(record["kl"]))  # type: ignore[arg-type]
+    if "value_loss" in record:
+        m.VALUE_LOSS.set(float(record["value_loss"]))  # type: ignore[arg-type]
 
 
 def emit(record: dict[str, object]) -> None:

@@ -91,6 +91,7 @@ class StepStats:
     correction_fraction: float = 0.0  # tokens whose pi_prox/mu was capped (TIS) or masked (MIS)
     kl: float = 0.0  # mean per-token KL estimate to the reference
     optimizer_steps: int = 1
+    value_loss: float | None = None  # the critic's clipped value loss (ppo)
 
 
 def autocast_context(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager:
