@@ -9,6 +9,7 @@ import pytest
 
 from learner.algorithms import (
     AdvantageRules,
+    Advantages,
     Algorithm,
     compute_advantages,
     discounted_returns,
@@ -19,7 +20,7 @@ from learner.algorithms import (
 from learner.config import GroupStd
 
 
-def _adv(rewards: list, algorithm: Algorithm, gamma: float = 1.0, **kw: object):  # noqa: ANN202
+def _adv(rewards: list, algorithm: Algorithm, gamma: float = 1.0, **kw: object) -> Advantages:
     return compute_advantages(rewards, AdvantageRules(algorithm, gamma, **kw))  # type: ignore[arg-type]
 
 
@@ -131,4 +132,6 @@ def test_gae_across_three_turns_by_hand() -> None:
     np.testing.assert_allclose(ret, np.where(mask > 0, expected + values, 0.0), atol=1e-12)
     # gamma = lam = 1: A_t is the sum of the rewards still to come minus V_t (Monte Carlo)
     mc, _ = gae(rewards, values, mask, 1.0, 1.0)
-    np.testing.assert_allclose(mc[[2, 3, 5, 7, 8]], [1.5 - 0.2, 1.5 - 0.4, 1 - 0.3, 1 - 0.6, 1 - 0.8])
+    np.testing.assert_allclose(
+        mc[[2, 3, 5, 7, 8]], [1.5 - 0.2, 1.5 - 0.4, 1 - 0.3, 1 - 0.6, 1 - 0.8]
+    )

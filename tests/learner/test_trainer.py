@@ -24,7 +24,10 @@ POLICY = PolicyLossConfig(clip_low=0.2, clip_high=0.2, dual_clip=3.0, correction
                           cap=2.0, log_ratio_clamp=20.0)  # fmt: skip
 
 
-def _trainer(model_dir: Path, micro: int = 8, lr: float = 1e-2, terms: LossTerms = LossTerms(),
+PLAIN = LossTerms()
+
+
+def _trainer(model_dir: Path, micro: int = 8, lr: float = 1e-2, terms: LossTerms = PLAIN,
              reference: object = None) -> Trainer:  # fmt: skip
     from transformers import AutoModelForCausalLM
 
