@@ -224,3 +224,21 @@ def _sample(trajectory: Trajectory, turn_rewards: np.ndarray, turn_adv: np.ndarr
         return None
     return Sample(ids, mask, logp, adv, stale, group_id, trajectory.sample_index, turn_index,
                   turn_rewards)  # fmt: skip
+
+
+def filter_reason(group: TrajectoryGroup, rules: BatchRules) -> str | None:
+    """Why `group` would train nothing ("infra", "no_action", "zero_variance"), or None.
+
+    Dynamic sampling (DAPO) uses it to fill a batch with groups that carry signal;
+    staleness is left to `prepare_batch`, which knows the step that trains the group.
+    """
+    if group.infra_failed:
+        return "infra"
+    if any(no_action_timeout(t) for t in group.trajectories):
+        return "no_action"
+    if rules.algorithm.group_relative and rules.skip_zero_variance:
+        returns = {episode_return(shaped_rewards(t, rules).tolist(), rules.gamma)
+                   for t in group.trajectories}  # fmt: skip
+        if len(returns) <= 1:
+            return "zero_variance"
+    return None

@@ -32,7 +32,7 @@ from broker.messages import PolicyVersion, TrajectoryGroup
 from broker.policy import current_policy, publish_policy
 from broker.status import refresh_stream_gauges
 from learner import metrics as m
-from learner.batch import BatchRules, PreparedBatch, prepare_batch
+from learner.batch import BatchRules, PreparedBatch, filter_reason, prepare_batch
 from learner.checkpoint import (
     LearnerState,
     latest_checkpoint,
@@ -45,6 +45,7 @@ from learner.critic import Critic, CriticConfig, load_critic
 from learner.distributed import DistContext
 from learner.losses import PolicyLossConfig
 from learner.reference import Reference, kl_turn_penalties, load_reference
+from learner.sampling import DynamicSampling
 from learner.source import LiveSource
 from learner.tasks import (
     CurriculumRules,
@@ -158,6 +159,15 @@ def optim_config(cfg: LearnerConfig, device: torch.device) -> OptimConfig:
         max_grad_norm=cfg.max_grad_norm, micro_batch_size=cfg.micro_batch_size,
         aggregation=cfg.aggregation, bf16=bf16, policy=policy, terms=terms,
     )  # fmt: skip
+
+
+def dynamic_sampling(cfg: LearnerConfig) -> DynamicSampling | None:
+    """Fill each batch with groups that train (DAPO), unless switched off."""
+    if not cfg.dynamic_sampling:
+        return None
+    rules = batch_rules(cfg, replay=False)
+    return DynamicSampling(lambda g: filter_reason(g, rules), cfg.groups_per_batch,
+                           cfg.dynamic_sampling_max_factor, cfg.admission_steps)  # fmt: skip
 
 
 def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> Core:
@@ -285,7 +295,9 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
         recent = {g for step in state.trained[-cfg.checkpoint_interval :] for g in step}
         consumer = LiveSource.consumer_config(cfg.consumer_name, cfg.reclaim_idle_s,
                                               cfg.max_deliveries)  # fmt: skip
-        source = LiveSource(redis, keys, consumer, feeder, vocab, already_trained=recent)
+        sampling = dynamic_sampling(cfg)
+        source = LiveSource(redis, keys, consumer, feeder, vocab, already_trained=recent,
+                            sampling=sampling)  # fmt: skip
         await source.start()
         if await current_policy(redis, keys) is None:
             await publish_policy(redis, keys, PolicyVersion(version=state.version, step=state.step))
@@ -303,7 +315,10 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
             push_s = 0.0
             if pusher is not None and state.step % cfg.push_interval == 0:
                 push_s = await _push(core, pusher, redis, keys)
-            emit(step_record(core, prepared, stats, batch.wait_s, push_s))
+            record = step_record(core, prepared, stats, batch.wait_s, push_s)
+            if sampling is not None:
+                record["filter_rate"] = round(sampling.rate, 4)
+            emit(record)
             last = cfg.max_steps and state.step >= cfg.max_steps
             if cfg.checkpoint_dir is None or state.step % cfg.checkpoint_interval == 0 or last:
                 core.save()

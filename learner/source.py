@@ -27,6 +27,7 @@ from broker.consumer import Consumer, ConsumerConfig, Delivery
 from broker.errors import BudgetError
 from broker.keys import LEARNER_GROUP, RunKeys
 from broker.messages import DeadLetter, TrajectoryGroup
+from learner.sampling import DynamicSampling
 from learner.tasks import TaskFeeder
 
 log = logging.getLogger(__name__)
@@ -71,12 +72,14 @@ class LiveSource:
         feeder: TaskFeeder | None,
         vocab_size: int,
         already_trained: set[str] | None = None,
+        sampling: DynamicSampling | None = None,
     ) -> None:
         self.redis = redis
         self.keys = keys
         self.consumer = Consumer(redis, keys, keys.all_trajectories, consumer_config,
                                  expect=TrajectoryGroup)  # fmt: skip
         self.feeder = feeder
+        self.sampling = sampling  # None: every group counts toward a batch
         self.vocab_size = vocab_size
         # Group ids the resumed checkpoint already holds: a crash between writing a
         # checkpoint and acking its entries redelivers them, and they must not train twice.
@@ -112,11 +115,12 @@ class LiveSource:
         """
         started = time.perf_counter()
         self.training = 0
-        while len(self.buffer) < size:
+        while (take := self._batch_length(size)) is None:
             if stop.is_set():
                 return None
             await self.top_up(version, step)
-            got = await self.consumer.read(count=size - len(self.buffer))
+            wanted = size if self.sampling is not None else size - len(self.buffer)
+            got = await self.consumer.read(count=wanted)
             # A slot is freed once per entry and process: count_in_flight() at start-up
             # counted this learner's pending entries too, so redelivered ones free theirs.
             fresh = [
@@ -130,10 +134,20 @@ class LiveSource:
                     log.warning("admission release: %s", exc)
             self.buffer += await self._screen(got)
         wait_s = time.perf_counter() - started
-        batch, self.buffer = self.buffer[:size], self.buffer[size:]
+        batch, self.buffer = self.buffer[:take], self.buffer[take:]
         self.training = len(batch)
+        if self.sampling is not None:
+            self.sampling.observe([d.message for d in batch])  # type: ignore[misc]
+            if self.feeder is not None:
+                await self.feeder.set_limit(self.sampling.admission_limit())
         await self.top_up(version, step)
         return Batch(batch, wait_s)
+
+    def _batch_length(self, size: int) -> int | None:
+        """How many buffered groups make the next batch, or None while too few."""
+        if self.sampling is not None:
+            return self.sampling.batch_length([d.message for d in self.buffer], size)  # type: ignore[misc]
+        return size if len(self.buffer) >= size else None
 
     async def _screen(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
         good: list[Delivery] = []

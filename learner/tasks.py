@@ -180,6 +180,12 @@ class TaskFeeder:
         if in_flight:
             await self.budget.try_acquire(in_flight)
 
+    async def set_limit(self, limit: int) -> None:
+        """Move the admission limit (dynamic sampling over-issues by the filter rate)."""
+        if limit != self.limit:
+            self.limit = limit
+            await self.budget.set_limit(limit)
+
     async def top_up(self, buffered: int, version: int, step: int) -> list[Task]:
         """Issue as many tasks as the budget allows now; return them."""
         horizon = self.horizon.at(step)
