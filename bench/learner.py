@@ -89,13 +89,14 @@ def compute_ceiling(model_dir: Path, groups: list[TrajectoryGroup], steps: int) 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from learner.algorithms import Aggregation, Algorithm
     from learner.batch import BatchRules, prepare_batch
+    from learner.config import Algorithm, LearnerConfig
     from learner.distributed import DistContext
-    from learner.trainer import OptimConfig, Trainer
+    from learner.service import optim_config
+    from learner.trainer import Trainer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    cfg = OptimConfig(1e-5, 0.0, 0.2, 0.2, 2.0, 1.0, 8, Aggregation.TOKEN_MEAN, False)
+    cfg = optim_config(LearnerConfig(model=model_dir, learning_rate=1e-5), torch.device("cpu"))
     trainer = Trainer(model, cfg, torch.device("cpu"), DistContext())
     rules = BatchRules(Algorithm.GRPO, 1.0, 10**9, False, True)
     rates = []
