@@ -10,8 +10,9 @@ checkpoint can hold it.
 
 `TaskFeeder.top_up` is the only place tasks are issued: it takes slots from
 the broker's `AdmissionBudget` (passing the learner's buffered groups as the
-reserve), so tasks in flight plus groups buffered never exceed
-``(max_staleness + 1) x groups_per_batch`` however many workers run. It also
+reserve), so tasks in flight plus groups buffered never exceed the limit
+(``LearnerConfig.admission_limit``, moved by dynamic sampling through
+`TaskFeeder.set_limit`) however many workers run. It also
 publishes the current horizon to ``RunKeys.horizon``.
 """
 
