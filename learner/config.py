@@ -140,7 +140,7 @@ class LearnerConfig(BaseSettings):
     kl_mode: KLMode = Field(KLMode.LOSS, description="loss term or reward penalty")
     reference_offload: bool = Field(False, description="keep the reference model on the CPU")
     entropy_coef: float = Field(0.0, ge=0.0, description="entropy bonus: loss -= coef*H")
-    dynamic_sampling: bool = Field(True, description="fill batches with informative groups")
+    dynamic_sampling: bool = Field(False, description="fill batches with informative groups")
     dynamic_sampling_max_factor: float = Field(
         4.0, ge=1.0, le=100.0, description="at most this x groups_per_batch groups per batch"
     )
