@@ -128,7 +128,7 @@ class LearnerConfig(BaseSettings):
     # --- staleness ----------------------------------------------------------------------------
     max_staleness: int = Field(1, ge=0, le=1000, description="policy versions a group may lag")
     stale_policy: StalePolicy = Field(StalePolicy.CORRECT, description="stragglers: correct|drop")
-    tis_cap: float = Field(2.0, ge=1.0, description="truncation rho_bar of importance weights")
+    tis_cap: float = Field(2.0, ge=1.0, description="C: TIS cap, MIS band [1/C, C]")
     # --- loss terms and estimators (issue 15; see the table in docs/learner.md) ---------------
     ppo_epochs: int = Field(1, ge=1, le=64, description="passes over each batch")
     mini_batches: int = Field(1, ge=1, le=1024, description="optimizer steps per pass")

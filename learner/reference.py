@@ -69,6 +69,8 @@ def kl_turn_penalties(
 ) -> TurnPenalties:
     """``coef * sum_{t in turn} KL_t(mu || ref)`` for every turn of every sample."""
     out: dict[tuple[str, int], np.ndarray] = {}
+    if not samples:
+        return out
     for sample, ref in zip(samples, reference.logprobs(samples, cfg, pad_id, device), strict=True):
         assert sample.turn_index is not None and sample.turn_rewards is not None
         kl = kl_penalty(torch.from_numpy(sample.behaviour_logp), torch.from_numpy(ref), estimator)

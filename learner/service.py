@@ -84,16 +84,22 @@ class Core:
     def rules(self, replay: bool) -> BatchRules:
         return batch_rules(self.cfg, replay)
 
+    def prepare(self, groups: list[TrajectoryGroup], replay: bool) -> PreparedBatch:
+        """The batch's sequences; with a KL reward penalty, rewards shaped by the reference."""
+        rules, version = self.rules(replay), self.state.step
+        if self.reference is None:
+            return prepare_batch(groups, rules, version=version)
+        # every group's sequences, as the penalty may give a zero-variance group variance
+        every = prepare_batch(groups, dataclasses.replace(rules, skip_zero_variance=False), version)
+        t = self.trainer
+        penalties = kl_turn_penalties(self.reference, every.samples, t.cfg, t.pad_id, t.device,
+                                      self.cfg.kl_estimator, self.cfg.kl_coef)  # fmt: skip
+        return prepare_batch(groups, rules, version=version, penalties=penalties)
+
     def train(
         self, groups: list[TrajectoryGroup], replay: bool
     ) -> tuple[PreparedBatch, StepStats | None]:
-        rules = self.rules(replay)
-        prepared = prepare_batch(groups, rules, version=self.state.step)
-        if self.reference is not None and prepared.samples:
-            t = self.trainer
-            penalties = kl_turn_penalties(self.reference, prepared.samples, t.cfg, t.pad_id,
-                                          t.device, self.cfg.kl_estimator, self.cfg.kl_coef)  # fmt: skip
-            prepared = prepare_batch(groups, rules, version=self.state.step, penalties=penalties)
+        prepared = self.prepare(groups, replay)
         stats = None
         if prepared.samples:
             samples = prepared.samples
