@@ -110,5 +110,10 @@ def test_every_loss_term_from_the_command_line_and_under_torchrun(
     c = finish(start_replay(tiny_model_dir, redis_server.url, "stream:..", tmp_path / "c",
                             launcher, *extra), tmp_path / "c")  # fmt: skip
     trained, distributed = load_file(a), load_file(c)
+    base = load_file(tiny_model_dir / "model.safetensors")
     for key, value in trained.items():
-        torch.testing.assert_close(distributed[key], value, rtol=1e-4, atol=1e-5)
+        # 12 AdamW steps (4x the test above): Adam's normalisation of near-zero gradients
+        # grows the rounding of gloo's sums; a wrong shard or mini-batch moves weights by up to
+        # the learning rate (5e-3), far beyond this tolerance
+        torch.testing.assert_close(distributed[key], value, rtol=1e-3, atol=1e-4)
+    assert any(not torch.equal(base[k], trained[k]) for k in base)
