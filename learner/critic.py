@@ -12,13 +12,18 @@ advantages are whitened over the batch's completion tokens (verl does the
 same); the returns are the critic's targets. `Critic.update` then takes the
 same epochs and mini-batches as the policy with the clipped value loss.
 Every rank scores the whole batch (the advantages' whitening needs all of it);
-each trains on its shard. The critic is not checkpointed: a resumed run starts
-it afresh from the initial backbone.
+each trains on its shard. `save_critic` writes ``critic/step-N.pt`` (weights,
+head and optimizer) durably *before* the learner's checkpoint of step N, so a
+checkpoint never exists without its critic; a resume loads the critic of the
+checkpoint's step (`restore_critic`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
+import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +34,7 @@ import torch
 from learner.algorithms import gae
 from learner.batch import Sample
 from learner.distributed import DistContext
+from learner.errors import CheckpointError
 from learner.losses import aggregate, clipped_value_loss
 from learner.trainer import OptimConfig, autocast_context, collate, micro_batches, split
 
@@ -151,3 +157,50 @@ def load_critic(model_dir: Path, cfg: CriticConfig, optim: OptimConfig, device: 
 
     return Critic(AutoModel.from_pretrained(model_dir, dtype=torch.float32), cfg, optim, device,
                   dist)  # fmt: skip
+
+
+log = logging.getLogger(__name__)
+CRITIC_DIR = "critic"
+
+
+def save_critic(critic: Critic, checkpoint_dir: Path, step: int, keep: int) -> Path:
+    """``critic/step-<step>.pt``, fsynced and renamed into place; older ones pruned."""
+    folder = checkpoint_dir / CRITIC_DIR
+    final = folder / f"step-{step:08d}.pt"
+    buffer = io.BytesIO()
+    torch.save({"modules": critic.modules.state_dict(),
+                "optimizer": critic.optimizer.state_dict()}, buffer)  # fmt: skip
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f".{final.name}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(buffer.getvalue())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise CheckpointError(f"cannot write critic {final}: {exc}") from exc
+    # the learner keeps `keep` checkpoints; keep one critic more for the one being written
+    for old in sorted(folder.glob("step-*.pt"))[: -(keep + 1)]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def restore_critic(critic: Critic, checkpoint_dir: Path, step: int) -> bool:
+    """Load the critic saved with checkpoint `step`; False (and a warning) when there is none."""
+    path = checkpoint_dir / CRITIC_DIR / f"step-{step:08d}.pt"
+    if not path.is_file():
+        log.warning("no critic saved with step %d: the critic starts afresh", step)
+        return False
+    try:
+        data = torch.load(path, weights_only=True, map_location=critic.device)
+        critic.modules.load_state_dict(data["modules"])
+        critic.optimizer.load_state_dict(data["optimizer"])
+    except (OSError, RuntimeError, KeyError, ValueError) as exc:
+        raise CheckpointError(f"cannot read critic {path}: {exc}") from exc
+    return True

@@ -41,7 +41,7 @@ from learner.checkpoint import (
     save_checkpoint,
 )
 from learner.config import Algorithm, KLMode, LearnerConfig, Precision, StalePolicy
-from learner.critic import Critic, CriticConfig, load_critic
+from learner.critic import Critic, CriticConfig, load_critic, restore_critic, save_critic
 from learner.distributed import DistContext
 from learner.losses import PolicyLossConfig
 from learner.reference import Reference, kl_turn_penalties, load_reference
@@ -127,6 +127,9 @@ class Core:
     def save(self) -> Path | None:
         if self.cfg.checkpoint_dir is None or not self.dist.is_main:
             return None
+        if self.critic is not None:  # first, so that no checkpoint exists without its critic
+            save_critic(self.critic, self.cfg.checkpoint_dir, self.state.step,
+                        self.cfg.keep_checkpoints)  # fmt: skip
         return save_checkpoint(self.cfg.checkpoint_dir, self.trainer.model, self.trainer.optimizer,
                                self.state, tokenizer_dir=self.cfg.model,
                                keep=self.cfg.keep_checkpoints)  # fmt: skip
@@ -204,6 +207,8 @@ def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> C
     if checkpoint is not None:
         state = load_state(checkpoint)
         load_optimizer(checkpoint, trainer.optimizer)
+        if critic is not None and cfg.checkpoint_dir is not None:
+            restore_critic(critic, cfg.checkpoint_dir, state.step)
         log.info("resumed from %s at step %d", checkpoint, state.step)
     dist.broadcast_model(trainer.model)
     reward_reference = reference if cfg.kl_mode is KLMode.REWARD else None

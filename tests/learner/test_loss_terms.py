@@ -13,7 +13,7 @@ from broker.messages import Trajectory, TrajectoryGroup, Turn
 from learner.algorithms import Algorithm
 from learner.batch import BatchRules, Sample, prepare_batch
 from learner.config import Aggregation, LearnerConfig
-from learner.critic import CriticConfig, load_critic, token_rewards
+from learner.critic import CriticConfig, load_critic, restore_critic, save_critic, token_rewards
 from learner.distributed import DistContext
 from learner.reference import Reference
 from learner.service import build_core
@@ -104,7 +104,9 @@ def _three_turns(reward_turns: list[float], version: int = 0) -> Trajectory:
     return Trajectory(turns, "terminated")
 
 
-def test_critic_gae_on_a_three_turn_episode_and_value_learning(tiny_model_dir: Path) -> None:
+def test_critic_gae_on_a_three_turn_episode_and_value_learning(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     g = make_group("g-ppo", [0.0, 0.0])
     group = TrajectoryGroup("g-ppo", g.task, (_three_turns([0.5, 0.0, 1.0]),
                             dataclasses.replace(_three_turns([0.0, 0.0, 0.0]), sample_index=1)),
@@ -130,3 +132,11 @@ def test_critic_gae_on_a_three_turn_episode_and_value_learning(tiny_model_dir: P
     losses = [critic.update(annotated, epochs=1, mini_batches=1) for _ in range(10)]
     assert losses[0] == pytest.approx(0.5 * 8.5 / 12, rel=1e-5)
     assert losses[-1] < 0.6 * losses[0], losses
+    # the trained critic survives a checkpoint; a step without one starts afresh
+    save_critic(critic, tmp_path, step=7, keep=1)
+    again = load_critic(tiny_model_dir, cfg, optim, torch.device("cpu"), DistContext())
+    assert not restore_critic(again, tmp_path, step=6)
+    assert restore_critic(again, tmp_path, step=7)
+    for mine, theirs in zip(critic.estimate(samples), again.estimate(samples), strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    assert np.abs(critic.estimate(samples)[0]).max() > 0  # trained, not the zero head
