@@ -48,6 +48,7 @@ class PolicyTerms:
     clipped: torch.Tensor  # bool: PPO clip active, the token has no gradient
     dual_clipped: torch.Tensor  # bool: dual clip active, the token has no gradient
     corrected: torch.Tensor  # bool: pi_prox/mu was capped (TIS) or masked (MIS)
+    behaviour_ratio: torch.Tensor  # pi_prox/mu before the cap or mask (inference mismatch)
 
 
 def clamped_ratio(logp: torch.Tensor, other: torch.Tensor, limit: float) -> torch.Tensor:
@@ -55,11 +56,8 @@ def clamped_ratio(logp: torch.Tensor, other: torch.Tensor, limit: float) -> torc
     return torch.exp(torch.clamp(logp - other, -limit, limit))
 
 
-def behaviour_weight(
-    prox_logp: torch.Tensor, behaviour_logp: torch.Tensor, cfg: PolicyLossConfig
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(``w``, corrected): TIS ``min(w, C)``; MIS ``w`` on ``[1/C, C]`` and 0 outside."""
-    w = clamped_ratio(prox_logp.detach(), behaviour_logp, cfg.log_ratio_clamp)
+def behaviour_weight(w: torch.Tensor, cfg: PolicyLossConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight, corrected) from ``w = pi_prox/mu``: TIS ``min(w, C)``; MIS ``w`` on ``[1/C, C]``."""
     if cfg.correction is Correction.TIS:
         return torch.clamp(w, max=cfg.cap), w > cfg.cap
     keep = (w >= 1.0 / cfg.cap) & (w <= cfg.cap)
@@ -80,7 +78,8 @@ def decoupled_ppo_loss(
     dual = torch.minimum(clip_loss, -advantages * cfg.dual_clip)
     negative = advantages < 0
     ppo = torch.where(negative, dual, clip_loss)
-    weight, corrected = behaviour_weight(prox_logp, behaviour_logp, cfg)
+    w = clamped_ratio(prox_logp.detach(), behaviour_logp, cfg.log_ratio_clamp)
+    weight, corrected = behaviour_weight(w, cfg)
     r = ratio.detach()
     positive = advantages > 0
     clipped = (positive & (r > high)) | (negative & (r < low))
@@ -91,6 +90,7 @@ def decoupled_ppo_loss(
         clipped=clipped,
         dual_clipped=negative & (r > cfg.dual_clip),
         corrected=corrected,
+        behaviour_ratio=w,
     )
 
 

@@ -46,3 +46,5 @@ CORRECTION_FRACTION = Gauge("farm_learner_correction_fraction",
                             "Tokens whose pi_prox/mu was capped (TIS) or masked (MIS)")  # fmt: skip
 KL = Gauge("farm_learner_kl", "Mean per-token KL estimate to the reference")
 VALUE_LOSS = Gauge("farm_learner_value_loss", "Clipped value loss of the critic (ppo)")
+BEHAVIOUR_RATIO_MAX = Gauge("farm_learner_behaviour_ratio_max",
+                            "Largest pi_prox/mu of the last step, before the cap")  # fmt: skip

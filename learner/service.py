@@ -239,6 +239,8 @@ def step_record(core: Core, prepared: PreparedBatch, stats: StepStats | None, wa
                       ratio_mean=stats.ratio_mean, ratio_max=stats.ratio_max,
                       grad_norm=stats.grad_norm, dual_clip_fraction=stats.dual_clip_fraction,
                       correction_fraction=stats.correction_fraction, kl=stats.kl,
+                      behaviour_ratio_mean=stats.behaviour_ratio_mean,
+                      behaviour_ratio_max=stats.behaviour_ratio_max,
                       optimizer_steps=stats.optimizer_steps)  # fmt: skip
         if stats.value_loss is not None:
             record["value_loss"] = stats.value_loss
@@ -274,6 +276,7 @@ def _export(record: dict[str, object], prepared: PreparedBatch) -> None:
         m.DUAL_CLIP_FRACTION.set(float(record["dual_clip_fraction"]))  # type: ignore[arg-type]
         m.CORRECTION_FRACTION.set(float(record["correction_fraction"]))  # type: ignore[arg-type]
         m.KL.set(float(record["kl"]))  # type: ignore[arg-type]
+        m.BEHAVIOUR_RATIO_MAX.set(float(record["behaviour_ratio_max"]))  # type: ignore[arg-type]
     if "value_loss" in record:
         m.VALUE_LOSS.set(float(record["value_loss"]))  # type: ignore[arg-type]
 

@@ -91,6 +91,8 @@ class StepStats:
     correction_fraction: float = 0.0  # tokens whose pi_prox/mu was capped (TIS) or masked (MIS)
     kl: float = 0.0  # mean per-token KL estimate to the reference
     optimizer_steps: int = 1
+    behaviour_ratio_mean: float = 1.0  # pi_prox/mu before the cap: inference vs learner
+    behaviour_ratio_max: float = 1.0
     value_loss: float | None = None  # the critic's clipped value loss (ppo)
 
 
@@ -258,7 +260,9 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=False)
         sums = torch.zeros(6, dtype=torch.float64)  # loss, clipped, entropy, ratio, ratio_min, -max
         sums[4], sums[5] = float("inf"), float("inf")
-        extra = torch.zeros(5, dtype=torch.float64)  # dual-clipped, corrected, kl, -, (min slot)
+        # dual-clipped, corrected, kl, sum and -max of pi_prox/mu
+        extra = torch.zeros(5, dtype=torch.float64)
+        extra[4] = float("inf")
         for chunk in micro_batches(local, self.cfg.micro_batch_size):
             batch = collate(chunk, self.pad_id, self.device)
             with autocast_context(self.device, self.cfg.bf16):
@@ -276,9 +280,11 @@ class Trainer:
             extra[0] += float(out.dual_clipped[on].sum())
             extra[1] += float(out.corrected[on].sum())
             extra[2] += float(kl.detach()[on].sum()) if kl is not None else 0.0
+            extra[3] += float(out.behaviour_ratio[on].sum())
             if bool(on.any()):
                 sums[4] = min(float(sums[4]), float(out.ratio[on].min()))
                 sums[5] = min(float(sums[5]), -float(out.ratio[on].max()))
+                extra[4] = min(float(extra[4]), -float(out.behaviour_ratio[on].max()))
         self.dist.all_reduce_grads(self.model)
         sums = self.dist.reduce_stats(sums)
         extra = self.dist.reduce_stats(extra)
@@ -299,6 +305,8 @@ class Trainer:
             dual_clip_fraction=float(extra[0]) / tokens,
             correction_fraction=float(extra[1]) / tokens,
             kl=float(extra[2]) / tokens,
+            behaviour_ratio_mean=float(extra[3]) / tokens if total_tokens else 1.0,
+            behaviour_ratio_max=-float(extra[4]) if total_tokens else 1.0,
         )
 
 
@@ -321,5 +329,7 @@ def merge_stats(stats: Sequence[StepStats]) -> StepStats:
         dual_clip_fraction=mean("dual_clip_fraction"),
         correction_fraction=mean("correction_fraction"),
         kl=mean("kl"),
+        behaviour_ratio_mean=mean("behaviour_ratio_mean"),
+        behaviour_ratio_max=max(s.behaviour_ratio_max for s in stats),
         optimizer_steps=len(stats),
     )

@@ -68,6 +68,7 @@ def test_defect_c_a_tiny_behaviour_probability_no_longer_explodes() -> None:
     terms, grad = _one(1.0, 50.0, -1.0)
     assert float(terms.loss.detach()) == pytest.approx(2.0) and grad == pytest.approx(2.0)
     assert bool(terms.corrected) and float(terms.weight) == pytest.approx(2.0)
+    assert float(terms.behaviour_ratio) == pytest.approx(50.0)  # reported before the cap
 
 
 def test_behaviour_correction_multiplies_every_token() -> None:

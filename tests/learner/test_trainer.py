@@ -64,6 +64,9 @@ def test_importance_ratio_is_exactly_one_on_policy(tiny_model_dir: Path) -> None
     stats = trainer.step(on_policy, sum(int(s.loss_mask.sum()) for s in on_policy), len(on_policy))
     assert stats.ratio_mean == 1.0 and stats.ratio_min == 1.0 and stats.ratio_max == 1.0
     assert stats.clip_fraction == 0.0
+    # pi_prox/mu, the inference-vs-learner gap, is 1 as well: the behaviour is the model's own
+    assert stats.behaviour_ratio_mean == 1.0 and stats.behaviour_ratio_max == 1.0
+    assert stats.correction_fraction == 0.0
 
 
 def _completion_logp(trainer: Trainer, samples: list[Sample]) -> np.ndarray:
