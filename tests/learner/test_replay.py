@@ -86,7 +86,11 @@ def test_replay_is_bit_identical_and_torchrun_matches(
                tmp_path / "c")  # fmt: skip
     distributed = load_file(c)
     for key, value in trained.items():
-        torch.testing.assert_close(distributed[key], value, rtol=1e-4, atol=1e-5)
+        # Every token now carries gradient (w = min(pi_prox/mu, 2), where the ratio to mu used
+        # to clip most of these random-logprob tokens to none): more rounding goes through
+        # Adam, whose normalisation magnifies it on near-zero gradients. A wrong shard moves
+        # weights by up to the learning rate (5e-3).
+        torch.testing.assert_close(distributed[key], value, rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.slow
@@ -112,8 +116,7 @@ def test_every_loss_term_from_the_command_line_and_under_torchrun(
     trained, distributed = load_file(a), load_file(c)
     base = load_file(tiny_model_dir / "model.safetensors")
     for key, value in trained.items():
-        # 12 AdamW steps (4x the test above): Adam's normalisation of near-zero gradients
-        # grows the rounding of gloo's sums; a wrong shard or mini-batch moves weights by up to
+        # as above, over 12 AdamW steps; a wrong shard or mini-batch moves weights by up to
         # the learning rate (5e-3), far beyond this tolerance
         torch.testing.assert_close(distributed[key], value, rtol=1e-3, atol=1e-4)
     assert any(not torch.equal(base[k], trained[k]) for k in base)
