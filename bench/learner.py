@@ -90,9 +90,9 @@ def compute_ceiling(model_dir: Path, groups: list[TrajectoryGroup], steps: int) 
     from transformers import AutoModelForCausalLM
 
     from learner.batch import BatchRules, prepare_batch
+    from learner.components import optim_config
     from learner.config import Algorithm, LearnerConfig
     from learner.distributed import DistContext
-    from learner.service import optim_config
     from learner.trainer import Trainer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

@@ -1,9 +1,10 @@
 """Prometheus metrics of the learner, on the default registry.
 
 Names are the canonical ones of HELPERS.md (the deploy/ dashboards use them);
-the ``farm_learner_advantage_*``, ``farm_learner_ratio_*``, ``farm_learner_grad_norm``
-and ``farm_learner_dropped_groups_total`` gauges/counters are additions, as are
-the loss-term gauges and the dynamic-sampling and no-action-timeout counters of issue 15.
+the ``farm_learner_advantage_*``, ``farm_learner_ratio_*``, ``farm_learner_grad_norm``,
+``farm_learner_dropped_groups_total`` and ``farm_learner_skipped_batches_total`` are
+additions, as are the loss-term gauges and the dynamic-sampling and no-action-timeout
+counters of issue 15.
 """
 
 from __future__ import annotations
@@ -48,3 +49,6 @@ KL = Gauge("farm_learner_kl", "Mean per-token KL estimate to the reference")
 VALUE_LOSS = Gauge("farm_learner_value_loss", "Clipped value loss of the critic (ppo)")
 BEHAVIOUR_RATIO_MAX = Gauge("farm_learner_behaviour_ratio_max",
                             "Largest pi_prox/mu of the last step, before the cap")  # fmt: skip
+SKIPPED_BATCHES = Counter(
+    "farm_learner_skipped_batches", "Batches with no trainable sample (not steps: no push)"
+)

@@ -7,6 +7,12 @@ steps, and every `checkpoint_interval` steps write a checkpoint and only then
 ack the entries trained since the previous one. Each step logs one JSON line
 (``{"event": "step", ...}``) and updates the Prometheus metrics. SIGTERM stops
 after the current step, with a final checkpoint and ack.
+
+A batch with no trainable sample (all zero-variance, infra-failed or dropped) is
+not a step: it logs ``{"event": "skipped", ...}``, is counted and acked, and
+does not advance the policy version, push weights or count toward max_steps.
+`learner.health` stops the run (RunFailedError) when batch after batch is
+spoiled by infrastructure errors, or every task comes back dead-lettered.
 """
 
 from __future__ import annotations
@@ -26,13 +32,14 @@ import torch
 from redis.exceptions import RedisError
 
 from broker.connection import RedisSettings, connect
+from broker.consumer import Delivery
 from broker.errors import BrokerError
 from broker.keys import LEARNER_GROUP, WORKERS_GROUP, RunKeys
 from broker.messages import PolicyVersion, TrajectoryGroup
 from broker.policy import current_policy, publish_policy
 from broker.status import refresh_stream_gauges
 from learner import metrics as m
-from learner.batch import BatchRules, PreparedBatch, filter_reason, prepare_batch
+from learner.batch import BatchRules, PreparedBatch, prepare_batch
 from learner.checkpoint import (
     LearnerState,
     latest_checkpoint,
@@ -40,12 +47,19 @@ from learner.checkpoint import (
     load_state,
     save_checkpoint,
 )
-from learner.config import Algorithm, KLMode, LearnerConfig, Precision, StalePolicy
-from learner.critic import Critic, CriticConfig, load_critic, restore_critic, save_critic
+from learner.components import (
+    batch_rules,
+    critic_for,
+    dynamic_sampling,
+    optim_config,
+    reference_for,
+)
+from learner.config import KLMode, LearnerConfig
+from learner.critic import Critic, restore_critic, save_critic
 from learner.distributed import DistContext
-from learner.losses import PolicyLossConfig
-from learner.reference import Reference, kl_turn_penalties, load_reference
-from learner.sampling import DynamicSampling
+from learner.errors import RunFailedError
+from learner.health import DeadLetterWatch, FailureWatch
+from learner.reference import Reference, kl_turn_penalties
 from learner.source import LiveSource
 from learner.tasks import (
     CurriculumRules,
@@ -55,7 +69,7 @@ from learner.tasks import (
     count_in_flight,
     load_dataset,
 )
-from learner.trainer import LossTerms, OptimConfig, StepStats, Trainer
+from learner.trainer import StepStats, Trainer
 from learner.weights import WeightPusher
 
 log = logging.getLogger("learner")
@@ -96,24 +110,31 @@ class Core:
                                       self.cfg.kl_estimator, self.cfg.kl_coef)  # fmt: skip
         return prepare_batch(groups, rules, version=version, penalties=penalties)
 
+    def _update(self, prepared: PreparedBatch) -> StepStats:
+        """Optimizer steps on the batch (and the critic's, with --algorithm ppo)."""
+        samples = prepared.samples
+        if self.critic is not None:
+            samples = self.critic.annotate(samples)
+            prepared.advantages = [float(a) for s in samples for a in s.advantages[s.loss_mask > 0]]
+        stats = self.trainer.update(samples)
+        if self.critic is not None:
+            value_loss = self.critic.update(samples, self.cfg.ppo_epochs, self.cfg.mini_batches)
+            stats = dataclasses.replace(stats, value_loss=value_loss)
+        return stats
+
     def train(
         self, groups: list[TrajectoryGroup], replay: bool
     ) -> tuple[PreparedBatch, StepStats | None]:
+        """Prepare and train one batch. A batch with no trainable sample is not a step:
+        the step, the policy version and --max-steps stay where they are (stats None)."""
         prepared = self.prepare(groups, replay)
         stats = None
         if prepared.samples:
-            samples = prepared.samples
-            if self.critic is not None:
-                samples = self.critic.annotate(samples)
-                prepared.advantages = [
-                    float(a) for s in samples for a in s.advantages[s.loss_mask > 0]
-                ]
-            stats = self.trainer.update(samples)
-            if self.critic is not None:
-                value_loss = self.critic.update(samples, self.cfg.ppo_epochs, self.cfg.mini_batches)
-                stats = dataclasses.replace(stats, value_loss=value_loss)
-        self.state.step += 1
-        self.state.record_step([g.group_id for g in groups])
+            stats = self._update(prepared)
+            self.state.step += 1
+            self.state.record_step([g.group_id for g in groups])
+        else:
+            self.state.count("skipped_batches", 1)
         self.state.count("groups", len(groups))
         self.state.count("trained_groups", len(prepared.trained_groups))
         self.state.count("infra_failed", len(prepared.infra_failed))
@@ -135,50 +156,6 @@ class Core:
                                keep=self.cfg.keep_checkpoints)  # fmt: skip
 
 
-def batch_rules(cfg: LearnerConfig, replay: bool) -> BatchRules:
-    """What a batch trains; a replay's versions are not this run's, so nothing is stale."""
-    return BatchRules(
-        algorithm=cfg.algorithm,
-        gamma=cfg.gamma,
-        max_staleness=None if replay else cfg.max_staleness,
-        drop_stale=cfg.stale_policy is StalePolicy.DROP,
-        skip_zero_variance=cfg.skip_zero_variance,
-        scale_by_std=cfg.grpo_scale_by_std,
-        group_std=cfg.grpo_std,
-        overlong=cfg.overlong,
-        overlong_max_tokens=cfg.overlong_max_tokens or 0,
-        overlong_buffer=cfg.overlong_buffer,
-        overlong_penalty=cfg.overlong_penalty,
-    )
-
-
-def optim_config(cfg: LearnerConfig, device: torch.device) -> OptimConfig:
-    """The trainer's share of the config."""
-    bf16 = cfg.precision is Precision.BF16 or (
-        cfg.precision is Precision.AUTO and device.type == "cuda"
-    )
-    policy = PolicyLossConfig(clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                              dual_clip=cfg.dual_clip, correction=cfg.correction, cap=cfg.tis_cap,
-                              log_ratio_clamp=cfg.log_ratio_clamp)  # fmt: skip
-    kl_loss = cfg.kl_coef if cfg.kl_mode is KLMode.LOSS else 0.0
-    terms = LossTerms(ppo_epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches, kl_coef=kl_loss,
-                      kl_estimator=cfg.kl_estimator, entropy_coef=cfg.entropy_coef)  # fmt: skip
-    return OptimConfig(
-        learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay,
-        max_grad_norm=cfg.max_grad_norm, micro_batch_size=cfg.micro_batch_size,
-        aggregation=cfg.aggregation, bf16=bf16, policy=policy, terms=terms,
-    )  # fmt: skip
-
-
-def dynamic_sampling(cfg: LearnerConfig) -> DynamicSampling | None:
-    """Fill each batch with groups that train (DAPO), unless switched off."""
-    if not cfg.dynamic_sampling:
-        return None
-    rules = batch_rules(cfg, replay=False)
-    return DynamicSampling(lambda g: filter_reason(g, rules), cfg.groups_per_batch,
-                           cfg.dynamic_sampling_max_factor, cfg.admission_steps)  # fmt: skip
-
-
 def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> Core:
     """Load the model (from the latest checkpoint when resuming) and the optimizer."""
     from transformers import AutoModelForCausalLM
@@ -194,15 +171,10 @@ def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> C
     source = checkpoint or cfg.model
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     optim = optim_config(cfg, device)
-    # The reference is the initial weights (cfg.model, even on resume), loaded only for a KL.
-    reference = load_reference(cfg.model, device, cfg.reference_offload) if cfg.kl_coef else None
+    reference = reference_for(cfg, device)
     loss_reference = reference if cfg.kl_mode is KLMode.LOSS else None
     trainer = Trainer(model, optim, device, dist, reference=loss_reference)
-    critic = None
-    if cfg.algorithm is Algorithm.PPO:
-        critic_cfg = CriticConfig(learning_rate=cfg.critic_learning_rate,
-                                  value_clip=cfg.value_clip, gamma=cfg.gamma, lam=cfg.gae_lambda)  # fmt: skip
-        critic = load_critic(cfg.model, critic_cfg, optim, device, dist)
+    critic = critic_for(cfg, optim, device, dist)
     state = LearnerState()
     if checkpoint is not None:
         state = load_state(checkpoint)
@@ -213,6 +185,28 @@ def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> C
     dist.broadcast_model(trainer.model)
     reward_reference = reference if cfg.kl_mode is KLMode.REWARD else None
     return Core(cfg, dist, trainer, state, checkpoint, reward_reference, critic)
+
+
+def skip_record(
+    core: Core, prepared: PreparedBatch, groups: int, wait_s: float
+) -> dict[str, object]:
+    """The log line and metrics of a batch that trained nothing (not a step)."""
+    returns = np.asarray(prepared.episode_returns or [0.0])
+    record: dict[str, object] = {
+        "event": "skipped", "step": core.state.step, "version": core.state.version,
+        "groups": groups, "reward_mean": float(returns.mean()),
+        "zero_variance": len(prepared.zero_variance), "infra_failed": len(prepared.infra_failed),
+        "no_action_timeouts": len(prepared.no_action_timeouts),
+        "stale_dropped": len(prepared.dropped_stale), "wait_s": round(wait_s, 4),
+    }  # fmt: skip
+    m.SKIPPED_BATCHES.inc()
+    if prepared.episode_returns:
+        m.REWARD_MEAN.set(float(returns.mean()))
+    m.STALE_GROUPS.labels(action="dropped").inc(len(prepared.dropped_stale))
+    m.ZERO_VARIANCE.inc(len(prepared.zero_variance))
+    m.INFRA_FAILED.inc(len(prepared.infra_failed))
+    m.NO_ACTION_TIMEOUTS.inc(len(prepared.no_action_timeouts))
+    return record
 
 
 def step_record(core: Core, prepared: PreparedBatch, stats: StepStats | None, wait_s: float,
@@ -305,42 +299,16 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
     )
     try:
         feeder = await _make_feeder(core, redis, keys)
-        vocab = int(core.trainer.model.config.vocab_size)  # type: ignore[union-attr]
-        recent = {g for step in state.trained[-cfg.checkpoint_interval :] for g in step}
-        consumer = LiveSource.consumer_config(cfg.consumer_name, cfg.reclaim_idle_s,
-                                              cfg.max_deliveries)  # fmt: skip
-        sampling = dynamic_sampling(cfg)
-        source = LiveSource(redis, keys, consumer, feeder, vocab, already_trained=recent,
-                            sampling=sampling)  # fmt: skip
-        await source.start()
+        source = await _make_source(core, redis, keys, feeder)
         if await current_policy(redis, keys) is None:
             await publish_policy(redis, keys, PolicyVersion(version=state.version, step=state.step))
-        unacked = []
-        while not (cfg.max_steps and state.step >= cfg.max_steps):
-            batch = await source.next_batch(cfg.groups_per_batch, state.version, state.step, stop)
-            if batch is None:
-                break
-            core.dist.broadcast_groups(batch.groups)
-            prepared, stats = core.train(batch.groups, replay=False)
-            unacked += batch.deliveries
-            if feeder is not None:
-                feeder.sampler.observe(prepared.episode_returns)
-                state.sampler = feeder.sampler.state()
-            push_s = 0.0
-            if pusher is not None and state.step % cfg.push_interval == 0:
-                push_s = await _push(core, pusher, redis, keys)
-            record = step_record(core, prepared, stats, batch.wait_s, push_s)
-            if sampling is not None:
-                record["filter_rate"] = round(sampling.rate, 4)
-            emit(record)
-            last = cfg.max_steps and state.step >= cfg.max_steps
-            if cfg.checkpoint_dir is None or state.step % cfg.checkpoint_interval == 0 or last:
-                core.save()
-                await source.commit_trained(unacked)
-                unacked = []
-        if unacked:  # stopped between checkpoints: make the trained groups durable, then ack
-            core.save()
-            await source.commit_trained(unacked)
+        unacked: list[Delivery] = []
+        try:
+            await _steps(core, Live(source, feeder, pusher, redis, keys), stop, unacked)
+        except RunFailedError:
+            await _make_durable(core, source, unacked)  # what was trained stays trained
+            raise
+        await _make_durable(core, source, unacked)
         return state
     finally:
         core.dist.broadcast_groups([])
@@ -350,6 +318,76 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
         if pusher is not None:
             await pusher.close()
         await redis.aclose()
+
+
+@dataclass(frozen=True)
+class Live:
+    """What the live loop talks to."""
+
+    source: LiveSource
+    feeder: TaskFeeder | None
+    pusher: WeightPusher | None
+    redis: aioredis.Redis
+    keys: RunKeys
+
+
+async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Delivery]) -> None:
+    """Batch, train, push, checkpoint and ack until stop or max_steps; `unacked` is left
+    holding the trained entries no checkpoint holds yet."""
+    cfg, state = core.cfg, core.state
+    failures = FailureWatch(cfg.max_failed_batches)
+    while not (cfg.max_steps and state.step >= cfg.max_steps):
+        batch = await live.source.next_batch(cfg.groups_per_batch, state.version, state.step, stop)
+        if batch is None:
+            return
+        core.dist.broadcast_groups(batch.groups)
+        prepared, stats = core.train(batch.groups, replay=False)
+        if live.feeder is not None:
+            live.feeder.sampler.observe(prepared.episode_returns)
+            state.sampler = live.feeder.sampler.state()
+        if stats is None:
+            # Not a step: nothing for a checkpoint to hold, so ack now (waiting for the next
+            # checkpoint would let a run that trains nothing pile up pending entries).
+            await live.source.commit_trained(batch.deliveries)
+            emit(skip_record(core, prepared, len(batch.groups), batch.wait_s))
+            failures.observe(batch.groups, 0)  # RunFailedError past the limit
+            continue
+        failures.observe(batch.groups, len(prepared.samples))
+        unacked += batch.deliveries
+        push_s = 0.0
+        if live.pusher is not None and state.step % cfg.push_interval == 0:
+            push_s = await _push(core, live.pusher, live.redis, live.keys)
+        record = step_record(core, prepared, stats, batch.wait_s, push_s)
+        if live.source.sampling is not None:
+            record["filter_rate"] = round(live.source.sampling.rate, 4)
+        emit(record)
+        last = cfg.max_steps and state.step >= cfg.max_steps
+        if cfg.checkpoint_dir is None or state.step % cfg.checkpoint_interval == 0 or last:
+            await _make_durable(core, live.source, unacked)
+
+
+async def _make_durable(core: Core, source: LiveSource, unacked: list[Delivery]) -> None:
+    """Checkpoint, then ack the entries the checkpoint now holds."""
+    if unacked:
+        core.save()
+        await source.commit_trained(unacked)
+        unacked.clear()
+
+
+async def _make_source(
+    core: Core, redis: aioredis.Redis, keys: RunKeys, feeder: TaskFeeder | None
+) -> LiveSource:
+    cfg = core.cfg
+    vocab = int(core.trainer.model.config.vocab_size)  # type: ignore[union-attr]
+    recent = {g for step in core.state.trained[-cfg.checkpoint_interval :] for g in step}
+    consumer = LiveSource.consumer_config(cfg.consumer_name, cfg.reclaim_idle_s,
+                                          cfg.max_deliveries)  # fmt: skip
+    dead = DeadLetterWatch(redis, keys, cfg.max_failed_batches * cfg.groups_per_batch)
+    await dead.start()
+    source = LiveSource(redis, keys, consumer, feeder, vocab, already_trained=recent,
+                        sampling=dynamic_sampling(cfg), dead_letters=dead)  # fmt: skip
+    await source.start()
+    return source
 
 
 async def export_stream_gauges(redis: aioredis.Redis, keys: RunKeys, period_s: float = 5.0) -> None:
