@@ -131,7 +131,8 @@ class GenerationClient:
     async def start(self) -> GenerationClient:
         if self._closed:
             raise InferenceError("client is closed")
-        headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+        key = self.config.api_key
+        headers = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
         self._http = HttpClient(
             limit=self.config.max_connections,
             connect_timeout_s=self.config.connect_timeout_s,
@@ -222,8 +223,8 @@ class GenerationClient:
             "return_weight_versions": True,
             "stop_token_ids": list(params.stop_token_ids),
         }
-        if self.config.model is not None:
-            body["model"] = self.config.model
+        if self.config.served_model_name is not None:
+            body["model"] = self.config.served_model_name
         if params.seed is not None:
             body["seed"] = params.seed
         if params.allowed_token_ids is not None:

@@ -1,6 +1,7 @@
 """Errors raised by the inference package.
 
     InferenceError
+    ├── ConfigError            the server's configuration is invalid (every problem listed)
     ├── InferenceUnavailable   no server answered within the client's retry budget
     ├── InferenceRequestError  a server rejected the request itself (HTTP 4xx); not retried
     ├── WeightSyncError        a weight push was not taken or not verified on every server
@@ -14,6 +15,10 @@ from __future__ import annotations
 
 class InferenceError(Exception):
     """Base of every error the inference package raises."""
+
+
+class ConfigError(InferenceError, ValueError):
+    """`python -m inference` was given an invalid configuration."""
 
 
 class InferenceUnavailable(InferenceError):

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import SecretStr
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from inference import metrics
@@ -121,6 +122,10 @@ async def errors_and_metrics(request: web.Request, handler: Any) -> web.StreamRe
         response = web.json_response(error_body(f"internal error: {exc}", 500), status=500)
     metrics.REQUESTS.labels(route=route, code=str(response.status)).inc()
     return response
+
+
+def _secret(value: SecretStr | None) -> str | None:
+    return value.get_secret_value() if value is not None else None
 
 
 def auth_middleware(api_key: str | None) -> Any:
@@ -235,7 +240,9 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
 
 
 def build_app(state: ServerState) -> web.Application:
-    app = web.Application(middlewares=[errors_and_metrics, auth_middleware(state.config.api_key)])
+    app = web.Application(
+        middlewares=[errors_and_metrics, auth_middleware(_secret(state.config.api_key))]
+    )
     app[STATE] = state
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)

@@ -54,7 +54,8 @@ class _ControlClient:
         self.config = config
 
     def _session(self) -> aiohttp.ClientSession:
-        headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+        key = self.config.api_key
+        headers = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
         return aiohttp.ClientSession(
             headers=headers, timeout=aiohttp.ClientTimeout(total=self.config.timeout_s)
         )

@@ -20,17 +20,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from broker.messages import ErrorCategory, Trajectory, TrajectoryGroup
+from broker.messages import ErrorCategory, Trajectory, TrajectoryGroup, Truncation
 from learner.algorithms import (
     AdvantageRules,
-    Algorithm,
     compute_advantages,
     episode_return,
     overlong_penalty,
 )
-from learner.config import GroupStd, Overlong
-
-OVERLONG_FINISH = "truncated:context"  # the finish reason of an episode cut by the context limit
+from learner.config import BatchRules, Overlong
 
 # (group_id, sample_index) -> per-turn amounts subtracted from the rewards (KL reward penalty)
 TurnPenalties = Mapping[tuple[str, int], np.ndarray]
@@ -55,25 +52,14 @@ class Sample:
     returns: np.ndarray | None = None  # GAE returns, the critic's targets (ppo)
 
 
-@dataclass(frozen=True)
-class BatchRules:
-    """The parts of the config that decide what a batch trains."""
+def advantage_rules(rules: BatchRules) -> AdvantageRules:
+    """The part of the batch rules that turns returns into advantages."""
+    return AdvantageRules(rules.algorithm, rules.gamma, rules.grpo_scale_by_std, rules.grpo_std)
 
-    algorithm: Algorithm
-    gamma: float
-    max_staleness: int | None  # None: the versions are not this run's (replay), nothing is stale
-    drop_stale: bool
-    skip_zero_variance: bool
-    scale_by_std: bool = True
-    group_std: GroupStd = GroupStd.POPULATION
-    overlong: Overlong = Overlong.NONE
-    overlong_max_tokens: int = 0
-    overlong_buffer: int = 0
-    overlong_penalty: float = 1.0
 
-    @property
-    def advantage_rules(self) -> AdvantageRules:
-        return AdvantageRules(self.algorithm, self.gamma, self.scale_by_std, self.group_std)
+def overlong(trajectory: Trajectory) -> bool:
+    """Whether the context limit cut the episode short."""
+    return trajectory.truncation is Truncation.CONTEXT
 
 
 @dataclass
@@ -131,7 +117,7 @@ def no_action_timeout(trajectory: Trajectory) -> bool:
 
 def _stale_action(staleness: int, rules: BatchRules) -> str:
     # Negative: the tokens came from weights a resume discarded; they are not fresh.
-    if rules.max_staleness is None or 0 <= staleness <= rules.max_staleness:
+    if 0 <= staleness <= rules.max_staleness:
         return "fresh"
     return "drop" if rules.drop_stale else "correct"
 
@@ -144,17 +130,17 @@ def shaped_rewards(
     if penalty is not None:
         rewards -= penalty
     if rules.overlong is Overlong.SOFT and len(rewards):
-        if trajectory.finish_reason == OVERLONG_FINISH:
+        if overlong(trajectory):
             rewards[-1] -= rules.overlong_penalty
         else:
-            length = trajectory.num_completion_tokens
-            rewards[-1] += overlong_penalty(length, rules.overlong_max_tokens,
+            length = sum(len(t.completion_ids) for t in trajectory.turns)
+            rewards[-1] += overlong_penalty(length, rules.overlong_max_tokens or 0,
                                             rules.overlong_buffer, rules.overlong_penalty)  # fmt: skip
     return rewards
 
 
 def _screen(groups: Sequence[TrajectoryGroup], rules: BatchRules, version: int,
-            out: PreparedBatch) -> list[tuple[TrajectoryGroup, bool]]:  # fmt: skip
+            out: PreparedBatch, judge_staleness: bool) -> list[tuple[TrajectoryGroup, bool]]:  # fmt: skip
     """Groups that may train, each with its stale flag; the others are counted in `out`."""
     candidates: list[tuple[TrajectoryGroup, bool]] = []
     for group in groups:
@@ -168,7 +154,7 @@ def _screen(groups: Sequence[TrajectoryGroup], rules: BatchRules, version: int,
         out.staleness.append(staleness)
         out.episode_returns += [episode_return([t.reward for t in tr.turns], rules.gamma)
                                 for tr in group.trajectories]  # fmt: skip
-        action = _stale_action(staleness, rules)
+        action = _stale_action(staleness, rules) if judge_staleness else "fresh"
         if action == "drop":
             out.dropped_stale.append(group.group_id)
             continue
@@ -183,16 +169,21 @@ def prepare_batch(
     rules: BatchRules,
     version: int,
     penalties: TurnPenalties | None = None,
+    judge_staleness: bool = True,
 ) -> PreparedBatch:
-    """Filter the groups of one batch, shape rewards, and assemble the sequences to train."""
+    """Filter the groups of one batch, shape rewards, and assemble the sequences to train.
+
+    `judge_staleness=False` trains every group as fresh (a replay: its versions are not
+    this run's); staleness is still measured.
+    """
     out = PreparedBatch()
-    candidates = _screen(groups, rules, version, out)
+    candidates = _screen(groups, rules, version, out, judge_staleness)
     penalties = penalties or {}
     rewards = [
         [shaped_rewards(tr, rules, penalties.get((g.group_id, tr.sample_index))) for tr in g.trajectories]
         for g, _ in candidates
     ]  # fmt: skip
-    advs = compute_advantages(rewards, rules.advantage_rules)
+    advs = compute_advantages(rewards, advantage_rules(rules))
     for (group, stale), group_rewards, group_adv, zero_var in zip(
         candidates, rewards, advs.values, advs.zero_variance, strict=True
     ):
@@ -216,7 +207,7 @@ def _sample(trajectory: Trajectory, turn_rewards: np.ndarray, turn_adv: np.ndarr
     if not trajectory.turns:
         return None
     ids, mask, logp, adv, turn_index = assemble(trajectory, turn_adv)
-    if trajectory.finish_reason == OVERLONG_FINISH:
+    if overlong(trajectory):
         out.overlong += 1
         if rules.overlong is Overlong.MASK:
             return None  # overlong filtering: its reward still counted in the baseline

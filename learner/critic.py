@@ -33,10 +33,11 @@ import torch
 
 from learner.algorithms import gae
 from learner.batch import Sample
+from learner.config import OptimConfig
 from learner.distributed import DistContext
 from learner.errors import CheckpointError
 from learner.losses import aggregate, clipped_value_loss
-from learner.trainer import OptimConfig, autocast_context, collate, micro_batches, split
+from learner.trainer import autocast_context, collate, micro_batches, split
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class Critic:
         torch.nn.init.zeros_(self.head.bias)
         self.modules = torch.nn.ModuleList([self.backbone, self.head])
         self.cfg, self.optim, self.device, self.dist = cfg, optim, device, dist
+        self.bf16 = optim.bf16(device.type)
         self.optimizer = torch.optim.AdamW(self.modules.parameters(), lr=cfg.learning_rate)
         pad = getattr(backbone.config, "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else 0
@@ -95,7 +97,7 @@ class Critic:
         rows: list[np.ndarray] = []
         with torch.no_grad():
             for chunk in micro_batches(samples, self.optim.micro_batch_size):
-                with autocast_context(self.device, self.optim.bf16):
+                with autocast_context(self.device, self.bf16):
                     v = self.values(collate(chunk, self.pad_id, self.device))
                 v = v.float().cpu().numpy()
                 for i, s in enumerate(chunk):
@@ -130,7 +132,7 @@ class Critic:
         for chunk in micro_batches(local, self.optim.micro_batch_size):
             batch = collate(chunk, self.pad_id, self.device)
             old, ret = (self._padded(chunk, name, batch) for name in ("old_values", "returns"))
-            with autocast_context(self.device, self.optim.bf16):
+            with autocast_context(self.device, self.bf16):
                 v = self.values(batch)
             loss = clipped_value_loss(v, old, ret, self.cfg.value_clip)
             share = aggregate(loss, batch["mask"][:, 1:], self.optim.aggregation,

@@ -24,7 +24,7 @@ import torch
 from learner.batch import Sample, TurnPenalties
 from learner.config import KLEstimator
 from learner.losses import kl_penalty
-from learner.trainer import OptimConfig, sequence_logprobs
+from learner.trainer import Scoring, sequence_logprobs
 
 
 class Reference:
@@ -37,15 +37,13 @@ class Reference:
         for p in self.model.parameters():
             p.requires_grad_(False)
 
-    def logprobs(
-        self, samples: Sequence[Sample], cfg: OptimConfig, pad_id: int, device: torch.device
-    ) -> list[np.ndarray]:
+    def logprobs(self, samples: Sequence[Sample], scoring: Scoring) -> list[np.ndarray]:
         """Reference logprobs of every token of `samples` (input coordinates)."""
         if not self.offload:
-            return sequence_logprobs(self.model, samples, cfg, pad_id, device)
-        self.model.to(device)
+            return sequence_logprobs(self.model, samples, scoring)
+        self.model.to(scoring.device)
         try:
-            return sequence_logprobs(self.model, samples, cfg, pad_id, device)
+            return sequence_logprobs(self.model, samples, scoring)
         finally:
             self.model.to("cpu")
 
@@ -61,9 +59,7 @@ def load_reference(model_dir: Path, device: torch.device, offload: bool) -> Refe
 def kl_turn_penalties(
     reference: Reference,
     samples: Sequence[Sample],
-    cfg: OptimConfig,
-    pad_id: int,
-    device: torch.device,
+    scoring: Scoring,
     estimator: KLEstimator,
     coef: float,
 ) -> TurnPenalties:
@@ -71,7 +67,7 @@ def kl_turn_penalties(
     out: dict[tuple[str, int], np.ndarray] = {}
     if not samples:
         return out
-    for sample, ref in zip(samples, reference.logprobs(samples, cfg, pad_id, device), strict=True):
+    for sample, ref in zip(samples, reference.logprobs(samples, scoring), strict=True):
         assert sample.turn_index is not None and sample.turn_rewards is not None
         kl = kl_penalty(torch.from_numpy(sample.behaviour_logp), torch.from_numpy(ref), estimator)
         kl = kl.numpy() * sample.loss_mask

@@ -19,27 +19,24 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import redis.asyncio as aioredis
 import torch
-from redis.exceptions import RedisError
 
 from broker.connection import RedisSettings, connect
 from broker.consumer import Delivery
-from broker.errors import BrokerError
+from broker.errors import BrokerError, RedisUnavailable
 from broker.keys import LEARNER_GROUP, WORKERS_GROUP, RunKeys
 from broker.messages import PolicyVersion, TrajectoryGroup
+from broker.outage import retry_while_unavailable
 from broker.policy import current_policy, publish_policy
 from broker.status import refresh_stream_gauges
 from learner import metrics as m
-from learner.batch import BatchRules, PreparedBatch, prepare_batch
+from learner.batch import PreparedBatch, prepare_batch
 from learner.checkpoint import (
     LearnerState,
     latest_checkpoint,
@@ -47,23 +44,16 @@ from learner.checkpoint import (
     load_state,
     save_checkpoint,
 )
-from learner.components import (
-    batch_rules,
-    critic_for,
-    dynamic_sampling,
-    optim_config,
-    reference_for,
-)
+from learner.components import critic_for, dynamic_sampling, reference_for
 from learner.config import KLMode, LearnerConfig
 from learner.critic import Critic, restore_critic, save_critic
 from learner.distributed import DistContext
 from learner.errors import RunFailedError
 from learner.health import DeadLetterWatch, FailureWatch
+from learner.record import SkipRecord, StepRecord, emit, emit_skip
 from learner.reference import Reference, kl_turn_penalties
 from learner.source import LiveSource
 from learner.tasks import (
-    CurriculumRules,
-    HorizonSchedule,
     TaskFeeder,
     TaskSampler,
     count_in_flight,
@@ -95,20 +85,20 @@ class Core:
     reference: Reference | None = None  # KL as a reward penalty (the trainer holds the loss one)
     critic: Critic | None = None  # --algorithm ppo
 
-    def rules(self, replay: bool) -> BatchRules:
-        return batch_rules(self.cfg, replay)
-
     def prepare(self, groups: list[TrajectoryGroup], replay: bool) -> PreparedBatch:
-        """The batch's sequences; with a KL reward penalty, rewards shaped by the reference."""
-        rules, version = self.rules(replay), self.state.step
+        """The batch's sequences; with a KL reward penalty, rewards shaped by the reference.
+
+        A replay trains what was recorded: its versions are not this run's."""
+        rules, version, judge = self.cfg.batch, self.state.step, not replay
         if self.reference is None:
-            return prepare_batch(groups, rules, version=version)
+            return prepare_batch(groups, rules, version, judge_staleness=judge)
         # every group's sequences, as the penalty may give a zero-variance group variance
-        every = prepare_batch(groups, dataclasses.replace(rules, skip_zero_variance=False), version)
-        t = self.trainer
-        penalties = kl_turn_penalties(self.reference, every.samples, t.cfg, t.pad_id, t.device,
-                                      self.cfg.kl_estimator, self.cfg.kl_coef)  # fmt: skip
-        return prepare_batch(groups, rules, version=version, penalties=penalties)
+        every = prepare_batch(groups, dataclasses.replace(rules, skip_zero_variance=False),
+                              version, judge_staleness=judge)  # fmt: skip
+        loss = self.cfg.loss
+        penalties = kl_turn_penalties(self.reference, every.samples, self.trainer.scoring,
+                                      loss.kl_estimator, loss.kl_coef)  # fmt: skip
+        return prepare_batch(groups, rules, version, penalties, judge_staleness=judge)
 
     def _update(self, prepared: PreparedBatch) -> StepStats:
         """Optimizer steps on the batch (and the critic's, with --algorithm ppo)."""
@@ -118,7 +108,8 @@ class Core:
             prepared.advantages = [float(a) for s in samples for a in s.advantages[s.loss_mask > 0]]
         stats = self.trainer.update(samples)
         if self.critic is not None:
-            value_loss = self.critic.update(samples, self.cfg.ppo_epochs, self.cfg.mini_batches)
+            loss = self.cfg.loss
+            value_loss = self.critic.update(samples, loss.ppo_epochs, loss.mini_batches)
             stats = dataclasses.replace(stats, value_loss=value_loss)
         return stats
 
@@ -151,9 +142,14 @@ class Core:
         if self.critic is not None:  # first, so that no checkpoint exists without its critic
             save_critic(self.critic, self.cfg.checkpoint_dir, self.state.step,
                         self.cfg.keep_checkpoints)  # fmt: skip
-        return save_checkpoint(self.cfg.checkpoint_dir, self.trainer.model, self.trainer.optimizer,
-                               self.state, tokenizer_dir=self.cfg.model,
-                               keep=self.cfg.keep_checkpoints)  # fmt: skip
+        return save_checkpoint(
+            self.cfg.checkpoint_dir,
+            self.trainer.model,
+            self.trainer.optimizer,
+            self.state,
+            tokenizer_dir=self.cfg.model,
+            keep=self.cfg.keep_checkpoints,
+        )
 
 
 def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> Core:
@@ -170,11 +166,11 @@ def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> C
         checkpoint = latest_checkpoint(cfg.checkpoint_dir)
     source = checkpoint or cfg.model
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-    optim = optim_config(cfg, device)
     reference = reference_for(cfg, device)
-    loss_reference = reference if cfg.kl_mode is KLMode.LOSS else None
-    trainer = Trainer(model, optim, device, dist, reference=loss_reference)
-    critic = critic_for(cfg, optim, device, dist)
+    kl_loss = cfg.loss.kl_mode is KLMode.LOSS
+    trainer = Trainer(model, cfg.optim, device, dist, cfg.loss,
+                      reference=reference if kl_loss else None)  # fmt: skip
+    critic = critic_for(cfg, device, dist)
     state = LearnerState()
     if checkpoint is not None:
         state = load_state(checkpoint)
@@ -183,106 +179,22 @@ def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> C
             restore_critic(critic, cfg.checkpoint_dir, state.step)
         log.info("resumed from %s at step %d", checkpoint, state.step)
     dist.broadcast_model(trainer.model)
-    reward_reference = reference if cfg.kl_mode is KLMode.REWARD else None
-    return Core(cfg, dist, trainer, state, checkpoint, reward_reference, critic)
+    return Core(cfg, dist, trainer, state, checkpoint, None if kl_loss else reference, critic)
 
 
-def skip_record(
-    core: Core, prepared: PreparedBatch, groups: int, wait_s: float
-) -> dict[str, object]:
-    """The log line and metrics of a batch that trained nothing (not a step)."""
-    returns = np.asarray(prepared.episode_returns or [0.0])
-    record: dict[str, object] = {
-        "event": "skipped", "step": core.state.step, "version": core.state.version,
-        "groups": groups, "reward_mean": float(returns.mean()),
-        "zero_variance": len(prepared.zero_variance), "infra_failed": len(prepared.infra_failed),
-        "no_action_timeouts": len(prepared.no_action_timeouts),
-        "stale_dropped": len(prepared.dropped_stale), "wait_s": round(wait_s, 4),
-    }  # fmt: skip
-    m.SKIPPED_BATCHES.inc()
-    if prepared.episode_returns:
-        m.REWARD_MEAN.set(float(returns.mean()))
-    m.STALE_GROUPS.labels(action="dropped").inc(len(prepared.dropped_stale))
-    m.ZERO_VARIANCE.inc(len(prepared.zero_variance))
-    m.INFRA_FAILED.inc(len(prepared.infra_failed))
-    m.NO_ACTION_TIMEOUTS.inc(len(prepared.no_action_timeouts))
-    return record
+def step_record(
+    core: Core, prepared: PreparedBatch, stats: StepStats | None, wait_s: float, push_s: float
+) -> StepRecord:
+    """The typed record of the step just trained."""
+    state = core.state
+    groups = len(state.trained[-1])
+    return StepRecord.measure(state.step, state.version, groups, prepared, stats, wait_s, push_s)
 
 
-def step_record(core: Core, prepared: PreparedBatch, stats: StepStats | None, wait_s: float,
-                push_s: float) -> dict[str, object]:  # fmt: skip
-    """The step's log line and metrics."""
-    returns = np.asarray(prepared.episode_returns or [0.0])
-    adv = np.asarray(prepared.advantages or [0.0])
-    compute_s = stats.compute_s if stats else 0.0
-    record: dict[str, object] = {
-        "event": "step", "step": core.state.step, "version": core.state.version,
-        "groups": len(core.state.trained[-1]), "trained_groups": len(prepared.trained_groups),
-        "samples": len(prepared.samples), "tokens": prepared.num_tokens,
-        "reward_mean": float(returns.mean()), "adv_mean": float(adv.mean()),
-        "adv_std": float(adv.std()), "staleness_max": max(prepared.staleness, default=0),
-        "zero_variance": len(prepared.zero_variance), "infra_failed": len(prepared.infra_failed),
-        "no_action_timeouts": len(prepared.no_action_timeouts), "overlong": prepared.overlong,
-        "stale_dropped": len(prepared.dropped_stale),
-        "stale_corrected": len(prepared.corrected_stale),
-        "wait_s": round(wait_s, 4), "compute_s": round(compute_s, 4), "push_s": round(push_s, 4),
-        "samples_per_s": round(len(prepared.samples) / max(wait_s + compute_s, 1e-9), 2),
-    }  # fmt: skip
-    if stats is not None:
-        record.update(loss=stats.loss, clip_fraction=stats.clip_fraction, entropy=stats.entropy,
-                      ratio_mean=stats.ratio_mean, ratio_max=stats.ratio_max,
-                      grad_norm=stats.grad_norm, dual_clip_fraction=stats.dual_clip_fraction,
-                      correction_fraction=stats.correction_fraction, kl=stats.kl,
-                      behaviour_ratio_mean=stats.behaviour_ratio_mean,
-                      behaviour_ratio_max=stats.behaviour_ratio_max,
-                      optimizer_steps=stats.optimizer_steps)  # fmt: skip
-        if stats.value_loss is not None:
-            record["value_loss"] = stats.value_loss
-    _export(record, prepared)
-    return record
-
-
-def _export(record: dict[str, object], prepared: PreparedBatch) -> None:
-    m.STEPS.inc()
-    m.STEP_SECONDS.observe(float(record["wait_s"]) + float(record["compute_s"]))  # type: ignore[arg-type]
-    m.WAIT_SECONDS.observe(float(record["wait_s"]))  # type: ignore[arg-type]
-    m.SAMPLES.inc(len(prepared.samples))
-    m.REWARD_MEAN.set(float(record["reward_mean"]))  # type: ignore[arg-type]
-    m.ADVANTAGE_MEAN.set(float(record["adv_mean"]))  # type: ignore[arg-type]
-    m.ADVANTAGE_STD.set(float(record["adv_std"]))  # type: ignore[arg-type]
-    m.POLICY_VERSION.set(float(record["version"]))  # type: ignore[arg-type]
-    m.LAST_STEP.set(time.time())
-    for s in prepared.staleness:
-        m.STALENESS.observe(s)
-    m.STALE_GROUPS.labels(action="dropped").inc(len(prepared.dropped_stale))
-    m.STALE_GROUPS.labels(action="corrected").inc(len(prepared.corrected_stale))
-    m.ZERO_VARIANCE.inc(len(prepared.zero_variance))
-    m.INFRA_FAILED.inc(len(prepared.infra_failed))
-    m.NO_ACTION_TIMEOUTS.inc(len(prepared.no_action_timeouts))
-    m.OVERLONG.inc(prepared.overlong)
-    if "loss" in record:
-        m.LOSS.set(float(record["loss"]))  # type: ignore[arg-type]
-        m.CLIP_FRACTION.set(float(record["clip_fraction"]))  # type: ignore[arg-type]
-        m.ENTROPY.set(float(record["entropy"]))  # type: ignore[arg-type]
-        m.RATIO_MEAN.set(float(record["ratio_mean"]))  # type: ignore[arg-type]
-        m.RATIO_MAX.set(float(record["ratio_max"]))  # type: ignore[arg-type]
-        m.GRAD_NORM.set(float(record["grad_norm"]))  # type: ignore[arg-type]
-        m.DUAL_CLIP_FRACTION.set(float(record["dual_clip_fraction"]))  # type: ignore[arg-type]
-        m.CORRECTION_FRACTION.set(float(record["correction_fraction"]))  # type: ignore[arg-type]
-        m.KL.set(float(record["kl"]))  # type: ignore[arg-type]
-        m.BEHAVIOUR_RATIO_MAX.set(float(record["behaviour_ratio_max"]))  # type: ignore[arg-type]
-    if "value_loss" in record:
-        m.VALUE_LOSS.set(float(record["value_loss"]))  # type: ignore[arg-type]
-
-
-def emit(record: dict[str, object]) -> None:
-    log.info("%s", json.dumps(record, sort_keys=False))
-
-
-def install_stop(stop: asyncio.Event) -> None:
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+def skip_record(core: Core, prepared: PreparedBatch, groups: int, wait_s: float) -> SkipRecord:
+    """The typed record of a batch that trained nothing (not a step)."""
+    state = core.state
+    return SkipRecord.measure(state.step, state.version, groups, prepared, wait_s)
 
 
 async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
@@ -299,16 +211,15 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
     )
     try:
         feeder = await _make_feeder(core, redis, keys)
-        source = await _make_source(core, redis, keys, feeder)
-        if await current_policy(redis, keys) is None:
-            await publish_policy(redis, keys, PolicyVersion(version=state.version, step=state.step))
+        source = await _make_source(core, redis, keys, feeder, stop)
+        await retry_while_unavailable(lambda: _publish_initial(redis, keys, state), "policy", stop)
         unacked: list[Delivery] = []
         try:
             await _steps(core, Live(source, feeder, pusher, redis, keys), stop, unacked)
         except RunFailedError:
-            await _make_durable(core, source, unacked)  # what was trained stays trained
+            await _make_durable(core, source, unacked, stop, final=True)  # trained stays trained
             raise
-        await _make_durable(core, source, unacked)
+        await _make_durable(core, source, unacked, stop, final=True)
         return state
     finally:
         core.dist.broadcast_groups([])
@@ -348,45 +259,61 @@ async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Deli
         if stats is None:
             # Not a step: nothing for a checkpoint to hold, so ack now (waiting for the next
             # checkpoint would let a run that trains nothing pile up pending entries).
-            await live.source.commit_trained(batch.deliveries)
-            emit(skip_record(core, prepared, len(batch.groups), batch.wait_s))
+            await live.source.commit_trained(batch.deliveries, stop)
+            emit_skip(skip_record(core, prepared, len(batch.groups), batch.wait_s), prepared)
             failures.observe(batch.groups, 0)  # RunFailedError past the limit
             continue
         failures.observe(batch.groups, len(prepared.samples))
         unacked += batch.deliveries
         push_s = 0.0
         if live.pusher is not None and state.step % cfg.push_interval == 0:
-            push_s = await _push(core, live.pusher, live.redis, live.keys)
+            push_s = await _push(core, live.pusher, live.redis, live.keys, stop)
         record = step_record(core, prepared, stats, batch.wait_s, push_s)
         if live.source.sampling is not None:
-            record["filter_rate"] = round(live.source.sampling.rate, 4)
-        emit(record)
+            record = dataclasses.replace(record, filter_rate=round(live.source.sampling.rate, 4))
+        emit(record, prepared)
         last = cfg.max_steps and state.step >= cfg.max_steps
         if cfg.checkpoint_dir is None or state.step % cfg.checkpoint_interval == 0 or last:
-            await _make_durable(core, live.source, unacked)
+            await _make_durable(core, live.source, unacked, stop)
 
 
-async def _make_durable(core: Core, source: LiveSource, unacked: list[Delivery]) -> None:
-    """Checkpoint, then ack the entries the checkpoint now holds."""
-    if unacked:
-        core.save()
-        await source.commit_trained(unacked)
-        unacked.clear()
+async def _make_durable(
+    core: Core,
+    source: LiveSource,
+    unacked: list[Delivery],
+    stop: asyncio.Event,
+    final: bool = False,
+) -> None:
+    """Checkpoint, then ack the entries the checkpoint now holds. At the end (`final`) an
+    outage leaves them pending: they are redelivered, and the checkpoint lists them."""
+    if not unacked:
+        return
+    core.save()
+    try:
+        await source.commit_trained(unacked, stop)
+    except RedisUnavailable as exc:
+        if not final:
+            raise
+        log.warning("trained groups left pending at stop: %s", exc)
+    unacked.clear()
 
 
 async def _make_source(
-    core: Core, redis: aioredis.Redis, keys: RunKeys, feeder: TaskFeeder | None
+    core: Core,
+    redis: aioredis.Redis,
+    keys: RunKeys,
+    feeder: TaskFeeder | None,
+    stop: asyncio.Event,
 ) -> LiveSource:
     cfg = core.cfg
     vocab = int(core.trainer.model.config.vocab_size)  # type: ignore[union-attr]
     recent = {g for step in core.state.trained[-cfg.checkpoint_interval :] for g in step}
-    consumer = LiveSource.consumer_config(cfg.consumer_name, cfg.reclaim_idle_s,
-                                          cfg.max_deliveries)  # fmt: skip
+    consumer = LiveSource.consumer_config(cfg.consumer_name, cfg.reclaim_idle_s, cfg.max_deliveries)
     dead = DeadLetterWatch(redis, keys, cfg.max_failed_batches * cfg.groups_per_batch)
-    await dead.start()
+    await retry_while_unavailable(dead.start, "reading the dead letters", stop)
     source = LiveSource(redis, keys, consumer, feeder, vocab, already_trained=recent,
                         sampling=dynamic_sampling(cfg), dead_letters=dead)  # fmt: skip
-    await source.start()
+    await retry_while_unavailable(source.start, "creating the learner group", stop)
     return source
 
 
@@ -396,7 +323,7 @@ async def export_stream_gauges(redis: aioredis.Redis, keys: RunKeys, period_s: f
         try:
             async with asyncio.timeout(period_s):
                 await refresh_stream_gauges(redis, keys)
-        except (BrokerError, RedisError, TimeoutError) as exc:
+        except (BrokerError, TimeoutError) as exc:
             log.warning("stream gauges not refreshed: %s", exc)
         await asyncio.sleep(period_s)
 
@@ -405,25 +332,34 @@ async def _make_feeder(core: Core, redis: aioredis.Redis, keys: RunKeys) -> Task
     cfg = core.cfg
     if cfg.tasks is None:
         return None
-    rules = CurriculumRules(enabled=cfg.curriculum, window=cfg.curriculum_window,
-                            promote_above=cfg.promote_above, demote_below=cfg.demote_below,
-                            success_threshold=cfg.success_threshold)  # fmt: skip
-    sampler = TaskSampler(load_dataset(cfg.tasks), cfg.seed, rules)
+    sampler = TaskSampler(load_dataset(cfg.tasks), cfg.seed, cfg.curriculum)
     sampler.restore(core.state.sampler)
-    horizon = HorizonSchedule(cfg.horizon_start, cfg.horizon_max, cfg.horizon_every)
-    feeder = TaskFeeder(redis, keys, sampler, horizon, cfg.group_size, cfg.admission_limit)
+    feeder = TaskFeeder(redis, keys, sampler, cfg.horizon, cfg.group_size, cfg.admission_limit)
     await feeder.start(await count_in_flight(redis, keys, WORKERS_GROUP, LEARNER_GROUP))
     return feeder
 
 
-async def _push(core: Core, pusher: WeightPusher, redis: aioredis.Redis, keys: RunKeys) -> float:
+async def _publish_initial(redis: aioredis.Redis, keys: RunKeys, state: LearnerState) -> None:
+    if await current_policy(redis, keys) is None:
+        await publish_policy(redis, keys, PolicyVersion(version=state.version, step=state.step))
+
+
+async def _push(
+    core: Core, pusher: WeightPusher, redis: aioredis.Redis, keys: RunKeys, stop: asyncio.Event
+) -> float:
     started = time.perf_counter()
     version = core.state.step
     result = await pusher.push(core.trainer.model, version)
     core.state.version = version
-    await publish_policy(redis, keys, PolicyVersion(version=version, step=core.state.step,
-                                                    servers=result.servers,
-                                                    weights_path=result.weights_path))  # fmt: skip
+    policy = PolicyVersion(
+        version=version,
+        step=core.state.step,
+        servers=result.servers,
+        weights_path=result.weights_path,
+    )
+    await retry_while_unavailable(
+        lambda: publish_policy(redis, keys, policy), "publishing the policy version", stop
+    )
     elapsed = time.perf_counter() - started
     m.PUSH_SECONDS.observe(elapsed)
     return elapsed

@@ -29,7 +29,7 @@ import torch
 
 from learner.algorithms import token_entropy
 from learner.batch import Sample
-from learner.config import Aggregation, KLEstimator
+from learner.config import LossConfig, OptimConfig
 from learner.distributed import DistContext
 from learner.losses import (
     PolicyLossConfig,
@@ -44,33 +44,13 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class LossTerms:
-    """Loss terms besides the policy loss, and how often a batch is used."""
+class Scoring:
+    """How sequences are scored without gradient: micro-batches, precision, padding, device."""
 
-    ppo_epochs: int = 1
-    mini_batches: int = 1
-    kl_coef: float = 0.0  # KL to the reference as a loss term (0: none)
-    kl_estimator: KLEstimator = KLEstimator.K3
-    entropy_coef: float = 0.0
-
-    @property
-    def needs_proximal(self) -> bool:
-        """One optimizer step per batch: pi_prox is pi_theta before its update, no recompute."""
-        return self.ppo_epochs * self.mini_batches > 1
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """The trainer's share of the learner config."""
-
-    learning_rate: float
-    weight_decay: float
-    max_grad_norm: float
     micro_batch_size: int
-    aggregation: Aggregation
     bf16: bool
-    policy: PolicyLossConfig
-    terms: LossTerms = LossTerms()
+    pad_id: int
+    device: torch.device
 
 
 @dataclass(frozen=True)
@@ -149,18 +129,17 @@ def token_logprobs(
 
 
 def sequence_logprobs(
-    model: torch.nn.Module, samples: Sequence[Sample], cfg: OptimConfig, pad_id: int,
-    device: torch.device,
-) -> list[np.ndarray]:  # fmt: skip
+    model: torch.nn.Module, samples: Sequence[Sample], scoring: Scoring
+) -> list[np.ndarray]:
     """Each sample's token logprobs under `model`, no gradient, in input coordinates.
 
     Entry t scores token t (entry 0, which nothing predicts, is 0), like `behaviour_logp`.
     """
     out: list[np.ndarray] = []
     with torch.no_grad():
-        for chunk in micro_batches(samples, cfg.micro_batch_size):
-            with autocast_context(device, cfg.bf16):
-                logp, _ = token_logprobs(model, collate(chunk, pad_id, device))
+        for chunk in micro_batches(samples, scoring.micro_batch_size):
+            with autocast_context(scoring.device, scoring.bf16):
+                logp, _ = token_logprobs(model, collate(chunk, scoring.pad_id, scoring.device))
             logp = logp.float().cpu().numpy()
             for i, s in enumerate(chunk):
                 row = np.zeros(len(s.input_ids), np.float32)
@@ -189,11 +168,18 @@ class Trainer:
         cfg: OptimConfig,
         device: torch.device,
         dist: DistContext,
+        loss: LossConfig | None = None,
         reference: Reference | None = None,
     ) -> None:
         self.model = model.to(device)
         self.model.eval()
         self.cfg = cfg
+        self.loss = loss or LossConfig()
+        self.policy = PolicyLossConfig(clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                       dual_clip=self.loss.dual_clip,
+                                       correction=self.loss.correction, cap=cfg.tis_cap,
+                                       log_ratio_clamp=self.loss.log_ratio_clamp)  # fmt: skip
+        self.bf16 = cfg.bf16(device.type)
         self.device = device
         self.dist = dist
         self.reference = reference  # frozen initial weights; only when the KL is a loss term
@@ -203,23 +189,24 @@ class Trainer:
         config = getattr(model, "config", None)
         pad = getattr(config, "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else 0
+        self.scoring = Scoring(cfg.micro_batch_size, self.bf16, self.pad_id, device)
 
     def prepare(self, samples: Sequence[Sample]) -> list[tuple[list[Sample], int, int]]:
         """(this rank's share, tokens, sequences) of each mini-batch, logprobs attached.
 
         Proximal and reference logprobs are computed here, before the first update.
         """
-        terms = self.cfg.terms
+        terms = self.loss
         shares = []
         for mini in split(samples, terms.mini_batches):
             local = self.dist.shard(mini)
             if local and terms.needs_proximal:
-                prox = sequence_logprobs(self.model, local, self.cfg, self.pad_id, self.device)
+                prox = sequence_logprobs(self.model, local, self.scoring)
                 local = [
                     dataclasses.replace(s, prox_logp=p) for s, p in zip(local, prox, strict=True)
                 ]
-            if local and self.reference is not None and terms.kl_coef > 0:
-                ref = self.reference.logprobs(local, self.cfg, self.pad_id, self.device)
+            if local and self.reference is not None and terms.kl_loss:
+                ref = self.reference.logprobs(local, self.scoring)
                 local = [
                     dataclasses.replace(s, ref_logp=r) for s, r in zip(local, ref, strict=True)
                 ]
@@ -232,7 +219,7 @@ class Trainer:
         shares = self.prepare(samples)
         stats = [
             self.step(local, tokens, sequences)
-            for _ in range(self.cfg.terms.ppo_epochs)
+            for _ in range(self.loss.ppo_epochs)
             for local, tokens, sequences in shares
         ]
         return merge_stats(stats)
@@ -241,10 +228,10 @@ class Trainer:
         self, batch: dict[str, torch.Tensor], logp: torch.Tensor, entropy: torch.Tensor
     ) -> tuple[torch.Tensor, PolicyTerms, torch.Tensor | None]:
         """Per-token loss of one micro-batch: policy, KL and entropy terms."""
-        terms = self.cfg.terms
+        terms = self.loss
         prox = batch["prox_logp"][:, 1:] if "prox_logp" in batch else logp.detach()
         policy = decoupled_ppo_loss(logp, prox, batch["behaviour_logp"][:, 1:],
-                                    batch["advantages"][:, 1:], self.cfg.policy)  # fmt: skip
+                                    batch["advantages"][:, 1:], self.policy)  # fmt: skip
         loss = policy.loss
         kl = None
         if "ref_logp" in batch:
@@ -265,8 +252,8 @@ class Trainer:
         extra[4] = float("inf")
         for chunk in micro_batches(local, self.cfg.micro_batch_size):
             batch = collate(chunk, self.pad_id, self.device)
-            with autocast_context(self.device, self.cfg.bf16):
-                logp, entropy = token_logprobs(self.model, batch, self.cfg.terms.entropy_coef > 0)
+            with autocast_context(self.device, self.bf16):
+                logp, entropy = token_logprobs(self.model, batch, self.loss.entropy_coef > 0)
             mask = batch["mask"][:, 1:]
             token_loss, out, kl = self._token_loss(batch, logp, entropy)
             share = aggregate(token_loss, mask, self.cfg.aggregation,

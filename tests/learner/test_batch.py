@@ -10,14 +10,14 @@ import pytest
 from broker.messages import ErrorCategory, Trajectory, TrajectoryGroup, Turn
 from learner.algorithms import Algorithm
 from learner.batch import BatchRules, assemble, prepare_batch
-from learner.config import Overlong
+from learner.config import Overlong, StalePolicy
 from learner.source import problem_with
 from tests.learner.factories import make_group
 
 
 def _rules(**kw: object) -> BatchRules:
-    base = {"algorithm": Algorithm.GRPO, "gamma": 1.0, "max_staleness": 1, "drop_stale": False,
-            "skip_zero_variance": True}  # fmt: skip
+    base = {"algorithm": Algorithm.GRPO, "gamma": 1.0, "max_staleness": 1,
+            "stale_policy": StalePolicy.CORRECT, "skip_zero_variance": True}  # fmt: skip
     return BatchRules(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -54,7 +54,7 @@ def test_infra_failed_zero_variance_and_stale_groups_are_counted() -> None:
     assert out.trained_groups == ["ok", "old"]
     assert sorted(out.staleness) == [0, 0, 4]
     assert [s.stale for s in out.samples] == [False, False, True, True]
-    dropped = prepare_batch(groups, _rules(drop_stale=True), version=4)
+    dropped = prepare_batch(groups, _rules(stale_policy=StalePolicy.DROP), version=4)
     assert dropped.dropped_stale == ["old"] and dropped.trained_groups == ["ok"]
     kept = prepare_batch(groups, _rules(skip_zero_variance=False), version=4)
     assert "flat" in kept.trained_groups and kept.zero_variance == ["flat"]
@@ -81,9 +81,9 @@ def test_problem_with_catches_unusable_groups() -> None:
 
 
 def _episode(rewards: list[float], finish: str = "terminated", tokens: int = 2,
-             error: ErrorCategory = ErrorCategory.NONE, index: int = 0) -> Trajectory:  # fmt: skip
+             truncation: str | None = None) -> Trajectory:  # fmt: skip
     turns = tuple(Turn([1], [2] * tokens, [-1.0] * tokens, 0, r, False, False) for r in rewards)
-    return Trajectory(turns, finish, error=error, sample_index=index)
+    return Trajectory(turns, finish, truncation=truncation)  # type: ignore[arg-type]
 
 
 def _group(group_id: str, episodes: list[Trajectory], version: int = 0) -> TrajectoryGroup:
@@ -111,7 +111,9 @@ def test_groups_from_weights_discarded_by_a_resume_are_stale() -> None:
     out = prepare_batch([group], _rules(), version=3)
     assert out.corrected_stale == ["ahead"] and out.staleness == [-2]
     assert all(s.stale for s in out.samples)
-    assert prepare_batch([group], _rules(drop_stale=True), version=3).dropped_stale == ["ahead"]
+    assert prepare_batch(
+        [group], _rules(stale_policy=StalePolicy.DROP), version=3
+    ).dropped_stale == ["ahead"]
 
 
 def test_defect_a_reinforce_trains_groups_of_one_and_equal_returns() -> None:
@@ -122,7 +124,7 @@ def test_defect_a_reinforce_trains_groups_of_one_and_equal_returns() -> None:
 
 
 def test_overlong_mask_and_soft_punishment() -> None:
-    long = _episode([1.0], "truncated:context", tokens=6)
+    long = _episode([1.0], "truncated", tokens=6, truncation="context")
     group = _group("long", [long, _episode([1.0], tokens=3), _episode([0.0], tokens=5)])
     plain = prepare_batch([group], _rules(skip_zero_variance=False), version=0)
     assert plain.overlong == 1 and len(plain.samples) == 3

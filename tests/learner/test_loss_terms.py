@@ -12,22 +12,22 @@ import torch
 from broker.messages import Trajectory, TrajectoryGroup, Turn
 from learner.algorithms import Algorithm
 from learner.batch import BatchRules, Sample, prepare_batch
-from learner.config import Aggregation, LearnerConfig
+from learner.config import LearnerConfig, LossConfig
 from learner.critic import CriticConfig, load_critic, restore_critic, save_critic, token_rewards
 from learner.distributed import DistContext
 from learner.reference import Reference
-from learner.service import build_core
-from learner.trainer import LossTerms, OptimConfig, Trainer, sequence_logprobs
+from learner.service import Core, build_core
+from learner.trainer import Trainer, sequence_logprobs
 from tests.learner.factories import make_group
-from tests.learner.test_trainer import POLICY, _trainer
+from tests.learner.test_trainer import _trainer, optim
 
-RULES = BatchRules(Algorithm.GRPO, 1.0, max_staleness=4, drop_stale=False, skip_zero_variance=False)
+RULES = BatchRules(Algorithm.GRPO, 1.0, max_staleness=4, skip_zero_variance=False)
 
 
 def _on_policy(trainer: Trainer, group: TrajectoryGroup, rules: BatchRules = RULES) -> list[Sample]:
     """The group's samples with behaviour logprobs replaced by the model's own."""
     samples = prepare_batch([group], rules, version=0).samples
-    own = sequence_logprobs(trainer.model, samples, trainer.cfg, trainer.pad_id, trainer.device)
+    own = sequence_logprobs(trainer.model, samples, trainer.scoring)
     return [dataclasses.replace(s, behaviour_logp=(p * s.loss_mask).astype(np.float32))
             for s, p in zip(samples, own, strict=True)]  # fmt: skip
 
@@ -37,7 +37,7 @@ def _tokens(samples: list[Sample]) -> int:
 
 
 def test_proximal_logprobs_are_recomputed_before_several_updates(tiny_model_dir: Path) -> None:
-    terms = LossTerms(ppo_epochs=2, mini_batches=2)
+    terms = LossConfig(ppo_epochs=2, mini_batches=2)
     trainer = _trainer(tiny_model_dir, lr=1e-2, terms=terms)
     samples = _on_policy(trainer, make_group("g-epochs", [1.0, 0.0, 1.0, 0.0], vocab=256))
     shares = trainer.prepare(samples)
@@ -60,7 +60,7 @@ def test_kl_loss_is_zero_at_the_start_and_grows_as_the_policy_moves(tiny_model_d
 
     ref_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     reference = Reference(ref_model, torch.device("cpu"), offload=True)
-    trainer = _trainer(tiny_model_dir, lr=3e-2, terms=LossTerms(kl_coef=0.1), reference=reference)
+    trainer = _trainer(tiny_model_dir, lr=3e-2, terms=LossConfig(kl_coef=0.1), reference=reference)
     samples = _on_policy(trainer, make_group("g-kl", [1.0, 0.0, 1.0, 0.0], vocab=256))
     first = trainer.update(samples)
     assert first.kl == 0.0  # k3 of identical policies
@@ -74,7 +74,7 @@ def test_entropy_bonus_raises_entropy_without_advantages(tiny_model_dir: Path) -
     still = _trainer(tiny_model_dir, lr=1e-2)
     samples = _on_policy(still, flat)
     assert still.update(samples).grad_norm == 0.0  # nothing to learn without the bonus
-    trainer = _trainer(tiny_model_dir, lr=1e-2, terms=LossTerms(entropy_coef=1.0))
+    trainer = _trainer(tiny_model_dir, lr=1e-2, terms=LossConfig(entropy_coef=1.0))
     before = trainer.update(samples)
     assert before.grad_norm > 0.0
     after = trainer.update(samples)
@@ -83,14 +83,18 @@ def test_entropy_bonus_raises_entropy_without_advantages(tiny_model_dir: Path) -
 
 def test_reference_and_critic_are_built_only_when_asked(tiny_model_dir: Path) -> None:
     cpu, dist = torch.device("cpu"), DistContext()
-    plain = build_core(LearnerConfig(model=tiny_model_dir), dist, cpu)
+
+    def core(**flags: object) -> Core:
+        return build_core(LearnerConfig.load({"model": tiny_model_dir, **flags}, environ={}), dist,
+                          cpu)  # fmt: skip
+
+    plain = core()
     assert plain.trainer.reference is None and plain.reference is None and plain.critic is None
-    loss = build_core(LearnerConfig(model=tiny_model_dir, kl_coef=0.1), dist, cpu)
+    loss = core(kl_coef=0.1)
     assert loss.trainer.reference is not None and loss.reference is None
-    reward = build_core(LearnerConfig(model=tiny_model_dir, kl_coef=0.1, kl_mode="reward"), dist,
-                        cpu)  # fmt: skip
+    reward = core(kl_coef=0.1, kl_mode="reward")
     assert reward.trainer.reference is None and reward.reference is not None
-    ppo = build_core(LearnerConfig(model=tiny_model_dir, algorithm="ppo"), dist, cpu)
+    ppo = core(algorithm="ppo")
     assert ppo.critic is not None
 
 
@@ -114,11 +118,8 @@ def test_critic_gae_on_a_three_turn_episode_and_value_learning(
     samples = prepare_batch([group], dataclasses.replace(RULES, algorithm=Algorithm.PPO), 0).samples
     # turn rewards on each turn's last completion token: 3 prompt + 2 completion tokens a turn
     assert np.flatnonzero(token_rewards(samples[0])).tolist() == [4, 14]
-    optim = OptimConfig(learning_rate=1e-3, weight_decay=0.0, max_grad_norm=100.0,
-                        micro_batch_size=8, aggregation=Aggregation.TOKEN_MEAN, bf16=False,
-                        policy=POLICY)  # fmt: skip
     cfg = CriticConfig(learning_rate=2e-3, value_clip=10.0, gamma=1.0, lam=1.0)
-    critic = load_critic(tiny_model_dir, cfg, optim, torch.device("cpu"), DistContext())
+    critic = load_critic(tiny_model_dir, cfg, optim(1e-3), torch.device("cpu"), DistContext())
     annotated = critic.annotate(samples)
     # a zero-initialised head gives V = 0, so with gamma = lambda = 1 the returns are the
     # rewards still to come: turn 1 tokens 1.5, turn 2 tokens 1.0, turn 3 tokens 1.0
@@ -134,7 +135,7 @@ def test_critic_gae_on_a_three_turn_episode_and_value_learning(
     assert losses[-1] < 0.6 * losses[0], losses
     # the trained critic survives a checkpoint; a step without one starts afresh
     save_critic(critic, tmp_path, step=7, keep=1)
-    again = load_critic(tiny_model_dir, cfg, optim, torch.device("cpu"), DistContext())
+    again = load_critic(tiny_model_dir, cfg, optim(1e-3), torch.device("cpu"), DistContext())
     assert not restore_critic(again, tmp_path, step=6)
     assert restore_critic(again, tmp_path, step=7)
     for mine, theirs in zip(critic.estimate(samples), again.estimate(samples), strict=True):

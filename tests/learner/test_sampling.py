@@ -18,7 +18,7 @@ from learner.tasks import CurriculumRules, HorizonSchedule, TaskFeeder, TaskRow,
 from tests.conftest import RedisServer
 from tests.learner.factories import make_group
 
-RULES = BatchRules(Algorithm.GRPO, 1.0, max_staleness=1, drop_stale=False, skip_zero_variance=True)
+RULES = BatchRules(Algorithm.GRPO, 1.0, max_staleness=1, skip_zero_variance=True)
 
 
 def test_filter_reasons() -> None:
@@ -26,7 +26,7 @@ def test_filter_reasons() -> None:
     assert filter_reason(make_group("flat", [1.0, 1.0]), RULES) == "zero_variance"
     infra = make_group("infra", [0.0, 1.0], error=ErrorCategory.SANDBOX)
     assert filter_reason(infra, RULES) == "infra"
-    reinforce = BatchRules(Algorithm.REINFORCE, 1.0, 1, False, True)
+    reinforce = BatchRules(Algorithm.REINFORCE, 1.0, 1, skip_zero_variance=True)
     assert filter_reason(make_group("flat", [1.0, 1.0]), reinforce) is None  # defect A
 
 
@@ -45,12 +45,16 @@ def test_batch_length_rate_and_over_issue_by_hand() -> None:
     assert ds.groups_per_step() == 8
 
 
+def _cfg(**flags: object) -> LearnerConfig:
+    return LearnerConfig.load({"model": "/m", **flags}, environ={})
+
+
 def test_admission_accounts_for_the_push_interval() -> None:
     # a task may sample weights push_interval - 1 steps older than the learner's step
-    assert LearnerConfig(model="/m", max_staleness=2, push_interval=1).admission_steps == 3
-    assert LearnerConfig(model="/m", max_staleness=2, push_interval=2).admission_steps == 2
-    assert LearnerConfig(model="/m", max_staleness=2, push_interval=0).admission_steps == 3
-    cfg = LearnerConfig(model="/m", max_staleness=1, push_interval=5, groups_per_batch=4)
+    assert _cfg(max_staleness=2, push_interval=1).admission_steps == 3
+    assert _cfg(max_staleness=2, push_interval=2).admission_steps == 2
+    assert _cfg(max_staleness=2, push_interval=0).admission_steps == 3
+    cfg = _cfg(max_staleness=1, push_interval=5, groups_per_batch=4)
     assert cfg.admission_limit == 4  # floor: one batch at a time
 
 

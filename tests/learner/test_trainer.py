@@ -11,31 +11,28 @@ import torch
 from broker.messages import Trajectory, TrajectoryGroup, Turn
 from learner.algorithms import Algorithm
 from learner.batch import BatchRules, Sample, prepare_batch
-from learner.config import Aggregation, Correction
+from learner.config import Aggregation, LossConfig
 from learner.distributed import DistContext
-from learner.losses import PolicyLossConfig
-from learner.trainer import LossTerms, OptimConfig, Trainer, collate, token_logprobs
+from learner.trainer import OptimConfig, Trainer, collate, token_logprobs
 from tests.learner.factories import make_group
 
-RULES = BatchRules(Algorithm.GRPO, 1.0, max_staleness=4, drop_stale=False, skip_zero_variance=True)
+RULES = BatchRules(Algorithm.GRPO, 1.0, max_staleness=4, skip_zero_variance=True)
+PLAIN = LossConfig()
 
 
-POLICY = PolicyLossConfig(clip_low=0.2, clip_high=0.2, dual_clip=3.0, correction=Correction.TIS,
-                          cap=2.0, log_ratio_clamp=20.0)  # fmt: skip
+def optim(lr: float = 1e-2, micro: int = 8) -> OptimConfig:
+    return OptimConfig(learning_rate=lr, weight_decay=0.0, clip_low=0.2, clip_high=0.2,
+                       tis_cap=2.0, max_grad_norm=100.0, micro_batch_size=micro,
+                       aggregation=Aggregation.TOKEN_MEAN)  # fmt: skip
 
 
-PLAIN = LossTerms()
-
-
-def _trainer(model_dir: Path, micro: int = 8, lr: float = 1e-2, terms: LossTerms = PLAIN,
+def _trainer(model_dir: Path, micro: int = 8, lr: float = 1e-2, terms: LossConfig = PLAIN,
              reference: object = None) -> Trainer:  # fmt: skip
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    cfg = OptimConfig(learning_rate=lr, weight_decay=0.0, max_grad_norm=100.0,
-                      micro_batch_size=micro, aggregation=Aggregation.TOKEN_MEAN, bf16=False,
-                      policy=POLICY, terms=terms)  # fmt: skip
-    return Trainer(model, cfg, torch.device("cpu"), DistContext(), reference=reference)  # type: ignore[arg-type]
+    return Trainer(model, optim(lr, micro), torch.device("cpu"), DistContext(), terms,
+                   reference=reference)  # type: ignore[arg-type]  # fmt: skip
 
 
 def _with_behaviour(
