@@ -4,16 +4,18 @@
 infrastructure failed are not (counted), groups older than `max_staleness` are
 trained with truncated importance sampling or dropped (counted either way), and
 zero-variance groups are skipped by default (counted). It then turns each kept
-trajectory into one sequence: for every turn, ``prompt_ids`` (loss mask 0)
-followed by ``completion_ids`` (loss mask 1, with the behaviour logprobs and the
-turn's advantage), as broker/messages.py documents. No torch here: sequences
+trajectory into one sequence per segment: for every turn, ``prompt_ids`` (loss
+mask 0) followed by ``completion_ids`` (loss mask 1, with the behaviour logprobs and
+the turn's advantage), as broker/messages.py documents. A turn with
+``segment_start`` (an agent that rewrote its history) begins a new sequence, since
+its prompt does not extend the turns before it. No torch here: sequences
 are numpy arrays, collated into tensors by the trainer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -76,6 +78,19 @@ def assemble(trajectory: Trajectory, turn_advantages: Sequence[float]) -> tuple[
     return out
 
 
+def segments(
+    trajectory: Trajectory, turn_advantages: Sequence[float]
+) -> list[tuple[Trajectory, list[float]]]:
+    """The trajectory split at every `segment_start` turn, each part with its advantages."""
+    parts: list[tuple[list, list[float]]] = []
+    for turn, a in zip(trajectory.turns, turn_advantages, strict=True):
+        if not parts or turn.segment_start:
+            parts.append(([], []))
+        parts[-1][0].append(turn)
+        parts[-1][1].append(float(a))
+    return [(replace(trajectory, turns=tuple(turns)), advs) for turns, advs in parts]
+
+
 def _stale_action(staleness: int, rules: BatchRules) -> str:
     if staleness <= rules.max_staleness:
         return "fresh"
@@ -121,9 +136,12 @@ def prepare_batch(
         for trajectory, turn_adv in zip(group.trajectories, group_adv, strict=True):
             if not trajectory.turns:
                 continue
-            ids, mask, logp, adv = assemble(trajectory, turn_adv)
-            if mask.sum() == 0:
-                continue
-            out.advantages += [float(a) for a in turn_adv]
-            out.samples.append(Sample(ids, mask, logp, adv, stale, group.group_id))
+            kept = [
+                Sample(*assemble(part, part_adv), stale, group.group_id)
+                for part, part_adv in segments(trajectory, turn_adv)
+            ]
+            kept = [s for s in kept if s.loss_mask.sum() > 0]
+            if kept:
+                out.advantages += [float(a) for a in turn_adv]
+                out.samples += kept
     return out
