@@ -33,7 +33,7 @@ async def serving(model: Path, urls: list[str] | None = None) -> AsyncIterator[A
     if urls is None:
         server = await PolicyServer(ServerConfig(model=model, port=0)).start()
         urls = [server.url]
-    config = ClientConfig(request_timeout_s=30, retry_budget_s=2, backoff_max_s=0.2)
+    config = ClientConfig(request_timeout_s=60, retry_budget_s=60, backoff_max_s=0.2)
     client = await GenerationClient(urls, config).start()
     endpoint = AgentEndpoint(load_codec(str(model)), client)
     await endpoint.start()

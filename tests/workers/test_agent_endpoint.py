@@ -31,13 +31,19 @@ def model_dir(tiny_model_dir: Path) -> Path:
     return tiny_model_dir
 
 
+@pytest.mark.slow  # fine-tunes the tool model once per session (tens of seconds)
 async def test_tool_calls_continue_one_segment_with_exact_tokens(tool_model_dir: Path) -> None:
     async with serving(tool_model_dir) as endpoint:
         record, _, sdk = open_episode(endpoint)
         async with sdk() as api:
             extra = {"return_token_ids": True}
             first = await api.chat.completions.create(
-                model="any-name", messages=ASK, tools=TOOLS, temperature=0, max_tokens=64, extra_body=extra
+                model="any-name",
+                messages=ASK,
+                tools=TOOLS,
+                temperature=0,
+                max_tokens=300,
+                extra_body=extra,
             )
             choice = first.choices[0]
             assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
@@ -47,7 +53,12 @@ async def test_tool_calls_continue_one_segment_with_exact_tokens(tool_model_dir:
             history = [*ASK, choice.message.model_dump(exclude_none=True), RESULT]
             history[-1] = RESULT | {"tool_call_id": call.id}
             second = await api.chat.completions.create(
-                model="any-name", messages=history, tools=TOOLS, temperature=0, max_tokens=64, extra_body=extra
+                model="any-name",
+                messages=history,
+                tools=TOOLS,
+                temperature=0,
+                max_tokens=300,
+                extra_body=extra,
             )
         assert second.choices[0].message.content == ANSWER
         assert [t.segment_start for t in record.turns] == [False, False] and record.segments == 1
@@ -62,12 +73,13 @@ async def test_tool_calls_continue_one_segment_with_exact_tokens(tool_model_dir:
         assert first.usage.completion_tokens == len(record.turns[0].completion_ids)
 
 
+@pytest.mark.slow
 async def test_streamed_tool_call_equals_the_whole_reply(tool_model_dir: Path) -> None:
     async with serving(tool_model_dir) as endpoint:
         record, _, sdk = open_episode(endpoint)
         async with sdk() as api:
             stream = await api.chat.completions.create(
-                model="m", messages=ASK, tools=TOOLS, temperature=0, stream=True, max_tokens=64,
+                model="m", messages=ASK, tools=TOOLS, temperature=0, stream=True, max_tokens=300,
                 stream_options={"include_usage": True},
             )  # fmt: skip
             chunks = [chunk async for chunk in stream]
