@@ -27,13 +27,15 @@ DEFAULTS = SamplingDefaults(temperature=1.0, top_p=1.0, max_tokens=8)
 
 
 @asynccontextmanager
-async def serving(model: Path, urls: list[str] | None = None) -> AsyncIterator[AgentEndpoint]:
+async def serving(
+    model: Path, urls: list[str] | None = None, retry_budget_s: float = 60
+) -> AsyncIterator[AgentEndpoint]:
     """An AgentEndpoint over a real CPU policy server on `model` (or over `urls`)."""
     server = None
     if urls is None:
         server = await PolicyServer(ServerConfig(model=model, port=0)).start()
         urls = [server.url]
-    config = ClientConfig(request_timeout_s=60, retry_budget_s=60, backoff_max_s=0.2)
+    config = ClientConfig(request_timeout_s=60, retry_budget_s=retry_budget_s, backoff_max_s=0.2)
     client = await GenerationClient(urls, config).start()
     endpoint = AgentEndpoint(load_codec(str(model)), client)
     await endpoint.start()
