@@ -108,3 +108,27 @@ async def test_inference_failure_is_category_inference(tiny_model_dir: Path) -> 
 def test_bad_agent_specs_are_spec_errors(spec: dict[str, object], problem: str) -> None:
     with pytest.raises(envs.EnvSpecError, match=problem):
         envs.make(f"agent@{json.dumps(spec)}")
+
+
+@pytest.mark.slow
+async def test_a_worker_process_runs_agent_tasks(
+    redis_server, policy_server, worker_factory
+) -> None:
+    """`python -m workers` serves its endpoint and publishes agent groups; a bad entry is
+    dead-lettered, not run."""
+    from broker.keys import RunKeys
+    from tests.workers.farm import groups, publish_tasks, redis_client, wait_groups
+
+    keys = RunKeys("agents")
+    good = _task("chatty", n=2, task={"calls": 2, "reward": 1.0})
+    bad = Task("t-bad", 'agent@{"entry": "tests.workers.agents:not_async"}', 1, 0, 0)
+    async with redis_client(redis_server.url) as redis:
+        await publish_tasks(redis, keys, [bad, good])
+        worker = worker_factory(redis_server.url, "agents", [policy_server.url])
+        [group] = await wait_groups(redis, keys, 1, within_s=90)
+        assert group.group_id == good.task_id and not group.infra_failed, worker.output()[-2000:]
+        assert [len(t.turns) for t in group.trajectories] == [2, 2]
+        assert all(t.turns[-1].reward == 1.0 for t in group.trajectories)
+        dead = await redis.xrange(keys.deadletter)
+        assert len(dead) == 1 and b"must be an async function" in b"".join(dead[0][1].values())
+        assert len(await groups(redis, keys)) == 1
