@@ -114,3 +114,8 @@ class WeightSyncConfig(BaseModel):
     keep_versions: int = Field(
         2, ge=1, description="weight directories kept on disk (oldest pruned)"
     )
+    server_world_sizes: tuple[int, ...] | None = Field(
+        None,
+        description="NCCL path: workers (TP x PP x DP) of each server, in URL order; "
+        "None asks each server's GET /get_world_size?include_dp=true",
+    )
