@@ -56,14 +56,16 @@ def _bin(arr: np.ndarray) -> memoryview:
 def _turn_to(t: Turn) -> list[Any]:
     return [
         _bin(t.prompt_ids), _bin(t.completion_ids), _bin(t.logprobs),
-        t.weight_version, t.reward, t.terminated, t.truncated,
+        t.weight_version, t.reward, t.terminated, t.truncated, t.temperature,
     ]  # fmt: skip
 
 
 def _turn_from(v: list[Any]) -> Turn:
     # Hot path of every consumer: build the frozen Turn without __post_init__'s
     # asarray round trips, keeping its checks (frombuffer already gives int32/float32).
-    prompt, completion, logprobs, weight_version, reward, terminated, truncated = v
+    prompt, completion, logprobs, weight_version, reward, terminated, truncated, temp = v
+    if not float(temp) >= 0.0:
+        raise ValueError(f"temperature must be >= 0, got {temp}")
     completion_ids = np.frombuffer(completion, dtype="<i4")
     lp = np.frombuffer(logprobs, dtype="<f4")
     if len(lp) != len(completion_ids):
@@ -77,8 +79,16 @@ def _turn_from(v: list[Any]) -> Turn:
         reward=float(reward),
         terminated=bool(terminated),
         truncated=bool(truncated),
+        temperature=float(temp),
     )
     return turn
+
+
+def _turn_from_v1(v: list[Any]) -> Turn:
+    # Schema 1 had no temperature: its logprobs were the raw model's (temperature 1).
+    if len(v) != 7:
+        raise ValueError(f"a version-1 turn has 7 fields, got {len(v)}")
+    return _turn_from([*v, 1.0])
 
 
 _CATEGORIES = {c.value: c for c in ErrorCategory}
@@ -91,10 +101,10 @@ def _traj_to(t: Trajectory) -> list[Any]:
     ]  # fmt: skip
 
 
-def _traj_from(v: list[Any]) -> Trajectory:
+def _traj_from(v: list[Any], turn_from: Any = _turn_from) -> Trajectory:
     turns, finish_reason, error, error_detail, sample_index, timings = v
     return Trajectory(
-        turns=tuple(_turn_from(t) for t in turns),
+        turns=tuple(turn_from(t) for t in turns),
         finish_reason=finish_reason,
         error=_CATEGORIES[error],
         error_detail=error_detail,
@@ -110,12 +120,12 @@ def _group_to(g: TrajectoryGroup) -> list[Any]:
     ]  # fmt: skip
 
 
-def _group_from(v: list[Any]) -> TrajectoryGroup:
+def _group_from(v: list[Any], turn_from: Any = _turn_from) -> TrajectoryGroup:
     group_id, task, trajectories, worker_id, created_at = v
     return TrajectoryGroup(
         group_id=group_id,
         task=_task_from(task),
-        trajectories=tuple(_traj_from(t) for t in trajectories),
+        trajectories=tuple(_traj_from(t, turn_from) for t in trajectories),
         worker_id=worker_id,
         created_at=created_at,
     )
@@ -160,6 +170,10 @@ _CODECS: dict[str, tuple[type, int, Any, Any]] = {
     PolicyVersion.KIND: (PolicyVersion, PolicyVersion.VERSION, _policy_to, _policy_from),
     DeadLetter.KIND: (DeadLetter, DeadLetter.VERSION, _dead_to, _dead_from),
 }
+# (kind, older version) -> decoder of entries written before a schema bump
+_LEGACY: dict[tuple[str, int], Any] = {
+    (TrajectoryGroup.KIND, 1): lambda v: _group_from(v, _turn_from_v1),
+}
 
 
 def encode(message: Message) -> dict[bytes, bytes]:
@@ -183,6 +197,8 @@ def decode(fields: Mapping[bytes, bytes], expect: type | None = None) -> Message
         raise DecodeError(f"unknown message kind {kind!r}")
     cls, known_version, _, from_wire = entry
     if version != known_version:
+        from_wire = _LEGACY.get((kind, version))
+    if from_wire is None:
         raise DecodeError(
             f"unsupported schema version {version} for {kind!r} (know {known_version})"
         )

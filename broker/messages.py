@@ -84,8 +84,13 @@ class Turn:
     reward: float  # reward the environment gave for this turn's action
     terminated: bool  # the environment reached a terminal state
     truncated: bool  # a limit cut the episode short after this turn
+    # sampling temperature of the completion (0: greedy); `logprobs` are under
+    # softmax(logits / temperature), raw logits when 0 (schema v2; v1 entries decode as 1.0)
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         object.__setattr__(self, "prompt_ids", _as_i32(self.prompt_ids))
         object.__setattr__(self, "completion_ids", _as_i32(self.completion_ids))
         object.__setattr__(self, "logprobs", _as_f32(self.logprobs))
@@ -105,6 +110,7 @@ class Turn:
             and self.reward == other.reward
             and self.terminated == other.terminated
             and self.truncated == other.truncated
+            and self.temperature == other.temperature
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -135,7 +141,7 @@ class TrajectoryGroup:
     """Every episode of one task; the learner only ever sees whole groups."""
 
     KIND: ClassVar[str] = "group"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2  # 2: Turn.temperature; version 1 still decodes (temperature 1)
 
     group_id: str  # equals the task's task_id; consumers dedup on it
     task: Task  # the task this group answers

@@ -198,6 +198,7 @@ async def _turns(
                 reward=reward,
                 terminated=terminated,
                 truncated=False,
+                temperature=params.temperature,  # what the logprobs were computed under
             )
         )
         if terminated:

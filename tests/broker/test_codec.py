@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgpack
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -52,6 +53,7 @@ def turns(draw: st.DrawFn) -> Turn:
         reward=draw(floats),
         terminated=draw(st.booleans()),
         truncated=draw(st.booleans()),
+        temperature=draw(st.floats(0, 10, width=32)),
     )
 
 
@@ -122,3 +124,27 @@ def test_arbitrary_fields_never_raise_anything_but_decode_error(fields):
 def test_logprob_count_must_match_tokens():
     with pytest.raises(ValueError, match="logprobs"):
         Turn([1], [2, 3], [-1.0], 0, 0.0, False, False)
+
+
+def test_version_1_groups_decode_with_temperature_one_and_bad_temperatures_dead_letter():
+    """Schema 2 added Turn.temperature; entries written as version 1 still decode."""
+    turn = Turn([1, 2], [3], [-0.5], 4, 1.0, True, False, temperature=0.7)
+    group = TrajectoryGroup("g", Task("g", "toy@{}", 1, 0, 0), (Trajectory((turn,), "t"),), "w")
+    fields = encode(group)
+    assert fields[b"v"] == b"2"
+    assert decode(fields).trajectories[0].turns[0].temperature == 0.7  # type: ignore[union-attr]
+    body = msgpack.unpackb(fields[b"b"], raw=False)
+    old_turn = body[2][0][0][0][:7]  # a version-1 writer wrote 7 turn fields
+    body[2][0][0][0] = old_turn
+    old = {b"k": b"group", b"v": b"1", b"b": msgpack.packb(body, use_bin_type=True)}
+    decoded = decode(old)
+    assert isinstance(decoded, TrajectoryGroup)
+    assert decoded.trajectories[0].turns[0].temperature == 1.0
+    assert np.array_equal(decoded.trajectories[0].turns[0].completion_ids, [3])
+    with pytest.raises(DecodeError, match="7 fields"):  # a v2 body under a v1 tag
+        decode({**fields, b"v": b"1"})
+    body[2][0][0][0] = [*old_turn, -1.0]
+    with pytest.raises(DecodeError, match="temperature"):
+        decode({**fields, b"b": msgpack.packb(body, use_bin_type=True)})
+    with pytest.raises(DecodeError, match="unsupported schema version 3"):
+        decode({**fields, b"v": b"3"})
