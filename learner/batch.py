@@ -29,6 +29,7 @@ class Sample:
     loss_mask: np.ndarray  # float32, 1 on completion tokens
     behaviour_logp: np.ndarray  # float32, rollout logprob on completion tokens, 0 elsewhere
     advantages: np.ndarray  # float32, the token's turn advantage on completion tokens
+    temperature: np.ndarray  # float32, the token's sampling temperature (1 on prompt tokens)
     stale: bool  # train with truncated importance sampling
     group_id: str
 
@@ -64,22 +65,25 @@ class PreparedBatch:
 
 
 def assemble(trajectory: Trajectory, turn_advantages: Sequence[float]) -> tuple[np.ndarray, ...]:
-    """(input_ids, loss_mask, behaviour_logp, advantages) of one trajectory."""
+    """(input_ids, loss_mask, behaviour_logp, advantages, temperature) of one trajectory."""
     ids: list[np.ndarray] = []
     mask: list[np.ndarray] = []
     logp: list[np.ndarray] = []
     adv: list[np.ndarray] = []
+    temp: list[np.ndarray] = []
     for turn, a in zip(trajectory.turns, turn_advantages, strict=True):
         n_p, n_c = len(turn.prompt_ids), len(turn.completion_ids)
         ids += [turn.prompt_ids, turn.completion_ids]
         mask += [np.zeros(n_p, np.float32), np.ones(n_c, np.float32)]
         logp += [np.zeros(n_p, np.float32), turn.logprobs.astype(np.float32)]
         adv += [np.zeros(n_p, np.float32), np.full(n_c, a, np.float32)]
+        temp += [np.ones(n_p, np.float32), np.full(n_c, turn.temperature, np.float32)]
     out = (
         np.concatenate(ids).astype(np.int64),
         np.concatenate(mask),
         np.concatenate(logp),
         np.concatenate(adv),
+        np.concatenate(temp),
     )
     # Position 0 has no preceding token to predict it from, so it can never carry loss.
     out[1][:1] = 0.0
@@ -126,9 +130,9 @@ def prepare_batch(
         for trajectory, turn_adv in zip(group.trajectories, group_adv, strict=True):
             if not trajectory.turns:
                 continue
-            ids, mask, logp, adv = assemble(trajectory, turn_adv)
+            ids, mask, logp, adv, temp = assemble(trajectory, turn_adv)
             if mask.sum() == 0:
                 continue
             out.advantages += [float(a) for a in turn_adv]
-            out.samples.append(Sample(ids, mask, logp, adv, stale, group.group_id))
+            out.samples.append(Sample(ids, mask, logp, adv, temp, stale, group.group_id))
     return out

@@ -109,6 +109,18 @@ class LearnerConfig(BaseSettings):
     horizon_every: int = Field(10, ge=1, description="steps between horizon increments")
     # --- replay -------------------------------------------------------------------------------
     replay: str | None = Field(None, description="archive path or stream:START..END to train from")
+    # --- scale: FSDP, micro-batch layout, logprob chunks (docs/learner.md "Scale") -----------
+    max_tokens_per_micro_batch: int = Field(
+        0, ge=0, description="token budget per micro-batch, sequences bucketed by length (0: none)"
+    )
+    packing: bool = Field(
+        True, description="pack sequences into one row (the model must honour packed position ids)"
+    )
+    logprob_chunk_tokens: int = Field(
+        1024, ge=1, le=1_000_000, description="tokens per LM-head chunk of the logprob pass"
+    )
+    activation_checkpointing: bool = Field(False, description="recompute decoder layers")
+    cpu_offload: bool = Field(False, description="FSDP: params, grads, AdamW state on the host")
     # --- consumer -----------------------------------------------------------------------------
     reclaim_idle_s: float = Field(
         3600.0, gt=0.0, description="idle seconds before entries of a dead learner are reclaimed"

@@ -105,12 +105,11 @@ async def run_replay(core: Core, stop: asyncio.Event) -> LearnerState:
         async for batch in batches_of(
             groups, cfg.groups_per_batch, lambda g: problem_with(g, vocab)
         ):
-            core.dist.broadcast_groups(batch)
             prepared, stats = core.train(batch, replay=True)
             emit(step_record(core, prepared, stats, 0.0, 0.0))
             if stop.is_set() or (cfg.max_steps and state.step >= cfg.max_steps):
                 break
+        core.save()
     finally:
-        core.dist.broadcast_groups([])
-    core.save()
+        core.stop_followers()
     return state

@@ -35,12 +35,13 @@ from learner.batch import BatchRules, PreparedBatch, prepare_batch
 from learner.checkpoint import (
     LearnerState,
     latest_checkpoint,
-    load_optimizer,
     load_state,
+    load_training_state,
     save_checkpoint,
 )
 from learner.config import LearnerConfig, Precision, StalePolicy
 from learner.distributed import DistContext
+from learner.export import export_hf_dir
 from learner.source import LiveSource
 from learner.tasks import (
     CurriculumRules,
@@ -50,7 +51,7 @@ from learner.tasks import (
     count_in_flight,
     load_dataset,
 )
-from learner.trainer import OptimConfig, StepStats, Trainer
+from learner.trainer import OptimConfig, ScaleConfig, StepStats, Trainer
 from learner.weights import WeightPusher
 
 log = logging.getLogger("learner")
@@ -62,6 +63,9 @@ def resolve_device(cfg: LearnerConfig, local_rank: int) -> torch.device:
     if cfg.device == "cuda":
         return torch.device(f"cuda:{local_rank}")
     return torch.device(cfg.device)
+
+
+TRAIN, SAVE, EXPORT, STOP = "train", "save", "export", "stop"  # rank 0's commands
 
 
 @dataclass
@@ -87,11 +91,14 @@ class Core:
     def train(
         self, groups: list[TrajectoryGroup], replay: bool
     ) -> tuple[PreparedBatch, StepStats | None]:
+        """Rank 0 announces and broadcasts the batch; every rank trains its share."""
+        if self.dist.is_main:
+            self.dist.broadcast_command(TRAIN)
+            self.dist.broadcast_groups(groups)
         prepared = prepare_batch(groups, self.rules(replay), version=self.state.step)
         stats = None
         if prepared.samples:
-            local = self.dist.shard(prepared.samples)
-            stats = self.trainer.step(local, prepared.num_tokens, len(prepared.samples))
+            stats = self.trainer.step(prepared.samples, prepared.num_tokens, len(prepared.samples))
         self.state.step += 1
         self.state.record_step([g.group_id for g in groups])
         self.state.count("groups", len(groups))
@@ -103,11 +110,25 @@ class Core:
         return prepared, stats
 
     def save(self) -> Path | None:
-        if self.cfg.checkpoint_dir is None or not self.dist.is_main:
+        """Write a checkpoint (collective: rank 0 announces it to the others)."""
+        if self.cfg.checkpoint_dir is None:
             return None
-        return save_checkpoint(self.cfg.checkpoint_dir, self.trainer.model, self.trainer.optimizer,
-                               self.state, tokenizer_dir=self.cfg.model,
+        if self.dist.is_main:
+            self.dist.broadcast_command(SAVE)
+        return save_checkpoint(self.cfg.checkpoint_dir, self.trainer.policy,
+                               self.trainer.optimizer, self.state, self.dist,
+                               tokenizer_dir=self.cfg.model,
                                keep=self.cfg.keep_checkpoints)  # fmt: skip
+
+    def export(self, out_dir: Path) -> int:
+        """Stream the full weights into a servable directory (collective, as `save`)."""
+        if self.dist.is_main:
+            self.dist.broadcast_command(EXPORT, str(out_dir))
+        return export_hf_dir(self.trainer.model, out_dir, self.dist.is_main, self.cfg.model)
+
+    def stop_followers(self) -> None:
+        if self.dist.is_main:
+            self.dist.broadcast_command(STOP)
 
 
 def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> Core:
@@ -122,8 +143,7 @@ def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> C
     checkpoint = None
     if cfg.resume and cfg.checkpoint_dir is not None:
         checkpoint = latest_checkpoint(cfg.checkpoint_dir)
-    source = checkpoint or cfg.model
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
     bf16 = cfg.precision is Precision.BF16 or (
         cfg.precision is Precision.AUTO and device.type == "cuda"
     )
@@ -132,13 +152,17 @@ def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> C
         clip_high=cfg.clip_high, tis_cap=cfg.tis_cap, max_grad_norm=cfg.max_grad_norm,
         micro_batch_size=cfg.micro_batch_size, aggregation=cfg.aggregation, bf16=bf16,
     )  # fmt: skip
-    trainer = Trainer(model, optim, device, dist)
+    scale = ScaleConfig(
+        max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch, packing=cfg.packing,
+        logprob_chunk_tokens=cfg.logprob_chunk_tokens,
+        activation_checkpointing=cfg.activation_checkpointing, cpu_offload=cfg.cpu_offload,
+    )  # fmt: skip
+    trainer = Trainer(model, optim, device, dist, scale)
     state = LearnerState()
     if checkpoint is not None:
         state = load_state(checkpoint)
-        load_optimizer(checkpoint, trainer.optimizer)
+        load_training_state(checkpoint, trainer.policy, trainer.optimizer)
         log.info("resumed from %s at step %d", checkpoint, state.step)
-    dist.broadcast_model(trainer.model)
     return Core(cfg, dist, trainer, state, checkpoint)
 
 
@@ -230,7 +254,6 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
             batch = await source.next_batch(cfg.groups_per_batch, state.version, state.step, stop)
             if batch is None:
                 break
-            core.dist.broadcast_groups(batch.groups)
             prepared, stats = core.train(batch.groups, replay=False)
             unacked += batch.deliveries
             if feeder is not None:
@@ -250,7 +273,7 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
             await source.commit_trained(unacked)
         return state
     finally:
-        core.dist.broadcast_groups([])
+        core.stop_followers()
         if gauges is not None:
             gauges.cancel()
             await asyncio.gather(gauges, return_exceptions=True)
@@ -288,7 +311,7 @@ async def _make_feeder(core: Core, redis: aioredis.Redis, keys: RunKeys) -> Task
 async def _push(core: Core, pusher: WeightPusher, redis: aioredis.Redis, keys: RunKeys) -> float:
     started = time.perf_counter()
     version = core.state.step
-    result = await pusher.push(core.trainer.model, version)
+    result = await pusher.push(core.export, version)
     core.state.version = version
     await publish_policy(redis, keys, PolicyVersion(version=version, step=core.state.step,
                                                     servers=result.servers,
@@ -299,7 +322,15 @@ async def _push(core: Core, pusher: WeightPusher, redis: aioredis.Redis, keys: R
 
 
 def run_follower(core: Core) -> None:
-    """Ranks other than 0: train whatever rank 0 broadcasts until it sends an empty batch."""
+    """Ranks other than 0: join whatever rank 0 announces (train, save, export) until stop."""
     replay = core.cfg.replay is not None
-    while groups := core.dist.broadcast_groups(None):
-        core.train(groups, replay=replay)
+    while True:
+        command, arg = core.dist.broadcast_command(None)
+        if command == TRAIN:
+            core.train(core.dist.broadcast_groups(None), replay=replay)
+        elif command == SAVE:
+            core.save()
+        elif command == EXPORT:
+            core.export(Path(arg))
+        else:
+            return

@@ -1,26 +1,35 @@
-"""One optimizer step on a prepared batch: micro-batches, accumulation, clipping, AdamW.
+"""One optimizer step on a prepared batch: token-budget micro-batches, accumulation, AdamW.
 
-`Trainer.step` splits this rank's sequences into micro-batches, runs forward and
-backward on each with the loss share of `learner.algorithms.aggregate` (whose
-denominators are those of the whole batch, all ranks included), sums gradients
-across ranks when running distributed, clips the global norm and steps AdamW.
-The device and precision choice lives behind one seam, `autocast_context`:
-bf16 autocast on CUDA, plain fp32 on CPU. Dropout is kept off (eval mode) so
-that the recomputed logprobs are those the served model would give.
+`Trainer.step` takes the whole batch on every rank, plans its micro-batches
+(`learner.microbatch`: length buckets under a token budget, packed rows where enabled) and
+runs this rank's share, forward and backward, with the loss share of
+`learner.algorithms.aggregate` (whose denominators are those of the whole batch, all ranks
+included). Logprobs come from `learner.policy.PolicyModel` (chunked LM head, divided by each
+token's sampling temperature). Under torchrun the policy is sharded with FSDP2
+(`learner.sharding`), which sums gradients across ranks in backward; every rank runs the
+same number of micro-batches (empty ones are zero-loss fillers) because each forward and
+backward is collective. Then global-norm clipping and AdamW. One process without torchrun
+trains the plain module. On CUDA without FSDP the forward runs under bf16 autocast
+(`autocast_context`); with FSDP, mixed precision is FSDP's policy. Dropout stays off (eval
+mode) so that the recomputed logprobs are those the served model would give.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from learner.algorithms import Aggregation, aggregate, policy_token_loss, token_entropy
+from learner.algorithms import Aggregation, aggregate, policy_token_loss
 from learner.batch import Sample
 from learner.distributed import DistContext
+from learner.microbatch import assign_ranks, collate, plan_micro_batches
+from learner.policy import PolicyModel, enable_activation_checkpointing, per_sequence
+from learner.sharding import ShardOptions, clip_grad_norm, shard_policy
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,17 @@ class OptimConfig:
     micro_batch_size: int
     aggregation: Aggregation
     bf16: bool
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    """Memory and layout knobs (the config's scale block); the defaults suit the tiny model."""
+
+    max_tokens_per_micro_batch: int = 0  # token budget per micro-batch (0: none)
+    packing: bool = True  # several sequences in one row (position ids delimit them)
+    logprob_chunk_tokens: int = 1024  # tokens per LM-head chunk
+    activation_checkpointing: bool = False  # recompute decoder layers in backward
+    cpu_offload: bool = False  # FSDP: parameters, gradients, optimizer state on the host
 
 
 @dataclass(frozen=True)
@@ -61,84 +81,66 @@ def autocast_context(device: torch.device, bf16: bool) -> contextlib.AbstractCon
     return contextlib.nullcontext()
 
 
-def collate(
-    samples: Sequence[Sample], pad_id: int, device: torch.device
-) -> dict[str, torch.Tensor]:
-    """Right-pad a micro-batch into [B, T] tensors."""
-    length = max(len(s.input_ids) for s in samples)
-    b = len(samples)
-    ids = torch.full((b, length), pad_id, dtype=torch.long)
-    attn = torch.zeros((b, length), dtype=torch.long)
-    mask = torch.zeros((b, length), dtype=torch.float32)
-    logp = torch.zeros((b, length), dtype=torch.float32)
-    adv = torch.zeros((b, length), dtype=torch.float32)
-    for i, s in enumerate(samples):
-        n = len(s.input_ids)
-        ids[i, :n] = torch.from_numpy(s.input_ids)
-        attn[i, :n] = 1
-        mask[i, :n] = torch.from_numpy(s.loss_mask)
-        logp[i, :n] = torch.from_numpy(s.behaviour_logp)
-        adv[i, :n] = torch.from_numpy(s.advantages)
-    stale = torch.tensor([s.stale for s in samples], dtype=torch.bool)
-    tensors = {"input_ids": ids, "attention_mask": attn, "mask": mask, "behaviour_logp": logp,
-               "advantages": adv, "stale": stale}  # fmt: skip
-    return {k: v.to(device) for k, v in tensors.items()}
-
-
-def token_logprobs(
-    model: torch.nn.Module, batch: dict[str, torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprob of each token given its prefix, and the entropy there; both [B, T-1].
-
-    Position t of the outputs scores token t+1 of the input.
-    """
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    logits = logits[:, :-1].float()
-    targets = batch["input_ids"][:, 1:]
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    with torch.no_grad():
-        entropy = token_entropy(logits)
-    return logp, entropy
-
-
-def micro_batches(samples: Sequence[Sample], size: int) -> Iterator[Sequence[Sample]]:
-    for start in range(0, len(samples), size):
-        yield samples[start : start + size]
+def _filler(pad_id: int) -> Sample:
+    """A zero-loss micro-batch for a rank with fewer real ones (collectives need every rank)."""
+    zeros = np.zeros(2, np.float32)
+    return Sample(np.full(2, pad_id, np.int64), zeros, zeros, zeros, np.ones(2, np.float32),
+                  False, "")  # fmt: skip
 
 
 class Trainer:
-    """Holds the model and its optimizer; `step` trains one batch."""
+    """Holds the policy and its optimizer; `step` trains one batch."""
 
-    def __init__(
-        self, model: torch.nn.Module, cfg: OptimConfig, device: torch.device, dist: DistContext
-    ) -> None:
-        self.model = model.to(device)
+    def __init__(self, model: torch.nn.Module, cfg: OptimConfig, device: torch.device,
+                 dist: DistContext, scale: ScaleConfig = ScaleConfig()) -> None:  # fmt: skip
+        self.model = model.to(device)  # the Hugging Face LM; its state dict names the weights
         self.model.eval()
-        self.cfg = cfg
-        self.device = device
-        self.dist = dist
+        self.cfg, self.scale, self.device, self.dist = cfg, scale, device, dist
+        self.policy = PolicyModel(self.model, scale.logprob_chunk_tokens)
+        if scale.activation_checkpointing:
+            enable_activation_checkpointing(self.policy)
+        if dist.enabled:
+            shard_policy(self.policy, device, ShardOptions(dist.world, cfg.bf16, scale.cpu_offload))
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
+            self.policy.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
         )
-        config = getattr(model, "config", None)
-        pad = getattr(config, "pad_token_id", None)
+        pad = getattr(getattr(model, "config", None), "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else 0
 
-    def step(self, local: Sequence[Sample], total_tokens: int, total_sequences: int) -> StepStats:
-        """Train this rank's `local` share of a batch of `total_*` tokens and sequences."""
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.dist.enabled:  # FSDP's mixed-precision policy does the casting
+            return contextlib.nullcontext()
+        return autocast_context(self.device, self.cfg.bf16)
+
+    def my_micro_batches(self, samples: Sequence[Sample]) -> list[list[Sample]]:
+        """This rank's micro-batches of the whole batch `samples` (same count on every rank)."""
+        lengths = [len(s.input_ids) for s in samples]
+        plan = plan_micro_batches(lengths, self.scale.max_tokens_per_micro_batch,
+                                  self.cfg.micro_batch_size, self.scale.packing)  # fmt: skip
+        mine = assign_ranks(plan, lengths, self.dist.world, self.scale.packing)[self.dist.rank]
+        return [[samples[i] for i in mb] or [_filler(self.pad_id)] for mb in mine]
+
+    def forward(self, samples: Sequence[Sample]) -> tuple[dict[str, torch.Tensor], torch.Tensor,
+                                                          torch.Tensor]:  # fmt: skip
+        """(collated batch, logprobs [B, T-1], entropy [B, T-1]) of one micro-batch."""
+        batch = collate(samples, self.pad_id, self.device, packed=self.scale.packing)
+        with self._autocast():
+            logp, entropy = self.policy(batch)
+        return batch, per_sequence(logp, batch), per_sequence(entropy, batch)
+
+    def step(self, samples: Sequence[Sample], total_tokens: int, total_sequences: int) -> StepStats:
+        """Train this rank's share of the batch `samples` (`total_*`: the whole batch's counts)."""
         started = time.perf_counter()
-        self.optimizer.zero_grad(set_to_none=False)
+        self.optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(6, dtype=torch.float64)  # loss, clipped, entropy, ratio, ratio_min, -max
         sums[4], sums[5] = float("inf"), float("inf")
-        for chunk in micro_batches(local, self.cfg.micro_batch_size):
-            batch = collate(chunk, self.pad_id, self.device)
-            with autocast_context(self.device, self.cfg.bf16):
-                logp, entropy = token_logprobs(self.model, batch)
-            mask = batch["mask"][:, 1:]
+        for chunk in self.my_micro_batches(samples):
+            batch, logp, entropy = self.forward(chunk)
+            mask = batch["mask"]
             out = policy_token_loss(
                 logp,
-                batch["behaviour_logp"][:, 1:],
-                batch["advantages"][:, 1:],
+                batch["behaviour_logp"],
+                batch["advantages"],
                 clip_low=self.cfg.clip_low,
                 clip_high=self.cfg.clip_high,
                 stale=batch["stale"],
@@ -150,14 +152,13 @@ class Trainer:
             on = mask > 0
             sums[0] += float(share.detach())
             sums[1] += float(out.clipped[on].sum())
-            sums[2] += float(entropy[on].sum())
+            sums[2] += float(entropy.detach()[on].sum())
             sums[3] += float(out.ratio[on].sum())
             if bool(on.any()):
                 sums[4] = min(float(sums[4]), float(out.ratio[on].min()))
                 sums[5] = min(float(sums[5]), -float(out.ratio[on].max()))
-        self.dist.all_reduce_grads(self.model)
         sums = self.dist.reduce_stats(sums)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        grad_norm = clip_grad_norm(list(self.policy.parameters()), self.cfg.max_grad_norm)
         self.optimizer.step()
         tokens = max(total_tokens, 1)
         return StepStats(
@@ -169,6 +170,6 @@ class Trainer:
             ratio_mean=float(sums[3]) / tokens,
             ratio_min=float(sums[4]) if total_tokens else 1.0,
             ratio_max=-float(sums[5]) if total_tokens else 1.0,
-            grad_norm=float(grad_norm),
+            grad_norm=grad_norm,
             compute_s=time.perf_counter() - started,
         )
