@@ -158,6 +158,8 @@ def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> C
         activation_checkpointing=cfg.activation_checkpointing, cpu_offload=cfg.cpu_offload,
     )  # fmt: skip
     trainer = Trainer(model, optim, device, dist, scale)
+    log.info("training on %s, world %d (%s)", device, dist.world,
+             "FSDP2" if dist.enabled else "one process")  # fmt: skip
     state = LearnerState()
     if checkpoint is not None:
         state = load_state(checkpoint)
