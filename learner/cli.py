@@ -73,7 +73,10 @@ def _run(cfg: LearnerConfig) -> None:
             install_stop(stop)
             return await (run_replay(core, stop) if cfg.replay else run_live(core, stop))
 
-        state = asyncio.run(main())
+        try:
+            state = asyncio.run(main())
+        finally:  # however rank 0's loop ended, the other ranks must not wait forever
+            core.stop_followers()
         log.info("%s", json.dumps({"event": "done", "step": state.step, "version": state.version,
                                    "counters": state.counters}))  # fmt: skip
     finally:

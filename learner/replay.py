@@ -100,16 +100,11 @@ async def run_replay(core: Core, stop: asyncio.Event) -> LearnerState:
     assert cfg.replay is not None
     keys = RunKeys(cfg.run, cfg.partitions)
     vocab = int(core.trainer.model.config.vocab_size)  # type: ignore[union-attr]
-    try:
-        groups = replay_groups(cfg.replay, keys, cfg.redis_url)
-        async for batch in batches_of(
-            groups, cfg.groups_per_batch, lambda g: problem_with(g, vocab)
-        ):
-            prepared, stats = core.train(batch, replay=True)
-            emit(step_record(core, prepared, stats, 0.0, 0.0))
-            if stop.is_set() or (cfg.max_steps and state.step >= cfg.max_steps):
-                break
-        core.save()
-    finally:
-        core.stop_followers()
+    groups = replay_groups(cfg.replay, keys, cfg.redis_url)
+    async for batch in batches_of(groups, cfg.groups_per_batch, lambda g: problem_with(g, vocab)):
+        prepared, stats = core.train(batch, replay=True)
+        emit(step_record(core, prepared, stats, 0.0, 0.0))
+        if stop.is_set() or (cfg.max_steps and state.step >= cfg.max_steps):
+            break
+    core.save()
     return state

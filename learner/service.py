@@ -77,6 +77,7 @@ class Core:
     trainer: Trainer
     state: LearnerState
     checkpoint: Path | None  # the checkpoint resumed from
+    stopped: bool = False  # rank 0 has released the other ranks
 
     def rules(self, replay: bool) -> BatchRules:
         return BatchRules(
@@ -127,7 +128,9 @@ class Core:
         return export_hf_dir(self.trainer.model, out_dir, self.dist.is_main, self.cfg.model)
 
     def stop_followers(self) -> None:
-        if self.dist.is_main:
+        """Release the other ranks (once; rank 0 calls it however its loop ended)."""
+        if self.dist.is_main and self.dist.enabled and not self.stopped:
+            self.stopped = True
             self.dist.broadcast_command(STOP)
 
 
@@ -275,7 +278,6 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
             await source.commit_trained(unacked)
         return state
     finally:
-        core.stop_followers()
         if gauges is not None:
             gauges.cancel()
             await asyncio.gather(gauges, return_exceptions=True)
