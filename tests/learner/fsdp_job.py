@@ -4,7 +4,8 @@
 
 On every rank: a Trainer sharded with FSDP2 (gloo), one step on a fixed batch, the full
 gradients gathered and written by rank 0 (``OUT/grads.safetensors``, plus the step's stats);
-then checkpoint, a second step, a fresh trainer resumed from the checkpoint, the same
+then the weights streamed out of the shards in tiny buckets (``OUT/buckets.safetensors``)
+and gathered whole (``OUT/after_first.safetensors``), a checkpoint, a second step, a fresh trainer resumed from the checkpoint, the same
 second step, and the full weights of both written (``OUT/continued.safetensors``,
 ``OUT/resumed.safetensors``). The export directory of the checkpoint is left in ``OUT/ckpt``.
 """
@@ -22,6 +23,7 @@ from torch.distributed.tensor import DTensor
 from learner.batch import Sample
 from learner.checkpoint import LearnerState, load_training_state, save_checkpoint
 from learner.distributed import DistContext, init_distributed
+from learner.export import write_safetensors
 from learner.trainer import Trainer
 from tests.learner.split import batch_samples, make_trainer
 
@@ -49,6 +51,9 @@ def main(model: Path, out: Path) -> None:
     trainer = make_trainer(model, dist)
     stats = step(trainer, first)
     grads = gathered(trainer, grads=True)
+    after_first = gathered(trainer, grads=False)
+    # the streamed export in buckets far smaller than one row: many per tensor and rank
+    write_safetensors(trainer.model, out / "buckets.safetensors", dist.is_main, bucket_bytes=100)
     save_checkpoint(out / "ckpt", trainer.policy, trainer.optimizer, LearnerState(step=1), dist,
                     tokenizer_dir=model)  # fmt: skip
     step(trainer, second)
@@ -59,6 +64,7 @@ def main(model: Path, out: Path) -> None:
     again = gathered(resumed, grads=False)
     if dist.is_main:
         save_file(grads, out / "grads.safetensors")
+        save_file(after_first, out / "after_first.safetensors")
         save_file(continued, out / "continued.safetensors")
         save_file(again, out / "resumed.safetensors")
         (out / "stats.json").write_text(json.dumps(stats))
