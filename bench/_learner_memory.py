@@ -201,11 +201,12 @@ def plan(lengths: list[int], fsdp_length: int) -> list[tuple[str, int, int]]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench learner --memory")
-    parser.add_argument("--lengths", default="2048,8192,16384", help="tokens per sequence")
+    parser.add_argument("--lengths", default="2048,8192,16384",
+                        help="tokens per sequence of the chunked/full rows (empty: FSDP rows only)")  # fmt: skip
     parser.add_argument("--fsdp-length", type=int, default=1024, help="tokens per sequence (x2)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
     args = parser.parse_args([a for a in argv if a not in ("--memory", "--quick")])
-    lengths = [2048] if "--quick" in argv else [int(x) for x in args.lengths.split(",")]
+    lengths = [2048] if "--quick" in argv else [int(x) for x in args.lengths.split(",") if x]
     print(
         "| mode | tokens/seq | seqs | ranks | peak MiB (per rank) | floor MiB | peak/floor "
         "| step s | samples/s | tokens/s |\n|---|---|---|---|---|---|---|---|---|---|"

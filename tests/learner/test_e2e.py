@@ -104,7 +104,7 @@ def run_farm(redis_url: str, run: str, model: Path, logs: Path, *, push_interval
             asyncio.run(sample_in_flight(redis_url, RunKeys(run), learner))))  # fmt: skip
         sampler.start()
         try:
-            assert learner.wait(240) == 0, f.log("learner")[-3000:]
+            assert learner.wait(240 * ranks) == 0, f.log("learner")[-3000:]
         finally:
             sampler.join(30)
         records = step_records(f.log("learner"))
@@ -150,6 +150,7 @@ def test_reward_rises_with_weight_push_and_not_without(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_reward_rises_under_torchrun_fsdp_and_not_without_push(
     redis_server: RedisServer, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
