@@ -6,7 +6,7 @@ heads, MLP 1408, vocabulary 151,936, tied embeddings; random weights, no downloa
 resident set is its own) training one AdamW step, twice, on sequences of the given length,
 activation checkpointing on:
 
-* ``chunked``: the learner's path (`learner.trainer.Trainer`, LM head in 1024-token chunks);
+* ``chunked``: the learner's path (`learner.trainer.Trainer`, LM head in 256-token chunks);
 * ``full``: the same step with the logits materialised for the whole sequence
   (``lm(...).logits``, then log_softmax), what the learner did before chunking;
 * ``fsdp-1`` / ``fsdp-2``: the chunked step on 2 sequences, one process vs two gloo ranks
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, MLP, VOCAB = 512, 8, 8, 2, 1408, 151_936
+CHUNK = 256  # LM-head chunk: 2 x 256 x 151,936 x 4 B = 297 MiB of logit buffers
 MIB = 2**20
 
 
@@ -120,7 +121,7 @@ def run_case(mode: str, length: int, sequences: int) -> dict[str, Any]:
                         tis_cap=2.0, max_grad_norm=1.0, micro_batch_size=1,
                         aggregation=Aggregation.TOKEN_MEAN, bf16=False)  # fmt: skip
     scale = ScaleConfig(max_tokens_per_micro_batch=length, packing=False,
-                        logprob_chunk_tokens=1024, activation_checkpointing=True)  # fmt: skip
+                        logprob_chunk_tokens=CHUNK, activation_checkpointing=True)  # fmt: skip
     trainer = Trainer(model, optim, torch.device("cpu"), dist, scale)
     if mode == "full":
         trainer.policy = full_logits_policy(trainer.model)

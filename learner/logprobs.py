@@ -3,10 +3,10 @@
 `chunked_logprobs(hidden, head, targets, temperature, chunk_tokens)` applies the LM head to
 ``chunk_tokens`` positions at a time, divides the logits by each token's sampling
 temperature, and returns the target token's logprob and the entropy of that tempered
-distribution. Each chunk runs under activation checkpointing: autograd keeps only the
-chunk's hidden states and recomputes its logits in backward, so a ``[chunk, V]`` block is
-the largest vocabulary-sized tensor alive at any time and ``[T, V]`` never exists for a
-whole sequence. `full_logprobs` is the unchunked reference the tests and the memory
+distribution. Each chunk is one autograd node (`_ChunkLogprobs`) that keeps only the
+chunk's hidden states and per-token scalars, recomputes the chunk's logits in backward and
+forms their gradient in place: at most two ``[chunk, V]`` float32 buffers exist at any
+time, and ``[T, V]`` never exists for a whole sequence. `full_logprobs` is the unchunked reference the tests and the memory
 benchmark compare against.
 
 Temperature convention (shared with the inference side, see docs/learner.md): a token
@@ -17,7 +17,6 @@ sampled at temperature ``t > 0`` is scored under ``softmax(logits / t)``; ``t ==
 from __future__ import annotations
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 
 def effective_temperature(temperature: torch.Tensor) -> torch.Tensor:
@@ -25,19 +24,48 @@ def effective_temperature(temperature: torch.Tensor) -> torch.Tensor:
     return torch.where(temperature > 0, temperature, torch.ones_like(temperature))
 
 
-def _chunk(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    targets: torch.Tensor,
-    temperature: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _scaled_logits(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: torch.Tensor
+) -> torch.Tensor:
     logits = torch.nn.functional.linear(hidden, weight, bias).float()
-    logits = logits / effective_temperature(temperature).unsqueeze(-1)
-    logprobs = torch.log_softmax(logits, dim=-1)
-    target = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logprobs.exp() * logprobs).sum(dim=-1)
-    return target, entropy
+    return logits.div_(temperature.unsqueeze(-1))
+
+
+class _ChunkLogprobs(torch.autograd.Function):
+    """Target logprob and entropy of one chunk; backward recomputes the chunk's logits.
+
+    Saves only the chunk's hidden states and per-token scalars, and works on at most two
+    ``[chunk, V]`` float32 buffers at a time (forward and backward). With ``z`` the tempered
+    logits, ``p = softmax(z)`` and ``H`` the entropy: ``d logp_y / dz = onehot(y) - p`` and
+    ``dH / dz = -p (log p + H)``.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature):  # type: ignore[no-untyped-def]
+        z = _scaled_logits(hidden, weight, bias, temperature)
+        lse = torch.logsumexp(z, dim=-1)
+        target = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+        probs = (z - lse.unsqueeze(-1)).exp_()
+        entropy = lse - probs.mul_(z).sum(dim=-1)
+        ctx.save_for_backward(hidden, weight, bias, targets, temperature, lse, entropy)
+        return target, entropy
+
+    @staticmethod
+    def backward(ctx, grad_target, grad_entropy):  # type: ignore[no-untyped-def]
+        hidden, weight, bias, targets, temperature, lse, entropy = ctx.saved_tensors
+        with torch.no_grad():
+            logp = _scaled_logits(hidden, weight, bias, temperature).sub_(lse.unsqueeze(-1))
+            probs = logp.exp()
+            # dL/dz = g_H * (-p (logp + H)) + g_y * (onehot(y) - p), built in place in `logp`
+            grad = logp.add_(entropy.unsqueeze(-1)).mul_(probs).mul_(-grad_entropy.unsqueeze(-1))
+            grad.sub_(probs.mul_(grad_target.unsqueeze(-1)))
+            del probs
+            grad.scatter_add_(-1, targets.unsqueeze(-1), grad_target.unsqueeze(-1))
+            grad = grad.div_(temperature.unsqueeze(-1)).to(weight.dtype)
+            grad_hidden = grad @ weight if ctx.needs_input_grad[0] else None
+            grad_weight = grad.t() @ hidden if ctx.needs_input_grad[1] else None
+            grad_bias = grad.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+        return grad_hidden, grad_weight, grad_bias, None, None
 
 
 def chunked_logprobs(
@@ -58,12 +86,9 @@ def chunked_logprobs(
     logps, ents = [], []
     for start in range(0, flat_t.shape[0], chunk_tokens):
         stop = start + chunk_tokens
-        args = (flat_h[start:stop], head.weight, head.bias, flat_t[start:stop],
-                flat_temp[start:stop])  # fmt: skip
-        if torch.is_grad_enabled():
-            logp, ent = checkpoint(_chunk, *args, use_reentrant=False)
-        else:
-            logp, ent = _chunk(*args)
+        temps = effective_temperature(flat_temp[start:stop])
+        logp, ent = _ChunkLogprobs.apply(flat_h[start:stop], head.weight, head.bias,
+                                         flat_t[start:stop], temps)  # fmt: skip
         logps.append(logp)
         ents.append(ent)
     if not logps:

@@ -79,12 +79,12 @@ def test_step_raises_rewarded_and_lowers_unrewarded_completions(tiny_model_dir: 
     assert delta[1] < 0 and delta[3] < 0, delta  # advantage -1
 
 
-SPLITS = [  # (sequences per micro-batch, token budget, packing)
-    (8, 0, False),  # the reference: one padded pass
-    (3, 0, False),
-    (1, 0, True),
-    (64, 20, False),  # length buckets under a padded-token budget
-    (64, 40, True),  # packed rows under a token budget
+SPLITS = [  # (sequences per micro-batch, token budget, packing, activation checkpointing)
+    (8, 0, False, False),  # the reference: one padded pass
+    (3, 0, False, False),
+    (1, 0, True, False),
+    (64, 20, False, False),  # length buckets under a padded-token budget
+    (64, 40, True, True),  # packed rows under a token budget, layers recomputed in backward
 ]
 
 
@@ -98,9 +98,9 @@ def test_gradients_do_not_depend_on_the_split(
     samples = prepare_batch(groups, RULES, version=0).samples
     tokens = sum(int(s.loss_mask.sum()) for s in samples)
     grads, counts = [], []
-    for micro, budget, packing in SPLITS:
+    for micro, budget, packing, recompute in SPLITS:
         scale = ScaleConfig(max_tokens_per_micro_batch=budget, packing=packing,
-                            logprob_chunk_tokens=7)  # fmt: skip
+                            logprob_chunk_tokens=7, activation_checkpointing=recompute)  # fmt: skip
         trainer = _trainer(tiny_model_dir, micro=micro, scale=scale)
         trainer.cfg = OptimConfig(**{**trainer.cfg.__dict__, "aggregation": aggregation})
         counts.append(len(trainer.my_micro_batches(samples)))
