@@ -195,9 +195,11 @@ def _fmt(row: dict[str, Any]) -> str:
             f"{row['sequences'] / row['step_s']:.3f} | {tokens / row['step_s']:,.0f} |")  # fmt: skip
 
 
-def plan(lengths: list[int], fsdp_length: int) -> list[tuple[str, int, int]]:
-    rows = [(mode, n, 1) for n in lengths for mode in ("chunked", "full")]
-    return [*rows, ("fsdp-1", fsdp_length, 2), ("fsdp-2", fsdp_length, 2)]
+def plan(lengths: list[int], fsdp_length: int, modes: list[str]) -> list[tuple[str, int, int]]:
+    rows = [(mode, n, 1) for n in lengths for mode in ("chunked", "full") if mode in modes]
+    if "fsdp" in modes:
+        rows += [("fsdp-1", fsdp_length, 2), ("fsdp-2", fsdp_length, 2)]
+    return rows
 
 
 def main(argv: list[str]) -> int:
@@ -205,6 +207,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--lengths", default="2048,8192,16384",
                         help="tokens per sequence of the chunked/full rows (empty: FSDP rows only)")  # fmt: skip
     parser.add_argument("--fsdp-length", type=int, default=1024, help="tokens per sequence (x2)")
+    parser.add_argument("--modes", default="chunked,full,fsdp", help="rows to run")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
     args = parser.parse_args([a for a in argv if a not in ("--memory", "--quick")])
     lengths = [2048] if "--quick" in argv else [int(x) for x in args.lengths.split(",") if x]
@@ -214,7 +217,7 @@ def main(argv: list[str]) -> int:
     )
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for mode, length, seqs in plan(lengths, args.fsdp_length):
+        for mode, length, seqs in plan(lengths, args.fsdp_length, args.modes.split(",")):
             # logits, log_softmax, its exp (entropy) and a gradient: 4 x [T, V] float32
             need = 4 * 4 * length * VOCAB * seqs if mode == "full" else 0
             if need > 0.6 * _available():
