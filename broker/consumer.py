@@ -274,6 +274,16 @@ class Consumer:
             await pipe.execute()
         DEADLETTERED.labels(stream=stream).inc()
 
+    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        """Move a decoded entry the caller cannot use to the dead-letter stream, with the
+        reason, and ack it, in one commit (its message id is recorded: never redone)."""
+        letter = DeadLetter(source_stream=delivery.stream, entry_id=delivery.entry_id,
+                            reason=reason, fields=encode(delivery.message),
+                            deliveries=delivery.deliveries, consumer=self._config.consumer)  # fmt: skip
+        log.warning("dead-lettering %s %s: %s", delivery.stream, delivery.entry_id, reason)
+        await self.commit([delivery], publish=[(self._keys.deadletter, letter)])
+        DEADLETTERED.labels(stream=delivery.stream).inc()
+
     async def keep_alive(self, stream: str, entry_ids: Sequence[str]) -> None:
         """Reset the idle time of entries this consumer is still working on, so that
         `reclaim_idle_ms` only ever takes over work whose consumer has died."""

@@ -164,6 +164,8 @@ def _learner(cfg: FarmConfig, work: Path, tasks: Path, common: list[str]) -> Pro
         "learner",
         (*argv, *cfg.learner_args),
         finishes_stack=cfg.max_steps > 0,
+        # 2: bad config or task dataset, 3: the run is failing; restarting repeats either
+        fatal_exit_codes=frozenset({2, 3}),
         stop_timeout_s=60,  # lets it finish a checkpoint
         metrics_url=f"http://127.0.0.1:{port}/metrics",
     )

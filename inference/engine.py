@@ -81,6 +81,10 @@ class GenRequest:
     def finished(self) -> bool:
         return all(s.finish_reason is not None for s in self.seqs)
 
+    def stepped(self) -> None:
+        """Called after each engine step while the request runs; it may finish sequences
+        (stop strings). Streaming requests override it; plain token requests do nothing."""
+
     def resolve(self, error: Exception | None = None) -> None:
         if self.done.done():
             return
@@ -245,6 +249,8 @@ class Engine:
             seq.finish_reason = "length"
 
     def _after_step(self) -> None:
+        for request in self._running:
+            request.stepped()
         for request in [r for r in self._running if r.finished()]:
             self._running.remove(request)
             request.resolve()

@@ -29,6 +29,8 @@ from inference import metrics
 from inference.config import ServerConfig
 from inference.engine import Engine, GenRequest
 from inference.errors import EngineError
+from inference.openai_completions import text_completions, wants_openai_path
+from inference.openai_routes import add_openai_routes
 from inference.protocol import (
     Limits,
     ProtocolError,
@@ -135,10 +137,12 @@ def auth_middleware(api_key: str | None) -> Any:
     return check
 
 
-async def completions(request: web.Request) -> web.Response:
+async def completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     started = time.perf_counter()
     body = await read_json(request)
+    if wants_openai_path(body):  # text prompts, batches, stop strings, streaming
+        return await text_completions(request, body)
     req, prompt, params = parse_completion(body, state.limits)
     if req.model is not None and req.model != state.model_name:
         return web.json_response(
@@ -245,6 +249,7 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_get("/weight_info", weight_info)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     add_transfer_routes(app, STATE, read_json, json_object)
+    add_openai_routes(app, STATE)
     return app
 
 

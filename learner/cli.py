@@ -5,13 +5,18 @@ Every `LearnerConfig` field is a flag (``--groups-per-batch 8``; booleans take
 ``FARM_*`` environment variables and then flags override. The resolved config
 is logged at start-up. Under ``torchrun`` rank 0 talks to Redis, the servers
 and the disk while every rank trains its slice of each batch.
-Exit codes: 0 done, 2 bad configuration, 1 runtime failure.
+The task dataset is read and every env spec in it checked (after importing
+``--env-modules``) before torch is imported or anything is issued.
+Exit codes: 0 done, 2 bad configuration or task dataset, 3 the run failed (batch after
+batch spoiled by infrastructure/spec errors, or every task dead-lettered), 1 any other
+runtime failure.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import logging
 import sys
@@ -21,7 +26,7 @@ from typing import Any
 from broker.memory import tune_malloc
 from broker.settings import add_settings_flags
 from learner.config import LearnerConfig
-from learner.errors import ConfigError, LearnerError
+from learner.errors import ConfigError, LearnerError, RunFailedError, TaskSourceError
 
 log = logging.getLogger("learner")
 
@@ -41,6 +46,19 @@ def load_config(argv: list[str]) -> LearnerConfig:
     args = vars(build_parser().parse_args(argv))
     toml = args.pop("config", None)
     return LearnerConfig.load(args, toml)
+
+
+def check_inputs(cfg: LearnerConfig) -> None:
+    """Import the env modules and validate the task dataset; raise TaskSourceError."""
+    for name in cfg.env_modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise TaskSourceError(f"cannot import env module {name!r}: {exc}") from exc
+    if cfg.tasks is not None and cfg.replay is None:
+        from learner.tasks import load_dataset
+
+        load_dataset(cfg.tasks)
 
 
 def _setup_logging() -> None:
@@ -91,9 +109,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     log.info("%s", json.dumps({"event": "config", **cfg.model_dump(mode="json")}))
+    try:
+        check_inputs(cfg)
+    except TaskSourceError as exc:
+        log.error("learner stopped before issuing a task: %s", exc)
+        return 2
     tune_malloc()
     try:
         _run(cfg)
+    except RunFailedError as exc:
+        log.error("learner stopped, the run is failing: %s", exc)
+        return 3
     except LearnerError as exc:
         log.error("learner failed: %s", exc)
         return 1

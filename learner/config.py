@@ -99,6 +99,13 @@ class LearnerConfig(BaseSettings):
     weights_dir: Path | None = Field(None, description="where pushed weights are written")
     # --- task source --------------------------------------------------------------------------
     tasks: Path | None = Field(None, description="JSONL dataset of env specs (None: no feeding)")
+    env_modules: CommaList = Field(
+        default_factory=list,
+        description="modules imported at start-up to register extra environments (as workers')",
+    )
+    max_failed_batches: int = Field(
+        10, ge=0, description="stop after this many batches in a row spoiled by infra/spec errors"
+    )
     curriculum: bool = Field(False, description="move difficulty by recent success rate")
     curriculum_window: int = Field(32, ge=1, description="episodes in the success-rate window")
     promote_above: float = Field(0.8, ge=0.0, le=1.0, description="success rate to go harder")

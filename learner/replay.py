@@ -25,7 +25,7 @@ from broker.keys import RunKeys
 from broker.messages import TrajectoryGroup
 from learner.checkpoint import LearnerState
 from learner.errors import ReplayError
-from learner.service import Core, emit, step_record
+from learner.service import Core, emit, skip_record, step_record
 from learner.source import problem_with
 
 log = logging.getLogger("learner")
@@ -103,7 +103,10 @@ async def run_replay(core: Core, stop: asyncio.Event) -> LearnerState:
     groups = replay_groups(cfg.replay, keys, cfg.redis_url)
     async for batch in batches_of(groups, cfg.groups_per_batch, lambda g: problem_with(g, vocab)):
         prepared, stats = core.train(batch, replay=True)
-        emit(step_record(core, prepared, stats, 0.0, 0.0))
+        if stats is None:  # nothing trainable: not a step
+            emit(skip_record(core, prepared, len(batch), 0.0))
+        else:
+            emit(step_record(core, prepared, stats, 0.0, 0.0))
         if stop.is_set() or (cfg.max_steps and state.step >= cfg.max_steps):
             break
     core.save()

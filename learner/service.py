@@ -7,6 +7,12 @@ steps, and every `checkpoint_interval` steps write a checkpoint and only then
 ack the entries trained since the previous one. Each step logs one JSON line
 (``{"event": "step", ...}``) and updates the Prometheus metrics. SIGTERM stops
 after the current step, with a final checkpoint and ack.
+
+A batch with no trainable sample (all zero-variance, infra-failed or dropped) is
+not a step: it logs ``{"event": "skipped", ...}``, is counted and acked, and
+does not advance the policy version, push weights or count toward max_steps.
+`learner.health` stops the run (RunFailedError) when batch after batch is
+spoiled by infrastructure errors, or every task comes back dead-lettered.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import torch
 from redis.exceptions import RedisError
 
 from broker.connection import RedisSettings, connect
+from broker.consumer import Delivery
 from broker.errors import BrokerError
 from broker.keys import LEARNER_GROUP, WORKERS_GROUP, RunKeys
 from broker.messages import PolicyVersion, TrajectoryGroup
@@ -41,7 +48,9 @@ from learner.checkpoint import (
 )
 from learner.config import LearnerConfig, Precision, StalePolicy
 from learner.distributed import DistContext
+from learner.errors import RunFailedError
 from learner.export import export_hf_dir
+from learner.health import DeadLetterWatch, FailureWatch
 from learner.source import LiveSource
 from learner.tasks import (
     CurriculumRules,
@@ -92,7 +101,9 @@ class Core:
     def train(
         self, groups: list[TrajectoryGroup], replay: bool
     ) -> tuple[PreparedBatch, StepStats | None]:
-        """Rank 0 announces and broadcasts the batch; every rank trains its share."""
+        """Prepare and train one batch (rank 0 announces and broadcasts it; every rank trains
+        its share). A batch with no trainable sample is not a step: the step, the policy
+        version and --max-steps stay where they are (stats None)."""
         if self.dist.is_main:
             self.dist.broadcast_command(TRAIN)
             self.dist.broadcast_groups(groups)
@@ -100,8 +111,10 @@ class Core:
         stats = None
         if prepared.samples:
             stats = self.trainer.step(prepared.samples, prepared.num_tokens, len(prepared.samples))
-        self.state.step += 1
-        self.state.record_step([g.group_id for g in groups])
+            self.state.step += 1
+            self.state.record_step([g.group_id for g in groups])
+        else:
+            self.state.count("skipped_batches", 1)
         self.state.count("groups", len(groups))
         self.state.count("trained_groups", len(prepared.trained_groups))
         self.state.count("infra_failed", len(prepared.infra_failed))
@@ -169,6 +182,26 @@ def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> C
         load_training_state(checkpoint, trainer.policy, trainer.optimizer)
         log.info("resumed from %s at step %d", checkpoint, state.step)
     return Core(cfg, dist, trainer, state, checkpoint)
+
+
+def skip_record(
+    core: Core, prepared: PreparedBatch, groups: int, wait_s: float
+) -> dict[str, object]:
+    """The log line and metrics of a batch that trained nothing (not a step)."""
+    returns = np.asarray(prepared.episode_returns or [0.0])
+    record: dict[str, object] = {
+        "event": "skipped", "step": core.state.step, "version": core.state.version,
+        "groups": groups, "reward_mean": float(returns.mean()),
+        "zero_variance": len(prepared.zero_variance), "infra_failed": len(prepared.infra_failed),
+        "stale_dropped": len(prepared.dropped_stale), "wait_s": round(wait_s, 4),
+    }  # fmt: skip
+    m.SKIPPED_BATCHES.inc()
+    if prepared.episode_returns:
+        m.REWARD_MEAN.set(float(returns.mean()))
+    m.STALE_GROUPS.labels(action="dropped").inc(len(prepared.dropped_stale))
+    m.ZERO_VARIANCE.inc(len(prepared.zero_variance))
+    m.INFRA_FAILED.inc(len(prepared.infra_failed))
+    return record
 
 
 def step_record(core: Core, prepared: PreparedBatch, stats: StepStats | None, wait_s: float,
@@ -246,36 +279,16 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
     )
     try:
         feeder = await _make_feeder(core, redis, keys)
-        vocab = int(core.trainer.model.config.vocab_size)  # type: ignore[union-attr]
-        recent = {g for step in state.trained[-cfg.checkpoint_interval :] for g in step}
-        consumer = LiveSource.consumer_config(cfg.consumer_name, cfg.reclaim_idle_s,
-                                              cfg.max_deliveries)  # fmt: skip
-        source = LiveSource(redis, keys, consumer, feeder, vocab, already_trained=recent)
-        await source.start()
+        source = await _make_source(core, redis, keys, feeder)
         if await current_policy(redis, keys) is None:
             await publish_policy(redis, keys, PolicyVersion(version=state.version, step=state.step))
-        unacked = []
-        while not (cfg.max_steps and state.step >= cfg.max_steps):
-            batch = await source.next_batch(cfg.groups_per_batch, state.version, state.step, stop)
-            if batch is None:
-                break
-            prepared, stats = core.train(batch.groups, replay=False)
-            unacked += batch.deliveries
-            if feeder is not None:
-                feeder.sampler.observe(prepared.episode_returns)
-                state.sampler = feeder.sampler.state()
-            push_s = 0.0
-            if pusher is not None and state.step % cfg.push_interval == 0:
-                push_s = await _push(core, pusher, redis, keys)
-            emit(step_record(core, prepared, stats, batch.wait_s, push_s))
-            last = cfg.max_steps and state.step >= cfg.max_steps
-            if cfg.checkpoint_dir is None or state.step % cfg.checkpoint_interval == 0 or last:
-                core.save()
-                await source.commit_trained(unacked)
-                unacked = []
-        if unacked:  # stopped between checkpoints: make the trained groups durable, then ack
-            core.save()
-            await source.commit_trained(unacked)
+        unacked: list[Delivery] = []
+        try:
+            await _steps(core, Live(source, feeder, pusher, redis, keys), stop, unacked)
+        except RunFailedError:
+            await _make_durable(core, source, unacked)  # what was trained stays trained
+            raise
+        await _make_durable(core, source, unacked)
         return state
     finally:
         if gauges is not None:
@@ -284,6 +297,72 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
         if pusher is not None:
             await pusher.close()
         await redis.aclose()
+
+
+@dataclass(frozen=True)
+class Live:
+    """What the live loop talks to."""
+
+    source: LiveSource
+    feeder: TaskFeeder | None
+    pusher: WeightPusher | None
+    redis: aioredis.Redis
+    keys: RunKeys
+
+
+async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Delivery]) -> None:
+    """Batch, train, push, checkpoint and ack until stop or max_steps; `unacked` is left
+    holding the trained entries no checkpoint holds yet."""
+    cfg, state = core.cfg, core.state
+    failures = FailureWatch(cfg.max_failed_batches)
+    while not (cfg.max_steps and state.step >= cfg.max_steps):
+        batch = await live.source.next_batch(cfg.groups_per_batch, state.version, state.step, stop)
+        if batch is None:
+            return
+        prepared, stats = core.train(batch.groups, replay=False)
+        if live.feeder is not None:
+            live.feeder.sampler.observe(prepared.episode_returns)
+            state.sampler = live.feeder.sampler.state()
+        if stats is None:
+            # Not a step: nothing for a checkpoint to hold, so ack now (waiting for the next
+            # checkpoint would let a run that trains nothing pile up pending entries).
+            await live.source.commit_trained(batch.deliveries)
+            emit(skip_record(core, prepared, len(batch.groups), batch.wait_s))
+            failures.observe(batch.groups, 0)  # RunFailedError past the limit
+            continue
+        failures.observe(batch.groups, len(prepared.samples))
+        unacked += batch.deliveries
+        push_s = 0.0
+        if live.pusher is not None and state.step % cfg.push_interval == 0:
+            push_s = await _push(core, live.pusher, live.redis, live.keys)
+        emit(step_record(core, prepared, stats, batch.wait_s, push_s))
+        last = cfg.max_steps and state.step >= cfg.max_steps
+        if cfg.checkpoint_dir is None or state.step % cfg.checkpoint_interval == 0 or last:
+            await _make_durable(core, live.source, unacked)
+
+
+async def _make_durable(core: Core, source: LiveSource, unacked: list[Delivery]) -> None:
+    """Checkpoint, then ack the entries the checkpoint now holds."""
+    if unacked:
+        core.save()
+        await source.commit_trained(unacked)
+        unacked.clear()
+
+
+async def _make_source(
+    core: Core, redis: aioredis.Redis, keys: RunKeys, feeder: TaskFeeder | None
+) -> LiveSource:
+    cfg = core.cfg
+    vocab = int(core.trainer.model.config.vocab_size)  # type: ignore[union-attr]
+    recent = {g for step in core.state.trained[-cfg.checkpoint_interval :] for g in step}
+    consumer = LiveSource.consumer_config(cfg.consumer_name, cfg.reclaim_idle_s,
+                                          cfg.max_deliveries)  # fmt: skip
+    dead = DeadLetterWatch(redis, keys, cfg.max_failed_batches * cfg.groups_per_batch)
+    await dead.start()
+    source = LiveSource(redis, keys, consumer, feeder, vocab, already_trained=recent,
+                        dead_letters=dead)  # fmt: skip
+    await source.start()
+    return source
 
 
 async def export_stream_gauges(redis: aioredis.Redis, keys: RunKeys, period_s: float = 5.0) -> None:

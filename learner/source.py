@@ -8,6 +8,7 @@ so after a SIGKILL the resumed learner (same consumer name) gets its own
 pending entries back first and trains each group exactly once relative to the
 weights it resumed from. Groups that decode but are unusable (token ids outside
 the vocabulary, non-finite logprobs, wrong group size) are dead-lettered here.
+Tasks the workers dead-letter give their admission slot back here (`DeadLetterWatch`).
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 import redis.asyncio as aioredis
 
-from broker.codec import encode
 from broker.consumer import Consumer, ConsumerConfig, Delivery
 from broker.errors import BudgetError
 from broker.keys import LEARNER_GROUP, RunKeys
-from broker.messages import DeadLetter, TrajectoryGroup
+from broker.messages import TrajectoryGroup
+from learner.health import DeadLetterWatch
 from learner.tasks import TaskFeeder
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class LiveSource:
         feeder: TaskFeeder | None,
         vocab_size: int,
         already_trained: set[str] | None = None,
+        dead_letters: DeadLetterWatch | None = None,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -85,6 +87,7 @@ class LiveSource:
         self.training = 0  # groups of the batch being trained (popped, not yet a new version)
         self.released: set[tuple[str, str]] = set()  # entries whose budget slot this process freed
         self.issued = 0
+        self.dead_letters = dead_letters  # tasks the workers gave up on: slots back, streak
 
     @staticmethod
     def consumer_config(name: str, reclaim_idle_s: float, max_deliveries: int) -> ConsumerConfig:
@@ -115,8 +118,11 @@ class LiveSource:
         while len(self.buffer) < size:
             if stop.is_set():
                 return None
+            await self._watch_dead_letters()
             await self.top_up(version, step)
             got = await self.consumer.read(count=size - len(self.buffer))
+            if got and self.dead_letters is not None:
+                self.dead_letters.groups_arrived()
             # A slot is freed once per entry and process: count_in_flight() at start-up
             # counted this learner's pending entries too, so redelivered ones free theirs.
             fresh = [
@@ -135,6 +141,19 @@ class LiveSource:
         await self.top_up(version, step)
         return Batch(batch, wait_s)
 
+    async def _watch_dead_letters(self) -> None:
+        """A dead-lettered task never yields a group: free its slot here (else the budget
+        leaks), and fail the run when nothing but dead letters comes back."""
+        if self.dead_letters is None:
+            return
+        freed = await self.dead_letters.poll()
+        if freed and self.feeder is not None:
+            try:
+                await self.feeder.release(freed)
+            except BudgetError as exc:  # e.g. a requeued dead letter whose group came back
+                log.warning("admission release for dead-lettered tasks: %s", exc)
+        self.dead_letters.check()
+
     async def _screen(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
         good: list[Delivery] = []
         for d in deliveries:
@@ -149,11 +168,7 @@ class LiveSource:
             if reason is None:
                 good.append(d)
                 continue
-            log.warning("dead-lettering group %s (%s): %s", d.message.group_id, d.entry_id, reason)
-            letter = DeadLetter(source_stream=d.stream, entry_id=d.entry_id, reason=reason,
-                                fields=encode(d.message), deliveries=d.deliveries,
-                                consumer=self.consumer.config.consumer)  # fmt: skip
-            await self.consumer.commit([d], publish=[(self.keys.deadletter, letter)])
+            await self.consumer.dead_letter(d, f"group {d.message.group_id}: {reason}")
             self.released.discard((d.stream, d.entry_id))
         return good
 

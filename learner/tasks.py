@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import redis.asyncio as aioredis
 
+import envs
 from broker.admission import AdmissionBudget
 from broker.keys import RunKeys
 from broker.messages import Task
@@ -46,12 +47,18 @@ class TaskRow:
 
 
 def load_dataset(path: Path) -> list[TaskRow]:
-    """Read and validate the JSONL dataset; errors name the line."""
+    """Read and validate the JSONL dataset; errors name the line.
+
+    Every distinct env spec is checked against the registry (`envs.check_spec`: name,
+    JSON, kwargs against the factory's signature or config) without building an
+    environment, so a bad spec stops the learner before any task is issued.
+    """
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
         raise TaskSourceError(f"cannot read task dataset {path}: {exc}") from exc
     rows: list[TaskRow] = []
+    checked: set[str] = set()
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -65,8 +72,13 @@ def load_dataset(path: Path) -> list[TaskRow]:
             spec = data["env_spec"]
             if not isinstance(spec, str) or not spec:
                 raise ValueError("env_spec must be a non-empty string")
+            if spec not in checked:  # each distinct spec once; nothing is built
+                envs.check_spec(spec)
+                checked.add(spec)
             rows.append(TaskRow(spec, int(data.get("difficulty", 0)), data.get("max_turns"),
                                 data.get("meta")))  # fmt: skip
+        except envs.EnvSpecError as exc:
+            raise TaskSourceError(f"{path}:{number}: bad env_spec {spec!r}: {exc}") from None
         except (ValueError, KeyError, TypeError) as exc:
             raise TaskSourceError(f"{path}:{number}: {exc}") from exc
     if not rows:

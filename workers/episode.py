@@ -3,7 +3,10 @@
 Invariants:
 - `run_episode` never raises for a failure of the model, the environment, the sandbox or
   inference: it returns a `Trajectory` whose `finish_reason`/`error` say what happened
-  (only cancellation propagates). Whether to retry is decided by the caller (`group`).
+  (only cancellation and `EnvSpecError`, a task that cannot run at all, propagate).
+  Whether to retry is decided by the caller (`group`).
+- after `terminated` or `truncated` the loop returns: the env is never stepped again
+  (`envs.astep` would refuse with `EnvStateError` anyway);
 - Token bookkeeping is exact (see `workers.tokens`): the concatenation of every turn's
   `prompt_ids + completion_ids` is exactly what the model was sent and produced.
 - Memory per episode is bounded by `max_context_tokens`: the episode holds its token
@@ -92,8 +95,8 @@ async def run_episode(
             finish = "truncated:wall_time"
             _mark_truncated(state)
         exc.__traceback__ = None
-    except asyncio.CancelledError:
-        raise
+    except (asyncio.CancelledError, envs.EnvSpecError):
+        raise  # a bad spec is the task's fault, not an episode outcome: the worker dead-letters it
     except Exception as exc:  # any failure becomes data on the trajectory (STYLE 7)
         error, detail = categorize(exc), f"{type(exc).__name__}: {exc}"[:500]
         log.info("episode %s/%d ended by %s", task.task_id, index, detail)

@@ -6,6 +6,9 @@ Invariants:
   reclaimed by another worker after `reclaim_idle_s`; consumers dedup on the group id;
 - the worker never holds more than `concurrency` episodes' worth of tasks (plus at most one
   group): it reads only as many tasks as its free slots allow;
+- a task whose spec cannot become an environment (`EnvSpecError`: unknown name, bad JSON
+  or kwargs) is dead-lettered with the reason after one attempt, never published as a
+  group (an undecodable task is dead-lettered by the consumer before it gets here);
 - tasks still running are kept fresh (XCLAIM JUSTID) so no live worker's task is reclaimed;
 - on stop (SIGTERM) it stops reading, lets running groups finish within `shutdown_grace_s`,
   then cancels the rest *without acking* them, and returns.
@@ -21,10 +24,11 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+import envs
 from broker.consumer import Consumer, ConsumerConfig, Delivery
 from broker.errors import BrokerError
 from broker.keys import WORKERS_GROUP, RunKeys
-from broker.messages import Task
+from broker.messages import Task, TrajectoryGroup
 from workers import metrics
 from workers.config import WorkerConfig
 from workers.episode import EpisodeContext, EpisodeSettings
@@ -71,6 +75,7 @@ class Worker:
         self._running: dict[str, asyncio.Task[None]] = {}  # entry id -> group task
         self.lag = LagMonitor()
         self.groups_published = 0
+        self.tasks_dead_lettered = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         """Take tasks until `stop` is set, then drain within the grace period."""
@@ -123,15 +128,15 @@ class Worker:
         if n != task.group_size:
             task = dataclasses.replace(task, group_size=n)
         try:
-            max_turns = await self._max_turns(task)
-            group = await run_group(
-                self._ctx,
-                self._settings,
-                task,
-                max_turns=max_turns,
-                retries=self.cfg.episode_retries,
-                worker_id=self.cfg.worker_id,
-            )
+            try:
+                envs.check_spec(task.env_spec)
+                group = await self._run_group(task)
+            except envs.EnvSpecError as exc:
+                # Permanent: every attempt would fail the same way. A dead letter, never a
+                # group of failed trajectories for the learner to count as a step.
+                await self._consumer.dead_letter(delivery, f"task {task.task_id}: {exc}")
+                self.tasks_dead_lettered += 1
+                return
             stream = self.keys.trajectories(zlib.crc32(task.task_id.encode()) % self.cfg.partitions)
             await self._consumer.commit([delivery], publish=[(stream, group)])
             self.groups_published += 1
@@ -144,6 +149,20 @@ class Worker:
             self._running.pop(delivery.entry_id, None)
             metrics.TASKS_IN_PROGRESS.dec()
             self._freed.set()
+
+    async def _run_group(self, task: Task) -> TrajectoryGroup:
+        """The task's group; an episode's EnvSpecError ends it and is raised as such."""
+        try:
+            return await run_group(
+                self._ctx,
+                self._settings,
+                task,
+                max_turns=await self._max_turns(task),
+                retries=self.cfg.episode_retries,
+                worker_id=self.cfg.worker_id,
+            )
+        except* envs.EnvSpecError as group:
+            raise group.exceptions[0] from None
 
     async def _max_turns(self, task: Task) -> int:
         """Horizon from Redis if the learner published one, else the task's, capped by config."""

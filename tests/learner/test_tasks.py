@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from redis import Redis
 
 from broker.connection import RedisSettings, connect
 from broker.keys import RunKeys
@@ -41,6 +44,53 @@ def test_dataset_errors_name_the_line(tmp_path: Path) -> None:
             load_dataset(bad)
     with pytest.raises(TaskSourceError, match="cannot read"):
         load_dataset(tmp_path / "missing.jsonl")
+
+
+GOOD = '{"env_spec": "toy@{\\"difficulty\\": 1}"}\n'
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragments"),
+    [
+        ("nope@{}", ["unknown environment 'nope'", "registered: code, codegym"]),
+        ("toy@{bad", ["not valid JSON"]),
+        ("codegym", ["missing a required argument: 'env'",
+                     "accepted kwargs: env (required), config_index"]),
+        ('toy@{\"difficulty\": 7}', ["difficulty: Input should be less than or equal to 3",
+                                      "accepted kwargs: difficulty, instructions"]),
+    ],
+)  # fmt: skip
+def test_one_bad_spec_in_a_good_dataset_names_its_line(
+    tmp_path: Path, spec: str, fragments: list[str]
+) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(GOOD * 2 + json.dumps({"env_spec": spec}) + "\n" + GOOD)
+    with pytest.raises(TaskSourceError) as caught:
+        load_dataset(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}:3: bad env_spec ") and "\n" not in message
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_a_bad_dataset_stops_the_learner_before_any_task(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(GOOD + '{"env_spec": "codegym"}\n')
+    argv = [sys.executable, "-m", "learner", "--model", str(tmp_path / "no-model"),
+            "--redis-url", redis_server.url, "--run", "badset", "--tasks", str(path)]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1  # one line; the model (a missing path) was never loaded
+    assert f"stopped before issuing a task: {path}:2: bad env_spec 'codegym'" in errors[0]
+    assert "accepted kwargs: env (required)" in errors[0]
+    redis = Redis.from_url(redis_server.url)
+    try:
+        assert redis.keys("*") == []  # nothing issued, nothing touched
+    finally:
+        redis.close()
 
 
 def test_curriculum_moves_by_success_rate_and_state_round_trips() -> None:
