@@ -7,13 +7,15 @@ gradients gathered and written by rank 0 (``OUT/grads.safetensors``, plus the st
 then the weights streamed out of the shards in tiny buckets (``OUT/buckets.safetensors``)
 and gathered whole (``OUT/after_first.safetensors``), a checkpoint, a second step, a fresh trainer resumed from the checkpoint, the same
 second step, and the full weights of both written (``OUT/continued.safetensors``,
-``OUT/resumed.safetensors``). The export directory of the checkpoint is left in ``OUT/ckpt``.
+``OUT/resumed.safetensors``); last, the first step again with CPU offload and activation
+checkpointing on (``OUT/offloaded_grads.safetensors``). The export directory of the checkpoint is left in ``OUT/ckpt``.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,7 +27,7 @@ from learner.checkpoint import LearnerState, load_training_state, save_checkpoin
 from learner.distributed import DistContext, init_distributed
 from learner.export import write_safetensors
 from learner.trainer import Trainer
-from tests.learner.split import batch_samples, make_trainer
+from tests.learner.split import SCALE, batch_samples, make_trainer
 
 
 def full(tensor: torch.Tensor) -> torch.Tensor:
@@ -62,7 +64,12 @@ def main(model: Path, out: Path) -> None:
     load_training_state(out / "ckpt" / "step-00000001", resumed.policy, resumed.optimizer)
     step(resumed, second)
     again = gathered(resumed, grads=False)
+    options = replace(SCALE, cpu_offload=True, activation_checkpointing=True)
+    offloaded = make_trainer(model, dist, options)
+    step(offloaded, first)
+    offloaded_grads = gathered(offloaded, grads=True)
     if dist.is_main:
+        save_file(offloaded_grads, out / "offloaded_grads.safetensors")
         save_file(grads, out / "grads.safetensors")
         save_file(after_first, out / "after_first.safetensors")
         save_file(continued, out / "continued.safetensors")
