@@ -14,6 +14,7 @@ vLLM and the CPU server load.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import struct
 from collections.abc import Iterator
@@ -58,7 +59,8 @@ def _row_buckets(tensor: DTensor, bucket_bytes: int) -> Iterator[tuple[int, int,
     """(source rank, first row, end row) in the source's local rows, in file order."""
     rows, world = tensor.shape[0], tensor.device_mesh.size()
     per_rank = -(-rows // world)  # torch.chunk's split, which FSDP uses
-    row_bytes = max(1, tensor[0].numel() * tensor.element_size()) if rows else 1
+    # from the shape: indexing the DTensor (tensor[0]) would all-gather all of it
+    row_bytes = max(1, math.prod(tensor.shape[1:]) * tensor.element_size())
     step = max(1, bucket_bytes // row_bytes)
     for rank in range(world):
         held = max(0, min(rows, (rank + 1) * per_rank) - rank * per_rank)
