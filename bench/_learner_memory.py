@@ -109,8 +109,9 @@ def run_case(mode: str, length: int, sequences: int) -> dict[str, Any]:
     import torch
 
     from learner.algorithms import Aggregation
+    from learner.config import OptimConfig, ScaleConfig
     from learner.distributed import init_distributed
-    from learner.trainer import OptimConfig, ScaleConfig, Trainer
+    from learner.trainer import Trainer
 
     torch.set_num_threads(1 if mode == "fsdp-2" else 2)
     base = rss()
@@ -119,7 +120,7 @@ def run_case(mode: str, length: int, sequences: int) -> dict[str, Any]:
     params = sum(p.numel() for p in model.parameters())
     optim = OptimConfig(learning_rate=1e-5, weight_decay=0.0, clip_low=0.2, clip_high=0.2,
                         tis_cap=2.0, max_grad_norm=1.0, micro_batch_size=1,
-                        aggregation=Aggregation.TOKEN_MEAN, bf16=False)  # fmt: skip
+                        aggregation=Aggregation.TOKEN_MEAN)  # fmt: skip
     scale = ScaleConfig(max_tokens_per_micro_batch=length, packing=False,
                         logprob_chunk_tokens=CHUNK, activation_checkpointing=True)  # fmt: skip
     trainer = Trainer(model, optim, torch.device("cpu"), dist, scale)

@@ -13,6 +13,7 @@ from redis.exceptions import ResponseError
 
 from broker.admission import AdmissionBudget
 from broker.codec import decode
+from broker.connection import redis_errors
 from broker.errors import DecodeError
 from broker.keys import RunKeys
 from broker.messages import DeadLetter, PolicyVersion
@@ -117,7 +118,8 @@ async def run_state(redis: aioredis.Redis, keys: RunKeys) -> RunState:
 
 
 async def refresh_stream_gauges(redis: aioredis.Redis, keys: RunKeys) -> RunState:
-    state = await run_state(redis, keys)
+    with redis_errors("reading the run's streams"):
+        state = await run_state(redis, keys)
     for s in state.streams:
         STREAM_LENGTH.labels(stream=s.name).set(s.length)
         for g in s.groups:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from envs.errors import EnvStateError
 
@@ -39,14 +39,6 @@ def _set_ended(env: Any, ended: bool) -> None:
 def _ended(env: Any) -> bool:
     state = getattr(env, "__dict__", None)
     return bool(state is not None and state.get(_ENDED))
-
-
-@runtime_checkable
-class SyncEnvLike(Protocol):
-    """What a synchronous (Gymnasium-shaped) environment provides."""
-
-    def reset(self, *, seed: int | None = None) -> ResetResult: ...
-    def step(self, action: Any) -> StepResult: ...
 
 
 class Env:

@@ -24,9 +24,17 @@ from farm.app import FarmOutcome
 
 # Settings the toy task learns with on two CPU cores within a few minutes.
 DEMO_LEARNER_ARGS = [
-    "--group-size", "8", "--groups-per-batch", "4", "--learning-rate", "3e-3",
-    "--max-staleness", "1", "--checkpoint-interval", "1000",
-]  # fmt: skip
+    "--group-size",
+    "8",
+    "--groups-per-batch",
+    "4",
+    "--learning-rate",
+    "3e-3",
+    "--max-staleness",
+    "1",
+    "--checkpoint-interval",
+    "1000",
+]
 # One token: the toy answer is one digit, and the worker restricts sampling to digits.
 DEMO_WORKER_ARGS = ["--max-tokens", "1", "--temperature", "1.0"]
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from farm.errors import ChildFailed, FarmError, StartupError
 from farm.metrics import CHILD_UP, RESTARTS
+from launch.runner import on_stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -255,9 +256,7 @@ class Supervisor:
         return next(c for c in self.children if c.spec.name == name)
 
     def install_signal_handlers(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.request_stop, f"received {sig.name}")
+        on_stop_signals(lambda sig: self.request_stop(f"received {sig.name}"))
 
     async def run(self, *services: Service) -> None:
         """Run until a stop request; raises ChildFailed/StartupError after stopping all."""

@@ -26,6 +26,7 @@ from inference.openai_routes import (
     api_errors,
     check_model,
     close_stream,
+    count_usage,
     generated,
     token_namer,
     validate,
@@ -126,7 +127,8 @@ async def _stream(
                 piece = text.take(final=closed[index])
                 choice = _choice(index, piece, seq, sent[index], fmt, closed[index])
                 sent[index] = len(seq.tokens)
-                chunk = CompletionResponse(**head.fields(), choices=[choice])
+                so_far = {"usage": count_usage(gens)} if req.continuous_usage() else {}
+                chunk = CompletionResponse(**head.fields(), choices=[choice], **so_far)
                 await response.write(sse_event(chunk))
         await close_stream(response, req, gens, head)
     except (asyncio.CancelledError, ConnectionResetError):

@@ -42,6 +42,7 @@ from inference.openai.schema import (
     ChatDelta,
     DetokenizeResponse,
     TokenizeResponse,
+    Usage,
 )
 from inference.openai.sse import SSE_DONE, open_event_stream, sse_event
 from inference.openai.stream import ChatChoiceStream
@@ -177,7 +178,8 @@ async def stream_chat(
             for index, (seq, stream) in enumerate(zip(gen.seqs, streams, strict=True)):
                 choice = _next_choice(index, seq, stream, fmt)
                 if choice is not None:
-                    await response.write(sse_event(chat_chunk(head, [choice])))
+                    so_far = count_usage([gen]) if req.continuous_usage() else None
+                    await response.write(sse_event(chat_chunk(head, [choice], so_far)))
         await close_stream(response, req, [gen], head)
     except (asyncio.CancelledError, ConnectionResetError):
         abort_all(state.engine, [gen])  # the client went away: free the batch slots
@@ -205,6 +207,12 @@ def _next_choice(index: int, seq: Sequence, stream: ChatChoiceStream, fmt: Outpu
     )
 
 
+def count_usage(gens: list[WatchedRequest]) -> Usage:
+    """Prompt tokens of every prompt and the tokens generated so far over all choices."""
+    prompt = sum(len(g.seqs[0].prompt) for g in gens)
+    return usage(prompt, sum(len(s.tokens) for g in gens for s in g.seqs))
+
+
 async def close_stream(
     response: web.StreamResponse, req: Any, gens: list[WatchedRequest], head: StreamHead
 ) -> None:
@@ -216,9 +224,7 @@ async def close_stream(
             sse_event(ApiError(f"generation failed: {errors[0]}", status=status).body())
         )
     elif req.include_usage():
-        prompt = sum(len(g.seqs[0].prompt) for g in gens)
-        completion = sum(len(s.tokens) for g in gens for s in g.seqs)
-        await response.write(sse_event(usage_chunk(head, usage(prompt, completion))))
+        await response.write(sse_event(usage_chunk(head, count_usage(gens))))
     await response.write(SSE_DONE)
     await response.write_eof()
 

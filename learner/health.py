@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 
 from broker.codec import decode
+from broker.connection import redis_errors
 from broker.errors import DecodeError
 from broker.keys import RunKeys
 from broker.messages import DeadLetter, TrajectoryGroup
@@ -82,14 +83,16 @@ class DeadLetterWatch:
 
     async def start(self) -> None:
         """Skip what is already there: those tasks are not in the recount of slots in flight."""
-        last = await self.redis.xrevrange(self.keys.deadletter, count=1)
+        with redis_errors("reading the dead letters"):
+            last = await self.redis.xrevrange(self.keys.deadletter, count=1)
         if last:
             raw = last[0][0]
             self._last_id = raw.decode() if isinstance(raw, bytes) else raw
 
     async def poll(self) -> int:
         """Task dead letters since the last poll (their slots are the caller's to release)."""
-        reply = await self.redis.xread({self.keys.deadletter: self._last_id}, count=1000)
+        with redis_errors("reading the dead letters"):
+            reply = await self.redis.xread({self.keys.deadletter: self._last_id}, count=1000)
         tasks = 0
         for _, entries in reply or []:
             for raw_id, fields in entries:

@@ -24,38 +24,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from learner.algorithms import Aggregation, aggregate, policy_token_loss
+from learner.algorithms import aggregate, policy_token_loss
 from learner.batch import Sample
+from learner.config import OptimConfig, ScaleConfig
 from learner.distributed import DistContext
 from learner.microbatch import assign_ranks, collate, plan_micro_batches
 from learner.policy import PolicyModel, enable_activation_checkpointing, per_sequence
 from learner.sharding import ShardOptions, clip_grad_norm, shard_policy
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """The trainer's share of the learner config."""
-
-    learning_rate: float
-    weight_decay: float
-    clip_low: float
-    clip_high: float
-    tis_cap: float
-    max_grad_norm: float
-    micro_batch_size: int
-    aggregation: Aggregation
-    bf16: bool
-
-
-@dataclass(frozen=True)
-class ScaleConfig:
-    """Memory and layout knobs (the config's scale block); the defaults suit the tiny model."""
-
-    max_tokens_per_micro_batch: int = 0  # token budget per micro-batch (0: none)
-    packing: bool = True  # several sequences in one row (position ids delimit them)
-    logprob_chunk_tokens: int = 1024  # tokens per LM-head chunk
-    activation_checkpointing: bool = False  # recompute decoder layers in backward
-    cpu_offload: bool = False  # FSDP: parameters, gradients, optimizer state on the host
 
 
 @dataclass(frozen=True)
@@ -92,15 +67,17 @@ class Trainer:
     """Holds the policy and its optimizer; `step` trains one batch."""
 
     def __init__(self, model: torch.nn.Module, cfg: OptimConfig, device: torch.device,
-                 dist: DistContext, scale: ScaleConfig = ScaleConfig()) -> None:  # fmt: skip
+                 dist: DistContext, scale: ScaleConfig | None = None) -> None:  # fmt: skip
         self.model = model.to(device)  # the Hugging Face LM; its state dict names the weights
         self.model.eval()
+        scale = scale or ScaleConfig()
         self.cfg, self.scale, self.device, self.dist = cfg, scale, device, dist
         self.policy = PolicyModel(self.model, scale.logprob_chunk_tokens)
         if scale.activation_checkpointing:
             enable_activation_checkpointing(self.policy)
         if dist.enabled:
-            shard_policy(self.policy, device, ShardOptions(dist.world, cfg.bf16, scale.cpu_offload))
+            bf16 = cfg.bf16(device.type)
+            shard_policy(self.policy, device, ShardOptions(dist.world, bf16, scale.cpu_offload))
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
         )
@@ -110,7 +87,7 @@ class Trainer:
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.dist.enabled:  # FSDP's mixed-precision policy does the casting
             return contextlib.nullcontext()
-        return autocast_context(self.device, self.cfg.bf16)
+        return autocast_context(self.device, self.cfg.bf16(self.device.type))
 
     def my_micro_batches(self, samples: Sequence[Sample]) -> list[list[Sample]]:
         """This rank's micro-batches of the whole batch `samples` (same count on every rank)."""
@@ -146,8 +123,13 @@ class Trainer:
                 stale=batch["stale"],
                 tis_cap=self.cfg.tis_cap,
             )
-            share = aggregate(out.loss, mask, self.cfg.aggregation,
-                              total_tokens=total_tokens, total_sequences=total_sequences)  # fmt: skip
+            share = aggregate(
+                out.loss,
+                mask,
+                self.cfg.aggregation,
+                total_tokens=total_tokens,
+                total_sequences=total_sequences,
+            )
             share.backward()
             on = mask > 0
             sums[0] += float(share.detach())

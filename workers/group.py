@@ -19,7 +19,8 @@ import dataclasses
 
 from broker.messages import ErrorCategory, Task, Trajectory, TrajectoryGroup
 from workers import metrics
-from workers.episode import EpisodeContext, EpisodeSettings, run_episode
+from workers.config import EpisodeSettings
+from workers.episode import EpisodeContext, run_episode
 
 RETRYABLE = frozenset({ErrorCategory.INFERENCE, ErrorCategory.SANDBOX})
 

@@ -151,6 +151,11 @@ class SamplingFields(_Model):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def continuous_usage(self) -> bool:
+        """Usage on every chunk: `continuous_usage_stats` together with `include_usage`."""
+        options = self.stream_options
+        return bool(options and options.include_usage and options.continuous_usage_stats)
+
 
 def _check_tools_and_stream(data: dict[str, Any]) -> None:
     """vLLM's cross-field rules: no empty `tools`, no tool_choice without tools, and

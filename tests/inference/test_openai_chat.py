@@ -251,6 +251,15 @@ async def test_tool_calls_round_trip_through_the_sdk(
     ]
     assert chunks[-1].finish_reason == "tool_calls"
 
+    async with api.chat.completions.stream(messages=ASK, **common) as helper:  # SDK assembly
+        final = await helper.get_final_completion()
+    [assembled] = final.choices[0].message.tool_calls
+    assert (assembled.function.name, assembled.function.arguments) == (
+        call.function.name,
+        call.function.arguments,
+    )
+    assert final.choices[0].message.content == "Checking."
+
     plain = await api.chat.completions.create(messages=ASK, tool_choice="none", **common)
     assert plain.choices[0].message.tool_calls == []
     assert "<tool_call>" in plain.choices[0].message.content

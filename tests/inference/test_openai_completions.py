@@ -86,11 +86,14 @@ async def test_streamed_completions_equal_the_whole_ones(server_factory, sdk) ->
     }
     for prompt in ("spell: ", [115, 112]):
         whole = await api.completions.create(prompt=prompt, **kwargs)
+        options = {"include_usage": True, "continuous_usage_stats": True}
         stream = await api.completions.create(
-            prompt=prompt, stream=True, stream_options={"include_usage": True}, **kwargs
+            prompt=prompt, stream=True, stream_options=options, **kwargs
         )
         chunks = [chunk async for chunk in stream]
         assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+        running = [c.usage.completion_tokens for c in chunks[:-1]]
+        assert running == sorted(running) and 0 < running[0] < 24  # usage on every chunk
         for choice in whole.choices:
             mine = [
                 c.choices[0] for c in chunks if c.choices and c.choices[0].index == choice.index

@@ -13,11 +13,12 @@ import torch
 
 from learner.algorithms import Aggregation, Algorithm
 from learner.batch import BatchRules, Sample, prepare_batch
+from learner.config import OptimConfig, ScaleConfig
 from learner.distributed import DistContext
-from learner.trainer import OptimConfig, ScaleConfig, Trainer
+from learner.trainer import Trainer
 from tests.learner.factories import make_group
 
-RULES = BatchRules(Algorithm.GRPO, 1.0, max_staleness=4, drop_stale=False, skip_zero_variance=True)
+RULES = BatchRules(Algorithm.GRPO, 1.0, max_staleness=4, skip_zero_variance=True)
 SCALE = ScaleConfig(max_tokens_per_micro_batch=40, packing=True, logprob_chunk_tokens=7)
 
 
@@ -33,5 +34,5 @@ def make_trainer(model_dir: Path, dist: DistContext, scale: ScaleConfig = SCALE)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     cfg = OptimConfig(learning_rate=1e-3, weight_decay=0.01, clip_low=0.2, clip_high=0.2,
                       tis_cap=2.0, max_grad_norm=1.0, micro_batch_size=64,
-                      aggregation=Aggregation.TOKEN_MEAN, bf16=False)  # fmt: skip
+                      aggregation=Aggregation.TOKEN_MEAN)  # fmt: skip
     return Trainer(model, cfg, torch.device("cpu"), dist, scale)

@@ -19,8 +19,8 @@ import torch
 
 from broker.messages import Trajectory, TrajectoryGroup, Turn
 from learner.batch import prepare_batch
+from learner.config import ScaleConfig
 from learner.distributed import DistContext
-from learner.trainer import ScaleConfig
 from tests.learner.factories import make_group
 from tests.learner.farm import farm
 from tests.learner.split import RULES, make_trainer

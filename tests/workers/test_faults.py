@@ -10,7 +10,7 @@ import pytest
 
 from broker.deadletters import list_dead_letters
 from broker.keys import RunKeys
-from broker.messages import ErrorCategory, Task
+from broker.messages import ErrorCategory, Task, Truncation
 from tests.workers import testenvs  # registers the test environments
 from tests.workers.farm import (
     publish_tasks,
@@ -106,7 +106,7 @@ async def test_episode_limits_truncate_with_reason(
             group_size=1,
             seed=1,
             policy_version=0,
-            max_turns=2,
+            max_turns=3,
         ),
         Task(
             "ctx", 'wk-dialogue@{"turns": 50, "pad": 150}', group_size=1, seed=2, policy_version=0
@@ -115,24 +115,23 @@ async def test_episode_limits_truncate_with_reason(
     wall = Task("wall", 'wk-dialogue@{"turns": 100000}', group_size=1, seed=3, policy_version=0)
     urls = [policy_server.url]
     async with redis_client(redis_server.url) as redis:
-        await redis.set(keys.horizon, 3)  # the learner's horizon overrides the task's max_turns
         await publish_tasks(redis, keys, tasks)
         async with running_worker(
             redis, tiny_model_dir, urls, run="limits", max_context_tokens=400
         ):
             found = {g.group_id: g.trajectories[0] for g in await wait_groups(redis, keys, 2, 60)}
-        await redis.delete(keys.horizon)
         await publish_tasks(redis, keys, [wall])
         async with running_worker(
             redis, tiny_model_dir, urls, run="limits", max_context_tokens=3500,
             max_turns=100000, episode_timeout_s=0.8, env_step_timeout_s=0.5,
         ):  # fmt: skip
             found |= {g.group_id: g.trajectories[0] for g in await wait_groups(redis, keys, 3, 60)}
-    assert found["turns"].finish_reason == "truncated:max_turns" and len(found["turns"].turns) == 3
-    assert found["ctx"].finish_reason == "truncated:context"
+    assert found["turns"].outcome == "truncated:max_turns" and len(found["turns"].turns) == 3
+    assert found["turns"].truncation is Truncation.MAX_TURNS
+    assert found["ctx"].truncation is Truncation.CONTEXT
     total = sum(len(t.prompt_ids) + len(t.completion_ids) for t in found["ctx"].turns)
     assert total <= 400 and len(found["ctx"].turns) < 4
-    assert found["wall"].finish_reason == "truncated:wall_time", found["wall"].finish_reason
+    assert found["wall"].truncation is Truncation.WALL_TIME, found["wall"].outcome
     assert found["wall"].timings["total"] < 1.5
     for traj in found.values():
         assert traj.error is ErrorCategory.NONE and traj.turns[-1].truncated
