@@ -2,6 +2,7 @@
 
 `LearnerConfig` holds every knob of `python -m learner`. Its sections are the
 config models the components take as they are: `OptimConfig` (the trainer),
+`ScaleConfig` (FSDP options, micro-batch layout, logprob chunks: the trainer),
 `BatchRules` (batch preparation), `CurriculumRules` (the task sampler) and
 `HorizonSchedule` (the task feeder). Every field has a description and bounds, and
 is a flag, a ``FARM_*`` variable and a TOML key by its flat name (``--learning-rate``,
