@@ -52,7 +52,7 @@ class GenParams:
 
 
 class Sequence:
-    """One choice being generated: its tokens, raw logprobs, versions and KV cache."""
+    """One choice being generated: its tokens, reported logprobs, versions and KV cache."""
 
     def __init__(self, prompt: list[int], params: GenParams, index: int) -> None:
         self.prompt = prompt

@@ -43,6 +43,7 @@ class Sample:
     loss_mask: np.ndarray  # float32, 1 on completion tokens
     behaviour_logp: np.ndarray  # float32, rollout logprob on completion tokens, 0 elsewhere
     advantages: np.ndarray  # float32, the token's turn advantage on completion tokens
+    temperature: np.ndarray  # float32, the token's sampling temperature (1 on prompt tokens)
     stale: bool  # older than max_staleness (or from discarded weights), trained corrected
     group_id: str
     episode: int = 0  # the trajectory's sample_index in its group
@@ -86,11 +87,13 @@ class PreparedBatch:
 
 
 def assemble(trajectory: Trajectory, turn_advantages: Sequence[float]) -> tuple[np.ndarray, ...]:
-    """(input_ids, loss_mask, behaviour_logp, advantages, turn_index) of one trajectory."""
+    """(input_ids, loss_mask, behaviour_logp, advantages, temperature, turn_index) of one
+    trajectory."""
     ids: list[np.ndarray] = []
     mask: list[np.ndarray] = []
     logp: list[np.ndarray] = []
     adv: list[np.ndarray] = []
+    temp: list[np.ndarray] = []
     turn_index: list[np.ndarray] = []
     for k, (turn, a) in enumerate(zip(trajectory.turns, turn_advantages, strict=True)):
         n_p, n_c = len(turn.prompt_ids), len(turn.completion_ids)
@@ -98,17 +101,19 @@ def assemble(trajectory: Trajectory, turn_advantages: Sequence[float]) -> tuple[
         mask += [np.zeros(n_p, np.float32), np.ones(n_c, np.float32)]
         logp += [np.zeros(n_p, np.float32), turn.logprobs.astype(np.float32)]
         adv += [np.zeros(n_p, np.float32), np.full(n_c, a, np.float32)]
+        temp += [np.ones(n_p, np.float32), np.full(n_c, turn.temperature, np.float32)]
         turn_index += [np.full(n_p, -1, np.int32), np.full(n_c, k, np.int32)]
     out = (
         np.concatenate(ids).astype(np.int64),
         np.concatenate(mask),
         np.concatenate(logp),
         np.concatenate(adv),
+        np.concatenate(temp),
         np.concatenate(turn_index),
     )
     # Position 0 has no preceding token to predict it from, so it can never carry loss.
     out[1][:1] = 0.0
-    out[4][:1] = -1
+    out[5][:1] = -1  # its turn index: no turn trains it
     return out
 
 
@@ -216,10 +221,12 @@ def _samples(trajectory: Trajectory, turn_rewards: np.ndarray, turn_adv: np.ndar
         if rules.overlong is Overlong.MASK:
             return []  # overlong filtering: its reward still counted in the baseline
     samples = []
-    for ids, mask, logp, adv, turn_index in split_segments(trajectory, arrays):
+    for ids, mask, logp, adv, temp, turn_index in split_segments(trajectory, arrays):
         if mask.sum() > 0:
-            samples.append(Sample(ids, mask, logp, adv, stale, group_id, trajectory.sample_index,
-                                  turn_index, turn_rewards))  # fmt: skip
+            index = trajectory.sample_index
+            sample = Sample(ids, mask, logp, adv, temp, stale, group_id, index, turn_index,
+                            turn_rewards)  # fmt: skip
+            samples.append(sample)
     return samples
 
 
@@ -238,9 +245,9 @@ def split_segments(
         return [arrays]
     parts = []
     for a, b in zip(cuts, [*cuts[1:], offset], strict=True):
-        ids, mask, logp, adv, turn_index = (x[a:b].copy() for x in arrays)
+        ids, mask, logp, adv, temp, turn_index = (x[a:b].copy() for x in arrays)
         mask[:1], turn_index[:1] = 0.0, -1
-        parts.append((ids, mask, logp, adv, turn_index))
+        parts.append((ids, mask, logp, adv, temp, turn_index))
     return parts
 
 

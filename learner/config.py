@@ -2,8 +2,10 @@
 
 `LearnerConfig` holds every knob of `python -m learner`. Its sections are the
 config models the components take as they are: `OptimConfig` (the trainer),
+`ScaleConfig` (FSDP options, micro-batch layout, logprob chunks: the trainer),
 `BatchRules` (batch preparation), `CurriculumRules` (the task sampler),
-`HorizonSchedule` (the task feeder) and `LossConfig` (loss terms, epochs, critic). Every field has a description and bounds, and
+`HorizonSchedule` (the task feeder) and `LossConfig` (loss terms, epochs, critic). Every
+field has a description and bounds, and
 is a flag, a ``FARM_*`` variable and a TOML key by its flat name (``--learning-rate``,
 ``FARM_LEARNING_RATE``, ``learning_rate`` or ``[optim] learning_rate``), resolved by
 `launch.settings` (flags > environment > TOML). Unknown keys are rejected. This
@@ -121,6 +123,23 @@ class OptimConfig:
         if self.precision is Precision.AUTO:
             return device_type == "cuda"
         return self.precision is Precision.BF16
+
+
+@dataclass(frozen=True, config=COMPONENT)
+class ScaleConfig:
+    """Memory and layout: FSDP options, micro-batch layout, logprob chunks (docs/learner.md)."""
+
+    max_tokens_per_micro_batch: int = Field(
+        0, ge=0, description="token budget per micro-batch, sequences bucketed by length (0: none)"
+    )
+    packing: bool = Field(
+        True, description="pack sequences into one row (the model must honour packed position ids)"
+    )
+    logprob_chunk_tokens: int = Field(
+        1024, ge=1, le=1_000_000, description="tokens per LM-head chunk of the logprob pass"
+    )
+    activation_checkpointing: bool = Field(False, description="recompute decoder layers")
+    cpu_offload: bool = Field(False, description="FSDP: params, grads, AdamW state on the host")
 
 
 @dataclass(frozen=True, config=COMPONENT)
@@ -273,6 +292,7 @@ class LearnerConfig(RoleConfig):
     )  # a dead learner's groups wait long: its own stay pending until a checkpoint holds them
     # --- components ---------------------------------------------------------------------------
     optim: OptimConfig = section(OptimConfig)
+    scale: ScaleConfig = section(ScaleConfig)
     batch: BatchRules = section(BatchRules)
     curriculum: CurriculumRules = section(CurriculumRules)
     horizon: HorizonSchedule = section(HorizonSchedule)

@@ -224,6 +224,7 @@ async def _turns(ep: _Episode, prompt: list[int], params: SamplingParams) -> End
                 reward=reward,
                 terminated=terminated,
                 truncated=False,
+                temperature=params.temperature,  # what the logprobs were computed under
             )
         )
         if terminated:

@@ -23,18 +23,19 @@ def _rules(**kw: object) -> BatchRules:
 
 def test_assembly_concatenates_prompt_then_completion_per_turn() -> None:
     t1 = Turn([1, 2], [3, 4], [-0.5, -0.25], 0, 0.0, False, False)
-    t2 = Turn([5], [6], [-1.0], 0, 1.0, True, False)
-    ids, mask, logp, adv, turn = assemble(Trajectory((t1, t2), "terminated"), [0.5, 2.0])
+    t2 = Turn([5], [6], [-1.0], 0, 1.0, True, False, temperature=0.5)
+    ids, mask, logp, adv, temp, turn = assemble(Trajectory((t1, t2), "terminated"), [0.5, 2.0])
     assert ids.tolist() == [1, 2, 3, 4, 5, 6]
     assert mask.tolist() == [0, 0, 1, 1, 0, 1]
     assert logp.tolist() == [0, 0, -0.5, -0.25, 0, -1.0]
     assert adv.tolist() == [0, 0, 0.5, 0.5, 0, 2.0]
+    assert temp.tolist() == [1, 1, 1, 1, 1, 0.5]  # each completion token keeps its turn's
     assert turn.tolist() == [-1, -1, 0, 0, -1, 1]
 
 
 def test_first_token_never_carries_loss() -> None:
     turn = Turn([], [7, 8], [-1.0, -2.0], 0, 1.0, True, False)
-    _, mask, _, _, _ = assemble(Trajectory((turn,), "terminated"), [1.0])
+    _, mask, _, _, _, _ = assemble(Trajectory((turn,), "terminated"), [1.0])
     assert mask.tolist() == [0, 1]
 
 
