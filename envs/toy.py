@@ -25,7 +25,7 @@ from envs.api import Env, ResetResult, StepResult
 from envs.errors import EnvStateError
 
 # A worker that decodes without skipping special tokens sends "7<|im_end|>".
-_TRAILING_SPECIALS = re.compile(r"(?:<\|[A-Za-z_]+\|>\s*)+$")
+TRAILING_SPECIALS = re.compile(r"(?:<\|[A-Za-z_]+\|>\s*)+$")
 
 DIGITS: tuple[str, ...] = tuple(str(d) for d in range(10))
 
@@ -90,7 +90,7 @@ class ToyEnv(Env):
         if self._answer is None:
             raise EnvStateError("toy: step() called before reset() or after the episode ended")
         answer, self._answer = self._answer, None
-        correct = _TRAILING_SPECIALS.sub("", str(action)).strip() == str(answer)
+        correct = TRAILING_SPECIALS.sub("", str(action)).strip() == str(answer)
         info = {"correct": correct, "answer": str(answer)}
         return "", 1.0 if correct else 0.0, True, False, info
 

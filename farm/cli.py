@@ -14,6 +14,7 @@ import asyncio
 import logging
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -111,10 +112,10 @@ async def _demo(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, **kwargs)
     console = Console(log_dir=cfg.work_dir / "logs", echo_children=args.verbose)
     console.line("farm", f"demo in {cfg.work_dir} (logs in {cfg.work_dir / 'logs'})")
-    started = time.monotonic()
+    started, began = time.monotonic(), datetime.now()
     outcome = await run_farm(cfg, console, time_limit_s=args.time_limit_s)
     log = cfg.work_dir / "logs" / "learner.log"
-    summary = demo.summarize(outcome, time.monotonic() - started, log)
+    summary = demo.summarize(outcome, time.monotonic() - started, log, began)
     paths = demo.write_outputs(cfg.work_dir, summary)
     print((cfg.work_dir / "summary.txt").read_text(), end="")
     print("wrote " + ", ".join(str(p) for p in paths))
