@@ -134,7 +134,9 @@ def run_trl(python: Path, model: Path, work: Path, args: argparse.Namespace) -> 
 
         try:
             deadline = time.monotonic() + args.budget_s
-            hit = _wait_for(proc, lambda: time_to_target(history(), args.target, args.window), deadline)
+            hit = _wait_for(
+                proc, lambda: time_to_target(history(), args.target, args.window), deadline
+            )
         finally:
             _stop(proc)
     if not history():

@@ -102,7 +102,9 @@ def test_summary_says_when_the_ten_step_mean_first_reached_the_target(tmp_path: 
     summary = summarize(_outcome("learner finished"), 60.0, log, started)
     assert (summary["target_reward"], summary["target_step"]) == (0.6, 14)
     assert summary["target_s"] == pytest.approx(40 + 13)
-    assert "reached at step 14, 53.0 s after start" in write_outputs(tmp_path, summary)[2].read_text()
+    assert (
+        "reached at step 14, 53.0 s after start" in write_outputs(tmp_path, summary)[2].read_text()
+    )
     log.write_text(log.read_text().replace('"reward_mean": 1.0', '"reward_mean": 0.6'))
     short = summarize(_outcome("learner finished"), 60.0, log, started)
     assert short["target_step"] is None and short["target_s"] is None
