@@ -19,9 +19,10 @@ import pytest
 from tests.conftest import RedisServer
 from tests.learner.farm import farm, step_records
 
-# On-policy, lr and batch as in test_e2e (tuned for the one-token copy skill); in tuning
-# runs the last 10 steps of 60 averaged 0.35-0.6, the first 10 about 0.08.
-STEPS, CONTROL_STEPS, WINDOW, ABOVE, LR = 60, 20, 10, 0.25, "5e-3"
+# On-policy, 64 episodes a step. Tuning (in-process GRPO, same model and batch): the
+# 10-step mean went 0.09 -> 0.20 by step 50 at lr 1e-2 (0.16 at 5e-3); chance is ~0.085
+# and a 10-step mean of 64-episode batches has a sigma of ~0.015 at chance.
+STEPS, CONTROL_STEPS, WINDOW, ABOVE, CHANCE_BAND, LR = 70, 20, 10, 0.15, 0.12, "1e-2"
 
 
 def run(redis_url: str, run_name: str, model: Path, logs: Path, *, push: int, steps: int,
@@ -39,13 +40,14 @@ def run(redis_url: str, run_name: str, model: Path, logs: Path, *, push: int, st
             "--learning-rate", LR, "--micro-batch-size", "64", "--max-steps", str(steps),
             "--push-interval", str(push), "--weights-dir", str(logs / "weights"),
         ])  # fmt: skip
-        assert learner.wait(600) == 0, f.log("learner")[-3000:]
+        assert learner.wait(1200) == 0, f.log("learner")[-3000:]
         records = step_records(f.log("learner"))
     assert len(records) == steps
     return [float(r["reward_mean"]) for r in records]  # type: ignore[arg-type]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # ~1 min on a quiet machine; 15 min at a load average of 15
 def test_grpo_learns_to_answer_from_the_tool_and_the_no_push_control_does_not(
     redis_server: RedisServer, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -54,4 +56,4 @@ def test_grpo_learns_to_answer_from_the_tool_and_the_no_push_control_does_not(
     assert statistics.mean(learned[-WINDOW:]) >= ABOVE, f"no learning: {learned}"
     control = run(redis_server.url, "lookup-control", tiny_model_dir, tmp_path / "control",
                   push=0, steps=CONTROL_STEPS)  # fmt: skip
-    assert statistics.mean(control[-WINDOW:]) < ABOVE / 2, f"rose without push: {control}"
+    assert statistics.mean(control[-WINDOW:]) < CHANCE_BAND, f"rose without push: {control}"
