@@ -59,8 +59,10 @@ def main(argv: list[str]) -> int:
             if not logs or "reward" not in logs:
                 return
             recent.append(float(logs["reward"]))
-            print(json.dumps({"step": state.global_step, "reward": logs["reward"],
-                              "t": time.time()}), flush=True)  # fmt: skip
+            print(
+                json.dumps({"step": state.global_step, "reward": logs["reward"], "t": time.time()}),
+                flush=True,
+            )
             if len(recent) == recent.maxlen and sum(recent) / len(recent) >= s["target"]:
                 control.should_training_stop = True
 

@@ -55,8 +55,9 @@ def ensure_trl_venv(venv: Path) -> Path:
         f"torch=={torch.__version__.split('+')[0]}\ntransformers=={transformers.__version__}\n"
     )
     print(f"installing trl into {venv} (torch and transformers pinned) ...", flush=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "-c", str(constraints), "trl"],
-                   check=True)  # fmt: skip
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "-c", str(constraints), "trl"], check=True
+    )
     return python
 
 
@@ -64,9 +65,7 @@ def _run_ok(argv: list[str]) -> bool:
     return subprocess.run(argv, capture_output=True).returncode == 0
 
 
-def _wait_for(
-    proc: subprocess.Popen[bytes], poll: Callable[[], Any], deadline: float
-) -> Any:  # fmt: skip
+def _wait_for(proc: subprocess.Popen[bytes], poll: Callable[[], Any], deadline: float) -> Any:
     while time.monotonic() < deadline and proc.poll() is None:
         if (hit := poll()) is not None:
             return hit
@@ -87,21 +86,47 @@ def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
 def run_farm(model: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """`farm up` (defaults) until the target is reached or the budget runs out."""
 
-    learner_args = ["--group-size", str(GROUP_SIZE), "--groups-per-batch", str(GROUPS_PER_BATCH),
-                    "--learning-rate", str(args.learning_rate), "--seed", str(args.seed)]  # fmt: skip
-    argv = [sys.executable, "-m", "farm", "up", "--work-dir", str(work), "--model", str(model),
-            "--metrics-port", "0", "--quiet", "--max-steps", str(args.max_steps),
-            *(f"--learner-arg={a}" for a in learner_args), "--worker-arg=--max-tokens",
-            "--worker-arg=1"]  # fmt: skip
+    learner_args = [
+        "--group-size",
+        str(GROUP_SIZE),
+        "--groups-per-batch",
+        str(GROUPS_PER_BATCH),
+        "--learning-rate",
+        str(args.learning_rate),
+        "--seed",
+        str(args.seed),
+    ]
+    argv = [
+        sys.executable,
+        "-m",
+        "farm",
+        "up",
+        "--work-dir",
+        str(work),
+        "--model",
+        str(model),
+        "--metrics-port",
+        "0",
+        "--quiet",
+        "--max-steps",
+        str(args.max_steps),
+        *(f"--learner-arg={a}" for a in learner_args),
+        "--worker-arg=--max-tokens",
+        "--worker-arg=1",
+    ]
     origin = datetime.now()
     log = work / "logs" / "learner.log"
     with (work.parent / f"{work.name}.out").open("wb") as out:
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             deadline = time.monotonic() + args.budget_s
-            hit = _wait_for(proc, lambda: time_to_target(
-                learner_history(log, origin), args.target, args.window), deadline)  # fmt: skip
+            hit = _wait_for(
+                proc,
+                lambda: time_to_target(learner_history(log, origin), args.target, args.window),
+                deadline,
+            )
         finally:
             _stop(proc)
     return _result("farm", hit, learner_history(log, origin))
@@ -111,18 +136,32 @@ def run_trl(python: Path, model: Path, work: Path, args: argparse.Namespace) -> 
     """TRL's GRPOTrainer in its venv, until the target or the budget."""
     settings = work / "settings.json"
     work.mkdir(parents=True, exist_ok=True)
-    settings.write_text(json.dumps({
-        "model": str(model), "learning_rate": args.learning_rate, "group_size": GROUP_SIZE,
-        "groups_per_batch": GROUPS_PER_BATCH, "max_steps": args.max_steps,
-        "window": args.window, "target": args.target, "seed": args.seed,
-    }))  # fmt: skip
+    settings.write_text(
+        json.dumps(
+            {
+                "model": str(model),
+                "learning_rate": args.learning_rate,
+                "group_size": GROUP_SIZE,
+                "groups_per_batch": GROUPS_PER_BATCH,
+                "max_steps": args.max_steps,
+                "window": args.window,
+                "target": args.target,
+                "seed": args.seed,
+            }
+        )
+    )
     out_path = work / "trl.out"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     origin = time.time()
     with out_path.open("wb") as out:
-        proc = subprocess.Popen([str(python), "-m", "bench._trl_grpo", str(settings)], cwd=ROOT,
-                                stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [str(python), "-m", "bench._trl_grpo", str(settings)],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
 
         def history() -> list[tuple[int, float, float]]:
             rows = []
@@ -166,9 +205,11 @@ def _median(rows: list[dict[str, Any]], key: str) -> float | None:
 def _table(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     farm = [r for r in results if r["system"] == "farm"]
     trl = [r for r in results if r["system"] == "trl"]
-    print(f"target: mean reward of the last {args.window} steps >= {args.target}; "
-          f"group size {GROUP_SIZE}, {GROUPS_PER_BATCH} groups/step, lr {args.learning_rate}; "
-          f"{len(farm)} run(s), medians")  # fmt: skip
+    print(
+        f"target: mean reward of the last {args.window} steps >= {args.target}; "
+        f"group size {GROUP_SIZE}, {GROUPS_PER_BATCH} groups/step, lr {args.learning_rate}; "
+        f"{len(farm)} run(s), medians"
+    )
     print(f"{'measure':<22} {'farm':>10} {'trl':>10} {'farm/trl':>9}")
     for key, label in (("seconds", "wall time to target s"), ("samples", "samples to target")):
         f, t = _median(farm, key), _median(trl, key)
@@ -177,8 +218,10 @@ def _table(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
         ts = f"{t:10.1f}" if t is not None else f"{'not all':>10}"
         print(f"{label:<22} {fs} {ts} {ratio}")
     for r in results:
-        print(f"  {r['system']:<5} reached={r['reached']} seconds={r['seconds'] and round(r['seconds'], 1)}"
-              f" steps={r['steps']} steps_run={r['steps_run']}")  # fmt: skip
+        print(
+            f"  {r['system']:<5} reached={r['reached']} seconds={r['seconds'] and round(r['seconds'], 1)}"
+            f" steps={r['steps']} steps_run={r['steps_run']}"
+        )
     print("(wall time from process launch, start-up included; goal farm/trl <= 0.5)")
 
 
@@ -208,8 +251,11 @@ def main(argv: list[str]) -> int:
             order = ("farm", "trl") if i % 2 == 0 else ("trl", "farm")
             for system in order:
                 work = Path(tmp) / f"{system}-{i}"
-                row = (run_farm(model, work, args) if system == "farm"
-                       else run_trl(python, model, work, args))  # fmt: skip
+                row = (
+                    run_farm(model, work, args)
+                    if system == "farm"
+                    else run_trl(python, model, work, args)
+                )
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 results.append(row)
     if args.json:

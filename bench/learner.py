@@ -77,9 +77,23 @@ def make_groups(n: int, vocab: int, seed: int = 0) -> list[TrajectoryGroup]:
 
 def start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir",
-                             str(tmp), "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(tmp),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     time.sleep(0.3)
     return proc, f"redis://127.0.0.1:{port}/0"
 
@@ -95,13 +109,13 @@ def compute_ceiling(model_dir: Path, groups: list[TrajectoryGroup], steps: int) 
     from learner.trainer import OptimConfig, Trainer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    cfg = OptimConfig(1e-5, 0.0, 0.2, 0.2, 2.0, 1.0, 8, Aggregation.TOKEN_MEAN, False)
+    cfg = OptimConfig(learning_rate=1e-5, micro_batch_size=8, aggregation=Aggregation.TOKEN_MEAN)
     trainer = Trainer(model, cfg, torch.device("cpu"), DistContext())
-    rules = BatchRules(Algorithm.GRPO, 1.0, 10**9, False, True)
+    rules = BatchRules(Algorithm.GRPO, gamma=1.0, skip_zero_variance=True)
     rates = []
     for s in range(steps + 1):
         batch = groups[s * GROUPS_PER_BATCH : (s + 1) * GROUPS_PER_BATCH]
-        prepared = prepare_batch(batch, rules, version=0)
+        prepared = prepare_batch(batch, rules, version=0, judge_staleness=False)
         started = time.perf_counter()
         trainer.step(prepared.samples, prepared.num_tokens, len(prepared.samples))
         if s:  # the first step warms up
@@ -118,10 +132,27 @@ def live_run(
         await redis.aclose()
 
     asyncio.run(publish())
-    cmd = [sys.executable, "-m", "learner", "--model", str(model_dir), "--redis-url", url, "--run", RUN,
-           "--groups-per-batch", str(GROUPS_PER_BATCH), "--max-steps", str(steps + 1),
-           "--push-interval", "0", "--checkpoint-dir", str(tmp / "ckpt"),
-           "--checkpoint-interval", "1000"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "learner",
+        "--model",
+        str(model_dir),
+        "--redis-url",
+        url,
+        "--run",
+        RUN,
+        "--groups-per-batch",
+        str(GROUPS_PER_BATCH),
+        "--max-steps",
+        str(steps + 1),
+        "--push-interval",
+        "0",
+        "--checkpoint-dir",
+        str(tmp / "ckpt"),
+        "--checkpoint-interval",
+        "1000",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-2000:])
@@ -131,9 +162,11 @@ def live_run(
     wait = sum(r["wait_s"] for r in records)
     compute = sum(r["compute_s"] for r in records)
     samples = sum(r["samples"] for r in records)
-    return {"samples_per_s": samples / (stamps[-1] - stamps[0]),  # wall clock, log line to line
-            "in_run_compute_samples_per_s": samples / compute,
-            "wait_share": wait / (wait + compute)}  # fmt: skip
+    return {
+        "samples_per_s": samples / (stamps[-1] - stamps[0]),  # wall clock, log line to line
+        "in_run_compute_samples_per_s": samples / compute,
+        "wait_share": wait / (wait + compute),
+    }
 
 
 def _stamp(line: str) -> float:
@@ -154,8 +187,21 @@ def push_times(model_dir: Path, tmp: Path, pushes: int) -> tuple[float, float, i
 
     port = _free_port()
     log = (tmp / "server.log").open("wb")
-    server = subprocess.Popen([sys.executable, "-m", "inference", "--model", str(model_dir), "--host",
-                               "127.0.0.1", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "inference",
+            "--model",
+            str(model_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         for _ in range(600):
@@ -232,19 +278,26 @@ def main(argv: list[str]) -> int:
         "safetensors_save_fsync_s": round(save, 4),
         "push_ratio": round(push / save, 1),
         "weight_bytes": size,
-        "steps": steps, "pushes": pushes,
+        "steps": steps,
+        "pushes": pushes,
         "batch": f"{GROUPS_PER_BATCH} groups x {GROUP_SIZE} x ({PROMPT}+{COMPLETION}) tokens",
-    }  # fmt: skip
+    }
     if args.json:
         print(json.dumps(result))
         return 0
     print(f"learner benchmark ({result['batch']}, tiny model, CPU), medians")
     print(f"{'metric':<34}{'farm':>12}{'baseline':>14}{'ratio':>8}")
-    print(f"{'samples/s (batch always buffered)':<34}{result['samples_per_s']:>12}"
-          f"{result['compute_only_samples_per_s']:>14}{result['throughput_ratio']:>8}")  # fmt: skip
-    print(f"{'  vs Trainer.step time, same run':<34}{result['samples_per_s']:>12}"
-          f"{result['in_run_compute_samples_per_s']:>14}{result['in_run_ratio']:>8}")  # fmt: skip
+    print(
+        f"{'samples/s (batch always buffered)':<34}{result['samples_per_s']:>12}"
+        f"{result['compute_only_samples_per_s']:>14}{result['throughput_ratio']:>8}"
+    )
+    print(
+        f"{'  vs Trainer.step time, same run':<34}{result['samples_per_s']:>12}"
+        f"{result['in_run_compute_samples_per_s']:>14}{result['in_run_ratio']:>8}"
+    )
     print(f"{'share of step time waiting':<34}{result['wait_share']:>12}{'target<=0.05':>14}")
-    print(f"{'weight push + verify (s)':<34}{result['weight_push_s']:>12}"
-          f"{result['safetensors_save_fsync_s']:>14}{result['push_ratio']:>8}")  # fmt: skip
+    print(
+        f"{'weight push + verify (s)':<34}{result['weight_push_s']:>12}"
+        f"{result['safetensors_save_fsync_s']:>14}{result['push_ratio']:>8}"
+    )
     return 0

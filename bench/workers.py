@@ -1,6 +1,6 @@
 """`python -m bench workers [--quick] [--json]`: the rollout workers' own costs and scaling.
 
-Inference is a LATENCY-SIMULATING SERVER (`workers.loadgen`, a load generator in its own
+Inference is a LATENCY-SIMULATING SERVER (`bench._loadgen`, a load generator in its own
 process: it sleeps a log-normal latency and returns random tokens in the /v1/completions
 shape); environments are `bench-sim`, which sleep a heavy-tailed latency per step and
 run a heavy-tailed number of turns (seeded, so both loops see the same episodes). The
@@ -79,7 +79,7 @@ async def loadgen(median_ms: float, sigma: float):
     import aiohttp
 
     port = _free_port()
-    args = ["-m", "workers.loadgen", "--port", str(port), "--median-ms", str(median_ms)]
+    args = ["-m", "bench._loadgen", "--port", str(port), "--median-ms", str(median_ms)]
     proc = await asyncio.create_subprocess_exec(sys.executable, *args, "--sigma", str(sigma))
     url = f"http://127.0.0.1:{port}"
     try:
@@ -216,6 +216,9 @@ class InstantGenerator:
 
         ids = [*(self.rng.randrange(32, 127) for _ in range(7)), self.stop]
         return Generation(ids, [-1.0] * 8, [0] * 8, "stop", "instant")
+
+    def end_session(self, session_id: str) -> None:
+        """No sticky servers to forget."""
 
 
 async def measure_loop_only_cpu(episodes: int) -> float:

@@ -1,32 +1,51 @@
 """`python -m broker`: status, tail, archive, replay and dead letters of a run.
 
 Stream arguments take a short name (`tasks`, `trajectories`, `trajectories:1`,
-`deadletter`, `policy`) or a full key. Redis settings come from `--redis-url`
-or `FARM_REDIS_URL`, the run from `--run` or `FARM_RUN`.
+`deadletter`, `policy`) or a full key. It starts through the farm's one runner
+(`launch.runner`): the Redis settings and the run are `BrokerCliConfig` fields
+(``--redis-url`` or ``FARM_REDIS_URL``, ``--run`` or ``FARM_RUN``, or a TOML file);
+SIGTERM/SIGINT end a ``--watch``, ``--follow`` or archive loop cleanly.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
-import os
-import signal
+import contextlib
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from typing import ClassVar
 
 import redis.asyncio as aioredis
+from pydantic import Field
 
 from broker.archive import Archive, archive_stream
 from broker.codec import decode
-from broker.connection import RedisSettings, connect
+from broker.connection import RedisSettings, RedisUrl, connect
 from broker.deadletters import list_dead_letters, requeue
 from broker.errors import BrokerError, DecodeError
 from broker.keys import RunKeys
-from broker.memory import tune_malloc
 from broker.replay import ReplayFilter, archive_entries, replay, stream_entries
 from broker.status import format_state, run_state
+from launch.runner import Role, RoleContext, start
+from launch.settings import LogLevel, RoleConfig
+
+
+class BrokerCliConfig(RoleConfig):
+    """Where `python -m broker` finds the run."""
+
+    role: ClassVar[str] = "broker"
+    error: ClassVar[type[Exception]] = BrokerError
+
+    redis_url: RedisUrl = Field("redis://127.0.0.1:6379/0", description="Redis URL")
+    run: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="run name")
+    redis_ca_file: str | None = Field(None, description="CA bundle for rediss:// URLs")
+    redis_wait: float = Field(10.0, gt=0.0, description="seconds to keep retrying Redis")
+    log_level: LogLevel = Field("WARNING", description="log level")
+
+
+Context = RoleContext[BrokerCliConfig]
 
 
 def resolve_stream(keys: RunKeys, name: str) -> str:
@@ -44,15 +63,8 @@ def resolve_stream(keys: RunKeys, name: str) -> str:
     raise argparse.ArgumentTypeError(f"unknown stream {name!r}")
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m broker", description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--redis-url", default=os.environ.get("FARM_REDIS_URL", "redis://127.0.0.1:6379/0")
-    )
-    p.add_argument("--run", default=os.environ.get("FARM_RUN", "demo"))
-    p.add_argument("--tls-ca-file", default=os.environ.get("FARM_REDIS_CA_FILE"),
-                   help="CA bundle for rediss:// URLs")  # fmt: skip
-    p.add_argument("--redis-wait", type=float, default=10.0, help="seconds to keep retrying Redis")
+def add_commands(p: argparse.ArgumentParser) -> None:
+    """The subcommands and their own arguments."""
     sub = p.add_subparsers(dest="command", required=True)
     st = sub.add_parser("status", help="streams, groups, lag, pending, dead letters")
     st.add_argument("--watch", type=float, default=0.0, help="refresh every N seconds")
@@ -82,7 +94,6 @@ def parser() -> argparse.ArgumentParser:
     dl.add_argument("action", choices=["list", "requeue"])
     dl.add_argument("ids", nargs="*", help="dead-letter entry ids to requeue")
     dl.add_argument("--all", action="store_true", help="requeue every dead letter")
-    return p
 
 
 def describe(fields: dict[bytes, bytes]) -> str:
@@ -94,22 +105,26 @@ def describe(fields: dict[bytes, bytes]) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-async def cmd_status(redis: aioredis.Redis, keys: RunKeys, args: argparse.Namespace) -> int:
+async def cmd_status(redis: aioredis.Redis, keys: RunKeys, ctx: Context) -> int:
     while True:
         print(format_state(await run_state(redis, keys)), flush=True)
-        if not args.watch:
+        if not ctx.args.watch:
             return 0
-        await asyncio.sleep(args.watch)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ctx.stop.wait(), ctx.args.watch)
+        if ctx.stop.is_set():
+            return 0
 
 
-async def cmd_tail(redis: aioredis.Redis, keys: RunKeys, args: argparse.Namespace) -> int:
+async def cmd_tail(redis: aioredis.Redis, keys: RunKeys, ctx: Context) -> int:
+    args = ctx.args
     stream = resolve_stream(keys, args.stream)
     rows = list(reversed(await redis.xrevrange(stream, count=args.count)))
     last = "$"
     for raw_id, fields in rows:
         last = raw_id.decode()
         print(last, describe(fields), flush=True)
-    while args.follow:
+    while args.follow and not ctx.stop.is_set():
         reply = await redis.xread({stream: last}, block=1000, count=100)
         for _, entries in reply or []:
             for raw_id, fields in entries:
@@ -118,21 +133,19 @@ async def cmd_tail(redis: aioredis.Redis, keys: RunKeys, args: argparse.Namespac
     return 0
 
 
-async def cmd_archive(redis: aioredis.Redis, keys: RunKeys, args: argparse.Namespace) -> int:
+async def cmd_archive(redis: aioredis.Redis, keys: RunKeys, ctx: Context) -> int:
+    args = ctx.args
     stream = resolve_stream(keys, args.stream)
     archive = Archive(args.out)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    n = await archive_stream(redis, stream, archive, args.segment_entries, args.follow, stop)
+    n = await archive_stream(redis, stream, archive, args.segment_entries, args.follow, ctx.stop)
     print(
         f"archived {n} entries from {stream}; last id {archive.last_id}; {len(archive.segments)} segments"
     )
     return 0
 
 
-async def cmd_replay(redis: aioredis.Redis, keys: RunKeys, args: argparse.Namespace) -> int:
+async def cmd_replay(redis: aioredis.Redis, keys: RunKeys, ctx: Context) -> int:
+    args = ctx.args
     flt = ReplayFilter(
         start_id=args.start_id,
         end_id=args.end_id,
@@ -154,12 +167,15 @@ async def cmd_replay(redis: aioredis.Redis, keys: RunKeys, args: argparse.Namesp
     return 0
 
 
-async def cmd_deadletters(redis: aioredis.Redis, keys: RunKeys, args: argparse.Namespace) -> int:
+async def cmd_deadletters(redis: aioredis.Redis, keys: RunKeys, ctx: Context) -> int:
+    args = ctx.args
     letters = await list_dead_letters(redis, keys, count=1_000_000)
     if args.action == "list":
         for entry_id, letter in letters:
-            print(f"{entry_id} from {letter.source_stream} {letter.entry_id} "
-                  f"(delivered {letter.deliveries}): {letter.reason}")  # fmt: skip
+            print(
+                f"{entry_id} from {letter.source_stream} {letter.entry_id} "
+                f"(delivered {letter.deliveries}): {letter.reason}"
+            )
         print(f"{len(letters)} dead letters")
         return 0
     ids = [i for i, _ in letters] if args.all else args.ids
@@ -170,7 +186,7 @@ async def cmd_deadletters(redis: aioredis.Redis, keys: RunKeys, args: argparse.N
     return 0
 
 
-COMMANDS: dict[str, Callable[[aioredis.Redis, RunKeys, argparse.Namespace], Awaitable[int]]] = {
+COMMANDS: dict[str, Callable[[aioredis.Redis, RunKeys, Context], Awaitable[int]]] = {
     "status": cmd_status,
     "tail": cmd_tail,
     "archive": cmd_archive,
@@ -179,30 +195,38 @@ COMMANDS: dict[str, Callable[[aioredis.Redis, RunKeys, argparse.Namespace], Awai
 }
 
 
-async def amain(args: argparse.Namespace) -> int:
+async def amain(ctx: Context) -> int:
+    cfg = ctx.config
     settings = RedisSettings.from_url(
-        args.redis_url, retry_budget_s=args.redis_wait, tls_ca_file=args.tls_ca_file
+        cfg.redis_url, retry_budget_s=cfg.redis_wait, tls_ca_file=cfg.redis_ca_file
     )
     redis = await connect(settings)
     try:
-        return await COMMANDS[args.command](redis, RunKeys(args.run), args)
+        return await COMMANDS[ctx.args.command](redis, RunKeys(cfg.run), ctx)
     finally:
         await redis.aclose()
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    args = parser().parse_args(argv)
+def _prepare(cfg: BrokerCliConfig) -> None:
+    from broker.memory import tune_malloc
+
     tune_malloc()
-    try:
-        return asyncio.run(amain(args))
-    except (BrokerError, ValueError, argparse.ArgumentTypeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+
+
+ROLE = Role(
+    name="broker",
+    config=BrokerCliConfig,
+    main=amain,
+    description=__doc__.splitlines()[0],
+    add_arguments=add_commands,
+    prepare=_prepare,
+    metrics_port=lambda cfg: 0,
+    failures=(BrokerError, ValueError, argparse.ArgumentTypeError),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return start(ROLE, argv)
 
 
 if __name__ == "__main__":

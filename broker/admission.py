@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
+from broker.connection import redis_errors
 from broker.errors import BudgetError
 from broker.keys import RunKeys
 from broker.metrics import ADMISSION_IN_FLIGHT, ADMISSION_LIMIT
@@ -50,12 +51,14 @@ class AdmissionBudget:
     async def set_limit(self, limit: int) -> None:
         if limit < 1:
             raise BudgetError(f"admission limit must be >= 1, got {limit}")
-        await self._redis.hset(self._key, "limit", limit)
+        with redis_errors("setting the admission limit"):
+            await self._redis.hset(self._key, "limit", limit)
         ADMISSION_LIMIT.set(limit)
 
     async def reset(self) -> None:
         """Forget every slot in flight (a fresh run, or a resumed learner re-counting)."""
-        await self._redis.hset(self._key, "in_flight", 0)
+        with redis_errors("resetting the admission budget"):
+            await self._redis.hset(self._key, "in_flight", 0)
         ADMISSION_IN_FLIGHT.set(0)
 
     async def try_acquire(self, wanted: int, reserve: int = 0) -> int:
@@ -64,7 +67,8 @@ class AdmissionBudget:
             raise BudgetError("wanted and reserve must be >= 0")
         if wanted == 0:
             return 0
-        granted = int(await self._acquire(keys=[self._key], args=[wanted, reserve]))
+        with redis_errors("acquiring admission slots"):
+            granted = int(await self._acquire(keys=[self._key], args=[wanted, reserve]))
         if granted:
             ADMISSION_IN_FLIGHT.inc(granted)
         return granted
@@ -73,7 +77,8 @@ class AdmissionBudget:
         """Give back `n` slots; releasing more than are in flight is an error."""
         if n < 0:
             raise BudgetError("cannot release a negative number of slots")
-        left = int(await self._release(keys=[self._key], args=[n]))
+        with redis_errors("releasing admission slots"):
+            left = int(await self._release(keys=[self._key], args=[n]))
         if left < 0:
             ADMISSION_IN_FLIGHT.set(0)
             raise BudgetError(f"released {n} slots, more than were in flight")

@@ -19,11 +19,13 @@ from broker.errors import DecodeError
 from broker.messages import (
     DeadLetter,
     ErrorCategory,
+    FinishReason,
     Message,
     PolicyVersion,
     Task,
     Trajectory,
     TrajectoryGroup,
+    Truncation,
     Turn,
 )
 
@@ -34,17 +36,29 @@ FIELD_BODY = b"b"
 
 def _task_to(t: Task) -> list[Any]:
     return [
-        t.task_id, t.env_spec, t.group_size, t.seed, t.policy_version,
-        t.issued_at, t.max_turns, t.meta,
-    ]  # fmt: skip
+        t.task_id,
+        t.env_spec,
+        t.group_size,
+        t.seed,
+        t.policy_version,
+        t.issued_at,
+        t.max_turns,
+        t.meta,
+    ]
 
 
 def _task_from(v: list[Any]) -> Task:
     task_id, env_spec, group_size, seed, policy_version, issued_at, max_turns, meta = v
     return Task(
-        task_id=task_id, env_spec=env_spec, group_size=group_size, seed=seed,
-        policy_version=policy_version, issued_at=issued_at, max_turns=max_turns, meta=meta,
-    )  # fmt: skip
+        task_id=task_id,
+        env_spec=env_spec,
+        group_size=group_size,
+        seed=seed,
+        policy_version=policy_version,
+        issued_at=issued_at,
+        max_turns=max_turns,
+        meta=meta,
+    )
 
 
 def _bin(arr: np.ndarray) -> memoryview:
@@ -55,9 +69,14 @@ def _bin(arr: np.ndarray) -> memoryview:
 
 def _turn_to(t: Turn) -> list[Any]:
     return [
-        _bin(t.prompt_ids), _bin(t.completion_ids), _bin(t.logprobs),
-        t.weight_version, t.reward, t.terminated, t.truncated,
-    ]  # fmt: skip
+        _bin(t.prompt_ids),
+        _bin(t.completion_ids),
+        _bin(t.logprobs),
+        t.weight_version,
+        t.reward,
+        t.terminated,
+        t.truncated,
+    ]
 
 
 def _turn_from(v: list[Any]) -> Turn:
@@ -86,39 +105,59 @@ _CATEGORIES = {c.value: c for c in ErrorCategory}
 
 def _traj_to(t: Trajectory) -> list[Any]:
     return [
-        [_turn_to(turn) for turn in t.turns], t.finish_reason, t.error.value,
-        t.error_detail, t.sample_index, t.timings,
-    ]  # fmt: skip
+        [_turn_to(turn) for turn in t.turns],
+        t.finish_reason.value,
+        None if t.truncation is None else t.truncation.value,
+        t.error.value,
+        t.error_detail,
+        t.sample_index,
+        t.timings,
+    ]
 
 
 def _traj_from(v: list[Any]) -> Trajectory:
-    turns, finish_reason, error, error_detail, sample_index, timings = v
+    turns, finish_reason, truncation, error, error_detail, sample_index, timings = v
     return Trajectory(
         turns=tuple(_turn_from(t) for t in turns),
-        finish_reason=finish_reason,
+        finish_reason=FinishReason(finish_reason),
         error=_CATEGORIES[error],
         error_detail=error_detail,
         sample_index=sample_index,
         timings=timings,
+        truncation=None if truncation is None else Truncation(truncation),
     )
+
+
+def _traj_from_v1(v: list[Any]) -> Trajectory:
+    """Group schema 1 spelled the cause inside the reason: "truncated:context"."""
+    turns, reason, error, error_detail, sample_index, timings = v
+    finish, _, cause = str(reason).partition(":")
+    return _traj_from([turns, finish, cause or None, error, error_detail, sample_index, timings])
 
 
 def _group_to(g: TrajectoryGroup) -> list[Any]:
     return [
-        g.group_id, _task_to(g.task), [_traj_to(t) for t in g.trajectories],
-        g.worker_id, g.created_at,
-    ]  # fmt: skip
+        g.group_id,
+        _task_to(g.task),
+        [_traj_to(t) for t in g.trajectories],
+        g.worker_id,
+        g.created_at,
+    ]
 
 
-def _group_from(v: list[Any]) -> TrajectoryGroup:
+def _group_from(v: list[Any], traj_from: Any = _traj_from) -> TrajectoryGroup:
     group_id, task, trajectories, worker_id, created_at = v
     return TrajectoryGroup(
         group_id=group_id,
         task=_task_from(task),
-        trajectories=tuple(_traj_from(t) for t in trajectories),
+        trajectories=tuple(traj_from(t) for t in trajectories),
         worker_id=worker_id,
         created_at=created_at,
     )
+
+
+def _group_from_v1(v: list[Any]) -> TrajectoryGroup:
+    return _group_from(v, _traj_from_v1)
 
 
 def _policy_to(p: PolicyVersion) -> list[Any]:
@@ -128,9 +167,12 @@ def _policy_to(p: PolicyVersion) -> list[Any]:
 def _policy_from(v: list[Any]) -> PolicyVersion:
     version, step, servers, weights_path, created_at = v
     return PolicyVersion(
-        version=version, step=step, servers=tuple(servers),
-        weights_path=weights_path, created_at=created_at,
-    )  # fmt: skip
+        version=version,
+        step=step,
+        servers=tuple(servers),
+        weights_path=weights_path,
+        created_at=created_at,
+    )
 
 
 def _dead_to(d: DeadLetter) -> list[Any]:
@@ -148,9 +190,14 @@ def _dead_to(d: DeadLetter) -> list[Any]:
 def _dead_from(v: list[Any]) -> DeadLetter:
     source_stream, entry_id, reason, fields, deliveries, consumer, created_at = v
     return DeadLetter(
-        source_stream=source_stream, entry_id=entry_id, reason=reason, fields=dict(fields),
-        deliveries=deliveries, consumer=consumer, created_at=created_at,
-    )  # fmt: skip
+        source_stream=source_stream,
+        entry_id=entry_id,
+        reason=reason,
+        fields=dict(fields),
+        deliveries=deliveries,
+        consumer=consumer,
+        created_at=created_at,
+    )
 
 
 # kind -> (type, version, encoder, decoder)
@@ -160,6 +207,10 @@ _CODECS: dict[str, tuple[type, int, Any, Any]] = {
     PolicyVersion.KIND: (PolicyVersion, PolicyVersion.VERSION, _policy_to, _policy_from),
     DeadLetter.KIND: (DeadLetter, DeadLetter.VERSION, _dead_to, _dead_from),
 }
+
+
+# (kind, older schema version) -> decoder: entries written before a bump still decode.
+_OLDER: dict[tuple[str, int], Any] = {(TrajectoryGroup.KIND, 1): _group_from_v1}
 
 
 def encode(message: Message) -> dict[bytes, bytes]:
@@ -183,9 +234,11 @@ def decode(fields: Mapping[bytes, bytes], expect: type | None = None) -> Message
         raise DecodeError(f"unknown message kind {kind!r}")
     cls, known_version, _, from_wire = entry
     if version != known_version:
-        raise DecodeError(
-            f"unsupported schema version {version} for {kind!r} (know {known_version})"
-        )
+        from_wire = _OLDER.get((kind, version))
+        if from_wire is None:
+            raise DecodeError(
+                f"unsupported schema version {version} for {kind!r} (know {known_version})"
+            )
     if expect is not None and cls is not expect:
         raise DecodeError(f"expected {expect.KIND!r}, got {kind!r}")  # type: ignore[attr-defined]
     try:

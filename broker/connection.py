@@ -9,20 +9,35 @@ timeout is explicit here and consumers derive their block time from it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Annotated
 
 import redis.asyncio as aioredis
-from redis.exceptions import AuthenticationError
+from pydantic import AfterValidator
+from redis.exceptions import AuthenticationError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from broker.errors import RedisAuthFailed, RedisUnavailable
+from broker.errors import RedisAuthFailed, RedisCommandFailed, RedisUnavailable
 
 log = logging.getLogger(__name__)
 
 TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+@contextlib.contextmanager
+def redis_errors(what: str) -> Iterator[None]:
+    """Translate redis-py's errors inside the block into the broker's, naming `what` failed."""
+    try:
+        yield
+    except TRANSIENT as exc:
+        raise RedisUnavailable(f"{what} failed: {exc}") from exc
+    except RedisError as exc:
+        raise RedisCommandFailed(f"{what} failed: {exc}") from exc
 
 
 def check_redis_url(url: str) -> str:
@@ -32,6 +47,10 @@ def check_redis_url(url: str) -> str:
             f"unsupported Redis URL scheme in {_redact(url)!r}: must start with redis://, rediss:// or unix://"
         )
     return url
+
+
+# A Redis URL field of a config model, checked for a scheme the clients speak.
+RedisUrl = Annotated[str, AfterValidator(check_redis_url)]
 
 
 @dataclass(frozen=True)
@@ -47,11 +66,6 @@ class RedisSettings:
     @classmethod
     def from_url(cls, url: str, **overrides: float | str | None) -> RedisSettings:
         return cls(url=check_redis_url(url), **overrides)  # type: ignore[arg-type]
-
-    @property
-    def max_block_ms(self) -> int:
-        """Longest XREADGROUP BLOCK that stays inside the socket timeout."""
-        return max(1, int(self.socket_timeout_s * 1000 * 0.6))
 
     def client(self) -> aioredis.Redis:
         extra: dict[str, object] = {}

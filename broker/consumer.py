@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import string
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,8 +27,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from broker.codec import FIELD_BODY, FIELD_KIND, FIELD_VERSION, decode, encode
-from broker.connection import TRANSIENT
-from broker.errors import DecodeError, RedisUnavailable
+from broker.connection import redis_errors
+from broker.errors import DecodeError
 from broker.keys import RunKeys
 from broker.messages import DeadLetter, Message, Task, TrajectoryGroup
 from broker.metrics import ACKED, CONSUMED, DEADLETTERED, DUPLICATES, PUBLISHED, RECLAIMED
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 # KEYS[1] = seen zset, KEYS[2..] = streams. ARGV: group, now, seen_ttl_s, n_acks,
 # n_acks x (key index, entry id, message id), n_pubs, n_pubs x (key index,
 # message id, maxlen, kind, version, body). Returns published ids ("" if skipped).
-_COMMIT = """
+_COMMIT_LUA = """
 local group, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local i = 4
 local n_acks = tonumber(ARGV[i]); i = i + 1
@@ -55,9 +56,9 @@ for p = 1, n_pubs do
   if mid ~= '' and redis.call('ZSCORE', KEYS[1], mid) then
     published[p] = ''
   elseif maxlen > 0 then
-    published[p] = redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', 'k', k, 'v', v, 'b', b)
+    published[p] = redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', $kind, k, $version, v, $body, b)
   else
-    published[p] = redis.call('XADD', key, '*', 'k', k, 'v', v, 'b', b)
+    published[p] = redis.call('XADD', key, '*', $kind, k, $version, v, $body, b)
   end
 end
 for a = 1, n_acks do
@@ -67,6 +68,12 @@ end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
 return published
 """
+# The entry's field names are the codec's, spelled here from its constants.
+_COMMIT = string.Template(_COMMIT_LUA).substitute(
+    kind=repr(FIELD_KIND.decode()),
+    version=repr(FIELD_VERSION.decode()),
+    body=repr(FIELD_BODY.decode()),
+)
 
 
 @dataclass(frozen=True)
@@ -137,17 +144,20 @@ class Consumer:
     async def ensure_groups(self) -> None:
         """Create the group on every stream (from the start) if it does not exist."""
         for stream in self._streams:
-            try:
-                await self._redis.xgroup_create(stream, self._config.group, id="0", mkstream=True)
-            except ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
+            with redis_errors(f"creating group {self._config.group} on {stream}"):
+                try:
+                    await self._redis.xgroup_create(
+                        stream, self._config.group, id="0", mkstream=True
+                    )
+                except ResponseError as exc:
+                    if "BUSYGROUP" not in str(exc):
+                        raise
 
     async def read(self, count: int | None = None, block_ms: int | None = None) -> list[Delivery]:
         """Return up to `count` good deliveries; bad entries are dead-lettered on the way."""
         count = count or self._config.count
         block = self._config.block_ms if block_ms is None else block_ms
-        try:
+        with redis_errors(f"read from {self._streams}"):
             if self._pending_cursor:
                 raw = await self._read_ids(self._pending_cursor, count, None)
                 self._advance_pending_cursor(raw)
@@ -161,8 +171,6 @@ class Consumer:
                     return claimed
             raw = await self._read_ids({s: ">" for s in self._streams}, count, block)
             return await self._accept(raw, pending=False)
-        except TRANSIENT as exc:
-            raise RedisUnavailable(f"read from {self._streams} failed: {exc}") from exc
 
     def _advance_pending_cursor(
         self, raw: list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]]
@@ -206,9 +214,13 @@ class Consumer:
 
     async def _delivery_counts(self, stream: str, ids: list[str]) -> dict[str, int]:
         rows = await self._redis.xpending_range(
-            stream, self._config.group, min=ids[0], max=ids[-1], count=len(ids) + 64,
+            stream,
+            self._config.group,
+            min=ids[0],
+            max=ids[-1],
+            count=len(ids) + 64,
             consumername=self._config.consumer,
-        )  # fmt: skip
+        )
         return {_s(r["message_id"]): int(r["times_delivered"]) for r in rows}
 
     async def _accept(
@@ -274,17 +286,25 @@ class Consumer:
             await pipe.execute()
         DEADLETTERED.labels(stream=stream).inc()
 
+    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        """Move a decoded entry the caller cannot use to the dead-letter stream, with the
+        reason, and ack it, in one commit (its message id is recorded: never redone)."""
+        letter = DeadLetter(source_stream=delivery.stream, entry_id=delivery.entry_id,
+                            reason=reason, fields=encode(delivery.message),
+                            deliveries=delivery.deliveries, consumer=self._config.consumer)  # fmt: skip
+        log.warning("dead-lettering %s %s: %s", delivery.stream, delivery.entry_id, reason)
+        await self.commit([delivery], publish=[(self._keys.deadletter, letter)])
+        DEADLETTERED.labels(stream=delivery.stream).inc()
+
     async def keep_alive(self, stream: str, entry_ids: Sequence[str]) -> None:
         """Reset the idle time of entries this consumer is still working on, so that
         `reclaim_idle_ms` only ever takes over work whose consumer has died."""
         if not entry_ids:
             return
-        try:
+        with redis_errors(f"keep-alive on {stream}"):
             await self._redis.xclaim(
                 stream, self._config.group, self._config.consumer, 0, list(entry_ids), justid=True
             )
-        except TRANSIENT as exc:
-            raise RedisUnavailable(f"keep-alive on {stream} failed: {exc}") from exc
 
     async def commit(
         self,
@@ -321,10 +341,8 @@ class Consumer:
             args += [key_index(stream), message_id(message), self._config.publish_maxlen]
             args += [fields[FIELD_KIND], fields[FIELD_VERSION], fields[FIELD_BODY]]
         keys = [self._keys.seen(self._config.group), *stream_keys]
-        try:
+        with redis_errors("commit"):
             result = await self._commit(keys=keys, args=args)
-        except TRANSIENT as exc:
-            raise RedisUnavailable(f"commit failed: {exc}") from exc
         for d in deliveries:
             ACKED.labels(stream=d.stream, group=self._config.group).inc()
         published = [_s(r) for r in result]

@@ -1,12 +1,16 @@
 """Errors raised by the broker.
 
     BrokerError
-    ├── DecodeError        an entry's envelope or body cannot be decoded
-    ├── RedisUnavailable   Redis could not be reached within the retry budget
-    ├── RedisAuthFailed    Redis refused the credentials (not retried)
-    └── BudgetError        the admission budget was misused (bad limit, over-release)
+    ├── DecodeError          an entry's envelope or body cannot be decoded
+    ├── RedisUnavailable     Redis did not answer (connection lost, timeout, loading):
+    │                        an outage to ride out; the operation did not take effect,
+    │                        or took effect in full (commits are idempotent)
+    ├── RedisCommandFailed   Redis answered with an error (not an outage)
+    ├── RedisAuthFailed      Redis refused the credentials (not retried)
+    └── BudgetError          the admission budget was misused (bad limit, over-release)
 
-Library exceptions (redis-py, msgpack) are translated at this boundary.
+Library exceptions (redis-py, msgpack) are translated at this boundary
+(`broker.connection.redis_errors`); callers catch these names, never redis-py's.
 """
 
 from __future__ import annotations
@@ -21,7 +25,11 @@ class DecodeError(BrokerError):
 
 
 class RedisUnavailable(BrokerError):
-    """Redis did not answer within the configured retry budget."""
+    """Redis did not answer: a connection error or timeout (an outage, possibly brief)."""
+
+
+class RedisCommandFailed(BrokerError):
+    """Redis rejected a command with an error reply; retrying the same command would not help."""
 
 
 class RedisAuthFailed(BrokerError):

@@ -74,18 +74,9 @@ class RunKeys:
         return f"{self.prefix}:seen:{group}"
 
     @property
-    def horizon(self) -> str:
-        """Current max-turns horizon published by the learner's schedule."""
-        return f"{self.prefix}:horizon"
-
-    @property
     def stats(self) -> str:
         """Hash of farm-level counters that `farm status` shows."""
         return f"{self.prefix}:stats"
-
-    def archive_cursor(self, stream: str) -> str:
-        """Last entry id archived from ``stream``."""
-        return f"{self.prefix}:archive:{stream}"
 
     @property
     def streams(self) -> tuple[str, ...]:

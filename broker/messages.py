@@ -36,6 +36,23 @@ class ErrorCategory(enum.StrEnum):
         return self in (ErrorCategory.ENV, ErrorCategory.SANDBOX, ErrorCategory.INFERENCE)
 
 
+class FinishReason(enum.StrEnum):
+    """How an episode ended."""
+
+    TERMINATED = "terminated"  # the environment ended it
+    TRUNCATED = "truncated"  # a limit cut it short; `Trajectory.truncation` says which
+    ERROR = "error"  # a failure; `Trajectory.error` gives its category
+
+
+class Truncation(enum.StrEnum):
+    """Which limit cut an episode short."""
+
+    MAX_TURNS = "max_turns"  # the task's horizon or the worker's --max-turns
+    CONTEXT = "context"  # --max-context-tokens
+    WALL_TIME = "wall_time"  # --episode-timeout-s, after at least one turn
+    ENV = "env"  # the environment reported truncated=True
+
+
 def _as_i32(values: Any) -> np.ndarray:
     arr = np.asarray(values, dtype="<i4")
     if arr.ndim != 1:
@@ -115,19 +132,26 @@ class Trajectory:
     """One episode, turn by turn."""
 
     turns: tuple[Turn, ...]  # in order; may be empty when an error struck before turn 1
-    finish_reason: str  # "terminated", "truncated:<limit>", or "error"
-    error: ErrorCategory = ErrorCategory.NONE  # category when finish_reason == "error"
+    finish_reason: FinishReason
+    error: ErrorCategory = ErrorCategory.NONE  # category when finish_reason is ERROR
     error_detail: str = ""  # short human-readable detail, capped by the producer
     sample_index: int = 0  # index within the group; the episode used seed + index
     timings: dict[str, float] = field(default_factory=dict)  # seconds: inference, env, total
+    truncation: Truncation | None = None  # which limit, when finish_reason is TRUNCATED
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "finish_reason", FinishReason(self.finish_reason))
+        if self.truncation is not None:
+            object.__setattr__(self, "truncation", Truncation(self.truncation))
+        if (self.finish_reason is FinishReason.TRUNCATED) != (self.truncation is not None):
+            raise ValueError("a truncation cause goes with finish_reason TRUNCATED, and only then")
 
     @property
-    def total_reward(self) -> float:
-        return float(sum(t.reward for t in self.turns))
-
-    @property
-    def num_completion_tokens(self) -> int:
-        return int(sum(len(t.completion_ids) for t in self.turns))
+    def outcome(self) -> str:
+        """One label for logs and metrics: the reason, with the truncation cause if any."""
+        if self.truncation is not None:
+            return f"{self.finish_reason.value}:{self.truncation.value}"
+        return self.finish_reason.value
 
 
 @dataclass(frozen=True)
@@ -135,7 +159,7 @@ class TrajectoryGroup:
     """Every episode of one task; the learner only ever sees whole groups."""
 
     KIND: ClassVar[str] = "group"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2  # 2: finish reason as an enum plus a truncation cause
 
     group_id: str  # equals the task's task_id; consumers dedup on it
     task: Task  # the task this group answers

@@ -9,21 +9,24 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from broker.codec import decode, encode
+from broker.connection import redis_errors
 from broker.keys import RunKeys
 from broker.messages import PolicyVersion
 
 
 async def publish_policy(redis: aioredis.Redis, keys: RunKeys, policy: PolicyVersion) -> None:
     fields = encode(policy)
-    async with redis.pipeline(transaction=True) as pipe:
-        pipe.delete(keys.policy_version)
-        pipe.hset(keys.policy_version, mapping=fields)  # type: ignore[arg-type]
-        pipe.xadd(keys.policy_events, fields, maxlen=10_000, approximate=True)  # type: ignore[arg-type]
-        await pipe.execute()
+    with redis_errors(f"publishing policy version {policy.version}"):
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.delete(keys.policy_version)
+            pipe.hset(keys.policy_version, mapping=fields)  # type: ignore[arg-type]
+            pipe.xadd(keys.policy_events, fields, maxlen=10_000, approximate=True)  # type: ignore[arg-type]
+            await pipe.execute()
 
 
 async def current_policy(redis: aioredis.Redis, keys: RunKeys) -> PolicyVersion | None:
-    fields = await redis.hgetall(keys.policy_version)
+    with redis_errors("reading the policy version"):
+        fields = await redis.hgetall(keys.policy_version)
     if not fields:
         return None
     message = decode(fields, expect=PolicyVersion)

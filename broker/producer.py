@@ -15,8 +15,7 @@ from typing import Literal
 import redis.asyncio as aioredis
 
 from broker.codec import encode
-from broker.connection import TRANSIENT
-from broker.errors import RedisUnavailable
+from broker.connection import redis_errors
 from broker.messages import Message
 from broker.metrics import PUBLISHED
 
@@ -57,12 +56,10 @@ class Producer:
         if not entries:
             return []
         kwargs = self._retention.xadd_kwargs()
-        try:
+        with redis_errors(f"publish to {stream}"):
             async with self._redis.pipeline(transaction=False) as pipe:
                 for fields in entries:
                     pipe.xadd(stream, fields, **kwargs)  # type: ignore[arg-type]
                 ids = await pipe.execute()
-        except TRANSIENT as exc:
-            raise RedisUnavailable(f"publish to {stream} failed: {exc}") from exc
         PUBLISHED.labels(stream=stream).inc(len(ids))
         return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]

@@ -12,8 +12,11 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from broker.admission import AdmissionBudget
+from broker.codec import decode
+from broker.connection import redis_errors
+from broker.errors import DecodeError
 from broker.keys import RunKeys
-from broker.messages import PolicyVersion
+from broker.messages import DeadLetter, PolicyVersion
 from broker.metrics import (
     ADMISSION_IN_FLIGHT,
     ADMISSION_LIMIT,
@@ -49,6 +52,7 @@ class RunState:
     policy: PolicyVersion | None
     admission_in_flight: int
     admission_limit: int
+    latest_dead_letter: str | None = None  # reason of the newest dead letter, if any
 
 
 def _s(v: bytes | str) -> str:
@@ -85,21 +89,37 @@ async def stream_state(redis: aioredis.Redis, stream: str) -> StreamState:
     return StreamState(stream, length, tuple(groups))
 
 
+async def latest_dead_letter(redis: aioredis.Redis, keys: RunKeys) -> str | None:
+    """Where the newest dead letter came from and why, or None when there is none."""
+    newest = await redis.xrevrange(keys.deadletter, count=1)
+    if not newest:
+        return None
+    try:
+        letter = decode(newest[0][1], expect=DeadLetter)
+    except DecodeError as exc:
+        return f"unreadable dead letter: {exc}"
+    assert isinstance(letter, DeadLetter)
+    return f"{letter.source_stream} {letter.entry_id}: {letter.reason}"
+
+
 async def run_state(redis: aioredis.Redis, keys: RunKeys) -> RunState:
     streams = tuple([await stream_state(redis, s) for s in (keys.tasks, *keys.all_trajectories)])
     budget = AdmissionBudget(redis, keys)
+    dead = int(await redis.xlen(keys.deadletter))
     return RunState(
         run=keys.run,
         streams=streams,
-        dead_letters=int(await redis.xlen(keys.deadletter)),
+        dead_letters=dead,
         policy=await current_policy(redis, keys),
         admission_in_flight=await budget.in_flight(),
         admission_limit=await budget.limit(),
+        latest_dead_letter=await latest_dead_letter(redis, keys) if dead else None,
     )
 
 
 async def refresh_stream_gauges(redis: aioredis.Redis, keys: RunKeys) -> RunState:
-    state = await run_state(redis, keys)
+    with redis_errors("reading the run's streams"):
+        state = await run_state(redis, keys)
     for s in state.streams:
         STREAM_LENGTH.labels(stream=s.name).set(s.length)
         for g in s.groups:
@@ -122,6 +142,8 @@ def format_state(state: RunState) -> str:
     )
     lines.append(f"  admission {state.admission_in_flight}/{state.admission_limit} in flight")
     lines.append(f"  dead letters {state.dead_letters}")
+    if state.latest_dead_letter:
+        lines.append(f"    latest: {state.latest_dead_letter}")
     for s in state.streams:
         lines.append(f"  stream {s.name}: {s.length} entries")
         for g in s.groups:

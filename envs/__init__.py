@@ -5,6 +5,7 @@ Public surface::
     import envs
     env = envs.make('toy@{"difficulty": 0}')          # EnvSpecError on unknown name / bad kwargs
     envs.registered(); envs.register(name, factory)
+    envs.check_spec(spec)                             # the same checks as make, nothing built
     obs, info = await envs.areset(env, seed=123)      # sync and async envs alike
     obs, reward, terminated, truncated, info = await envs.astep(env, action_text)
     await envs.aclose(env)
@@ -17,7 +18,7 @@ schemas) and ``action_vocabulary``. A malformed tool call is reported as
 
 from envs.api import Env, aclose, areset, astep
 from envs.errors import EnvError, EnvInfraError, EnvSpecError, EnvStateError
-from envs.registry import make, parse_spec, register, registered
+from envs.registry import check_spec, make, parse_spec, register, registered
 
 __all__ = [
     "Env",
@@ -28,6 +29,7 @@ __all__ = [
     "aclose",
     "areset",
     "astep",
+    "check_spec",
     "make",
     "parse_spec",
     "register",

@@ -6,6 +6,11 @@ that do I/O may instead (or also) offer ``areset``/``astep``/``aclose`` coroutin
 ``areset``/``astep``/``aclose`` here drive either kind, so a plain Gymnasium or GEM
 environment runs unchanged. Optional attributes ``system_prompt``, ``tools`` and
 ``action_vocabulary`` are read with ``getattr`` defaults (see ``Env``).
+
+The end of an episode is enforced here: once ``astep`` has returned
+``terminated`` or ``truncated``, the next ``astep`` raises ``EnvStateError``
+until ``areset``, whether or not the environment tracks its own end (the flag
+lives in the instance's ``__dict__``; an object without one is not tracked).
 """
 
 from __future__ import annotations
@@ -13,18 +18,27 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
+
+from envs.errors import EnvStateError
 
 StepResult = tuple[Any, float, bool, bool, dict[str, Any]]
 ResetResult = tuple[Any, dict[str, Any]]
 
+# Instance-dict key marking an environment whose episode has ended. Set through
+# __dict__ so that a wrapper's attribute forwarding or a frozen class cannot hide it.
+_ENDED = "_envs_episode_ended"
 
-@runtime_checkable
-class SyncEnvLike(Protocol):
-    """What a synchronous (Gymnasium-shaped) environment provides."""
 
-    def reset(self, *, seed: int | None = None) -> ResetResult: ...
-    def step(self, action: Any) -> StepResult: ...
+def _set_ended(env: Any, ended: bool) -> None:
+    state = getattr(env, "__dict__", None)
+    if state is not None:
+        state[_ENDED] = ended
+
+
+def _ended(env: Any) -> bool:
+    state = getattr(env, "__dict__", None)
+    return bool(state is not None and state.get(_ENDED))
 
 
 class Env:
@@ -80,6 +94,7 @@ async def areset(env: Any, seed: int | None = None) -> ResetResult:
     method = getattr(env, "areset", None) or env.reset
     result = method(seed=seed) if _accepts_seed(method) else method()
     result = await _maybe_await(result)
+    _set_ended(env, False)
     if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict):
         return result[0], result[1]
     return result, {}
@@ -89,15 +104,22 @@ async def astep(env: Any, action: Any) -> StepResult:
     """Step ``env`` (sync or async) and return the five-tuple.
 
     A legacy four-tuple ``(obs, reward, done, info)`` is mapped to
-    ``terminated=done, truncated=False``.
+    ``terminated=done, truncated=False``. A step after the episode ended (before
+    the next reset) raises ``EnvStateError`` without reaching the environment.
     """
+    if _ended(env):
+        raise EnvStateError(f"{type(env).__name__}: step() after the episode ended; reset() first")
     method = getattr(env, "astep", None) or env.step
     result = await _maybe_await(method(action))
     if len(result) == 4:
         obs, reward, done, info = result
-        return obs, float(reward), bool(done), False, dict(info)
-    obs, reward, terminated, truncated, info = result
-    return obs, float(reward), bool(terminated), bool(truncated), dict(info or {})
+        terminated, truncated = bool(done), False
+    else:
+        obs, reward, terminated, truncated, info = result
+        terminated, truncated = bool(terminated), bool(truncated)
+    if terminated or truncated:
+        _set_ended(env, True)
+    return obs, float(reward), terminated, truncated, dict(info or {})
 
 
 async def aclose(env: Any, timeout_s: float | None = None) -> None:

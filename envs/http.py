@@ -25,6 +25,7 @@ import pydantic
 from broker.messages import ErrorCategory
 from envs.api import ResetResult, StepResult
 from envs.errors import EnvInfraError, EnvStateError
+from envs.registry import spec_config
 
 
 class HTTPEnvConfig(pydantic.BaseModel):
@@ -172,6 +173,7 @@ class HTTPEnv:
                 await self._session.close()
 
 
+@spec_config(HTTPEnvConfig)
 def make_http_env(
     url: str,
     system_prompt: str | None = None,

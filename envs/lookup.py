@@ -69,8 +69,10 @@ class LookupEnv(Env):
         self.config = config or LookupConfig()
         self.system_prompt = (
             "A digit is stored under the key shown. Reply ? to look it up, then reply "
-            "with that digit only." if self.config.instructions else None
-        )  # fmt: skip
+            "with that digit only."
+            if self.config.instructions
+            else None
+        )
         self._value: int | None = None
         self._turns = 0
         self._looked_up = False

@@ -4,7 +4,10 @@ A spec is ``name`` or ``name@{json kwargs}``. ``make`` resolves the name (built-
 environments are imported lazily, so ``import envs`` stays cheap), validates the
 kwargs against the factory and returns a fresh environment. Every failure to build
 one — unknown name, malformed JSON, unknown or invalid kwargs — is an
-``EnvSpecError`` whose message says what was wrong and what is accepted.
+``EnvSpecError`` whose one-line message says what was wrong and what is accepted.
+``check_spec`` runs the same checks without building anything (no sandbox, no
+I/O): against the factory's signature and, for factories marked with
+``spec_config(Model)``, against that pydantic model.
 """
 
 from __future__ import annotations
@@ -15,13 +18,16 @@ import inspect
 import json
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import pydantic
 
 from envs.errors import EnvSpecError
 
 Factory = Callable[..., Any]
+F = TypeVar("F", bound=Factory)
+
+_CONFIG_ATTR = "__spec_config__"  # the pydantic model a factory's kwargs are the fields of
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")
 
@@ -134,13 +140,75 @@ def _bind(name: str, factory: Factory, names: tuple[str, ...]) -> bool:
     try:  # binding checks names and required parameters only, so the names decide it
         sig.bind(**dict.fromkeys(names))
     except TypeError as exc:
-        accepted = [p for p in params if p != "sandbox"]
-        raise EnvSpecError(f"bad kwargs for {name!r}: {exc}; accepted: {accepted}") from exc
+        raise _bad_kwargs(name, factory, exc) from exc
     return "sandbox" in params
 
 
 # Workers make an environment per episode, from a handful of specs: bind each shape once.
 _cached_bind = functools.lru_cache(maxsize=1024)(_bind)
+
+
+def spec_config(model: type[pydantic.BaseModel]) -> Callable[[F], F]:
+    """Mark a factory whose spec kwargs are the fields of ``model``, so that
+    ``check_spec`` validates them without calling the factory."""
+
+    def mark(factory: F) -> F:
+        setattr(factory, _CONFIG_ATTR, model)
+        return factory
+
+    return mark
+
+
+def _config_model(factory: Factory) -> type[pydantic.BaseModel] | None:
+    model = getattr(factory, _CONFIG_ATTR, None)
+    return model if isinstance(model, type) and issubclass(model, pydantic.BaseModel) else None
+
+
+def _accepted(factory: Factory) -> str:
+    """The kwargs a spec may give, required ones marked: for error messages."""
+    model = _config_model(factory)
+    if model is not None:
+        fields = [(n, f.is_required()) for n, f in model.model_fields.items()]
+    else:
+        sig = _signature(factory)
+        params = sig.parameters.values() if sig is not None else ()
+        fields = [(p.name, p.default is p.empty) for p in params
+                  if p.name != "sandbox" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]  # fmt: skip
+    return ", ".join(f"{n} (required)" if req else n for n, req in fields) or "none"
+
+
+def _one_line(exc: pydantic.ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(x) for x in err["loc"]) or "kwargs"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def _bad_kwargs(name: str, factory: Factory, problem: object) -> EnvSpecError:
+    return EnvSpecError(
+        f"bad kwargs for {name!r}: {problem}; accepted kwargs: {_accepted(factory)}"
+    )
+
+
+def check_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """Validate a spec as ``make`` would, without building the environment.
+
+    Returns ``(name, kwargs)``; raises ``EnvSpecError`` (one line: the problem and
+    the accepted kwargs). Importing a lazily registered factory is the only side
+    effect. Checks that need the environment itself (a file a kwarg names, a
+    codegym source admitted on the worker) are left to ``make``.
+    """
+    name, kwargs = parse_spec(spec)
+    factory = _resolve(name)
+    _check_kwargs(name, factory, kwargs)
+    model = _config_model(factory)
+    if model is not None:
+        try:
+            model.model_validate(kwargs)
+        except pydantic.ValidationError as exc:
+            raise _bad_kwargs(name, factory, _one_line(exc)) from None
+    return name, kwargs
 
 
 def make(spec: str, *, sandbox: Any = None) -> Any:
@@ -154,5 +222,7 @@ def make(spec: str, *, sandbox: Any = None) -> Any:
         return factory(**kwargs)
     except EnvSpecError:
         raise
-    except (pydantic.ValidationError, ValueError) as exc:
-        raise EnvSpecError(f"bad kwargs for {name!r}: {exc}") from exc
+    except pydantic.ValidationError as exc:
+        raise _bad_kwargs(name, factory, _one_line(exc)) from exc
+    except ValueError as exc:
+        raise _bad_kwargs(name, factory, exc) from exc

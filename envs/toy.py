@@ -23,6 +23,7 @@ import pydantic
 
 from envs.api import Env, ResetResult, StepResult
 from envs.errors import EnvStateError
+from envs.registry import spec_config
 
 # A worker that decodes without skipping special tokens sends "7<|im_end|>".
 TRAILING_SPECIALS = re.compile(r"(?:<\|[A-Za-z_]+\|>\s*)+$")
@@ -95,6 +96,7 @@ class ToyEnv(Env):
         return "", 1.0 if correct else 0.0, True, False, info
 
 
+@spec_config(ToyConfig)
 def make_toy(difficulty: int = 0, instructions: bool = False) -> ToyEnv:
     """Registry factory for ``toy@{"difficulty": 0..3, "instructions": bool}``."""
     return ToyEnv(ToyConfig(difficulty=difficulty, instructions=instructions))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 import time
 from datetime import datetime
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import FarmError
+from launch.logs import setup_logging
 
 
 def _stack_flags(p: argparse.ArgumentParser) -> None:
@@ -45,10 +45,20 @@ def _stack_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work-dir", type=Path, help="run directory (default .farm)")
     p.add_argument("--metrics-port", type=int, help="supervisor /metrics port (0: none)")
     p.add_argument("--status-interval-s", type=float, help="status refresh period (s)")
-    p.add_argument("--learner-arg", action="append", dest="learner_args", metavar="ARG",
-                   help="extra flag for the learner (repeatable)")  # fmt: skip
-    p.add_argument("--worker-arg", action="append", dest="worker_args", metavar="ARG",
-                   help="extra flag for each worker (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--learner-arg",
+        action="append",
+        dest="learner_args",
+        metavar="ARG",
+        help="extra flag for the learner (repeatable)",
+    )
+    p.add_argument(
+        "--worker-arg",
+        action="append",
+        dest="worker_args",
+        metavar="ARG",
+        help="extra flag for each worker (repeatable)",
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -70,16 +80,30 @@ def parser() -> argparse.ArgumentParser:
 
 def _config_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     keys = (
-        "run", "redis_url", "redis_port", "inference_urls", "inference_port", "model",
-        "workers", "worker_concurrency", "sandbox_backend", "env_spec", "tasks", "max_steps",
-        "work_dir", "metrics_port", "status_interval_s", "learner_args", "worker_args",
-    )  # fmt: skip
+        "run",
+        "redis_url",
+        "redis_port",
+        "inference_urls",
+        "inference_port",
+        "model",
+        "workers",
+        "worker_concurrency",
+        "sandbox_backend",
+        "env_spec",
+        "tasks",
+        "max_steps",
+        "work_dir",
+        "metrics_port",
+        "status_interval_s",
+        "learner_args",
+        "worker_args",
+    )
     return {k: getattr(args, k) for k in keys}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    setup_logging("INFO")
     try:
         if args.command == "status":
             return asyncio.run(_status(args))

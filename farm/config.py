@@ -1,6 +1,7 @@
-"""The one-machine farm's configuration: one pydantic-settings model, CLI > env > TOML.
+"""The one-machine farm's configuration: one role model, CLI > env > TOML.
 
-`FarmConfig` holds what `farm up` and `farm demo` need to build the stack: where
+`FarmConfig` (resolved by `launch.settings`, like every role's) holds what `farm up`
+and `farm demo` need to build the stack: where
 Redis and the inference servers are (started locally when not given), how many
 workers, what the learner trains on and for how long, and where the run's files
 go. Flags given on the command line win, then `FARM_*` environment variables, then
@@ -12,23 +13,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, field_validator
-from pydantic_settings import (
-    BaseSettings,
-    NoDecode,
-    SettingsConfigDict,
-)
+from pydantic_settings import NoDecode
 
-from broker.settings import RedisUrl, SettingsError, resolve_settings
+from broker.connection import RedisUrl
 from farm.errors import ConfigError
+from launch.settings import LogLevel, RoleConfig
 
 
-class FarmConfig(BaseSettings):
+class FarmConfig(RoleConfig):
     """Everything the local stack needs; see docs/farm.md."""
 
-    model_config = SettingsConfigDict(env_prefix="FARM_", extra="forbid", validate_default=True)
+    role: ClassVar[str] = "farm"
+    error: ClassVar[type[Exception]] = ConfigError
 
     run: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="run name")
     redis_url: RedisUrl | None = Field(
@@ -66,6 +65,7 @@ class FarmConfig(BaseSettings):
     work_dir: Path = Field(Path(".farm"), description="run directory: model, Redis, logs")
     metrics_port: int = Field(9400, ge=0, le=65535, description="supervisor /metrics (0: none)")
     status_interval_s: float = Field(5.0, gt=0.0, le=3600.0, description="status refresh period")
+    log_level: LogLevel = Field("INFO", description="log level of the farm's own lines")
     restart_max: int = Field(5, ge=0, le=1000, description="crashes per child within 5 min")
 
     @field_validator("inference_urls", mode="before")
@@ -93,8 +93,4 @@ def _json_object(text: str) -> object:
 
 def load_config(toml: Path | None = None, **cli: Any) -> FarmConfig:
     """Resolve CLI values > FARM_* env > TOML; flags left as None fall through."""
-    given = {k: v for k, v in cli.items() if v is not None}
-    try:
-        return resolve_settings(FarmConfig, given, toml, "farm")
-    except SettingsError as exc:
-        raise ConfigError(str(exc)) from exc
+    return FarmConfig.load(cli, toml)

@@ -27,9 +27,17 @@ from farm.app import FarmOutcome
 # same reward in-process), for up to DEMO_MAX_STEPS steps or DEMO_TIME_LIMIT_S of
 # training: 150 steps, the old limit, stopped at ~0.44, short of the 0.6 goal.
 DEMO_LEARNER_ARGS = [
-    "--group-size", "8", "--groups-per-batch", "4", "--learning-rate", "3e-3",
-    "--max-staleness", "1", "--checkpoint-interval", "1000",
-]  # fmt: skip
+    "--group-size",
+    "8",
+    "--groups-per-batch",
+    "4",
+    "--learning-rate",
+    "3e-3",
+    "--max-staleness",
+    "1",
+    "--checkpoint-interval",
+    "1000",
+]
 DEMO_MAX_STEPS, DEMO_TIME_LIMIT_S = 500, 270.0
 # The demo's goal: the mean reward of 10 consecutive steps reaching this (its summary says when).
 TARGET_REWARD = 0.6

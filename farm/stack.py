@@ -105,9 +105,15 @@ def build_stack(cfg: FarmConfig, model: Path, tasks: Path) -> Stack:
         inference_urls = [f"http://127.0.0.1:{port}"]
         specs.append(_policy_server(model, port))
     common = [
-        "--redis-url", redis_url, "--run", cfg.run,
-        "--inference-urls", ",".join(inference_urls), "--model", str(model),
-    ]  # fmt: skip
+        "--redis-url",
+        redis_url,
+        "--run",
+        cfg.run,
+        "--inference-urls",
+        ",".join(inference_urls),
+        "--model",
+        str(model),
+    ]
     specs.append(_learner(cfg, work, tasks, common))
     for i in range(cfg.workers):
         specs.append(_worker(cfg, i, common))
@@ -120,10 +126,24 @@ def _redis(directory: Path, port: int) -> tuple[ProcessSpec, str]:
         raise StartupError("redis-server is not installed; install it or pass --redis-url")
     directory.mkdir(parents=True, exist_ok=True)
     argv = (
-        binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
-        "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-        "--protected-mode", "yes", "--daemonize", "no",
-    )  # fmt: skip
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(directory),
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "everysec",
+        "--save",
+        "",
+        "--protected-mode",
+        "yes",
+        "--daemonize",
+        "no",
+    )
     url = f"redis://127.0.0.1:{port}/0"
 
     async def ready() -> bool:
@@ -154,16 +174,28 @@ def _policy_server(model: Path, port: int) -> ProcessSpec:
 def _learner(cfg: FarmConfig, work: Path, tasks: Path, common: list[str]) -> ProcessSpec:
     port = free_port()
     argv = [
-        PYTHON, "-m", "learner", *common, "--tasks", str(tasks),
-        "--metrics-port", str(port), "--weights-dir", str(work / "weights"),
-        "--checkpoint-dir", str(work / "checkpoints"), "--resume",
-    ]  # fmt: skip
+        PYTHON,
+        "-m",
+        "learner",
+        *common,
+        "--tasks",
+        str(tasks),
+        "--metrics-port",
+        str(port),
+        "--weights-dir",
+        str(work / "weights"),
+        "--checkpoint-dir",
+        str(work / "checkpoints"),
+        "--resume",
+    ]
     if cfg.max_steps:
         argv += ["--max-steps", str(cfg.max_steps)]
     return ProcessSpec(
         "learner",
         (*argv, *cfg.learner_args),
         finishes_stack=cfg.max_steps > 0,
+        # 2: bad config or task dataset, 3: the run is failing; restarting repeats either
+        fatal_exit_codes=frozenset({2, 3}),
         stop_timeout_s=60,  # lets it finish a checkpoint
         metrics_url=f"http://127.0.0.1:{port}/metrics",
     )
@@ -173,9 +205,15 @@ def _worker(cfg: FarmConfig, index: int, common: list[str]) -> ProcessSpec:
     port = free_port()
     # A stable id: a restarted worker first takes back its own pending tasks.
     argv = [
-        PYTHON, "-m", "workers", *common, "--worker-id", f"farm-worker-{index}",
-        "--metrics-port", str(port),
-    ]  # fmt: skip
+        PYTHON,
+        "-m",
+        "workers",
+        *common,
+        "--worker-id",
+        f"farm-worker-{index}",
+        "--metrics-port",
+        str(port),
+    ]
     if cfg.worker_concurrency:
         argv += ["--concurrency", str(cfg.worker_concurrency)]
     if cfg.sandbox_backend:

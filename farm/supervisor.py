@@ -6,8 +6,10 @@ once the previous one's readiness probe passes. A child that exits while the far
 runs is restarted with exponential backoff, until it crashes more than its
 `RestartPolicy` allows within the window, which stops the whole farm loudly
 (`ChildFailed`). A child marked `finishes_stack` that exits 0 (the learner after
-`--max-steps`) ends the farm normally. Every output line reaches the sink with the
-child's name.
+`--max-steps`) ends the farm normally; one that exits with a status its spec marks
+fatal (the learner's bad dataset, a run that cannot progress) stops the farm at once
+with that child's last error line (`ChildFailed`). Every output line reaches the sink
+with the child's name.
 
 Invariant: when `run()` returns, by any path (stop request, SIGINT/SIGTERM, a
 failure, cancellation), every child and everything it spawned is gone. Each child
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from farm.errors import ChildFailed, FarmError, StartupError
 from farm.metrics import CHILD_UP, RESTARTS
+from launch.runner import on_stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,9 @@ class ProcessSpec:
     ready_timeout_s: float = 120.0  # how long the first start may take to become ready
     stop_timeout_s: float = 15.0  # SIGTERM grace before SIGKILL
     finishes_stack: bool = False  # exit status 0 ends the farm instead of a restart
+    # Statuses that mean a restart cannot help (bad input, a run that cannot progress): the
+    # farm stops at once with the child's last error line instead of restarting it.
+    fatal_exit_codes: frozenset[int] = frozenset()
     metrics_url: str | None = None  # its /metrics endpoint, for the console view
 
 
@@ -98,6 +104,7 @@ class _Child:
         self.crashes: deque[float] = deque()
         self.restarts = 0
         self.last_exit: int | None = None
+        self.last_error = ""  # the child's latest error line, for a fatal exit's message
 
     async def supervise(self) -> None:
         loop = asyncio.get_running_loop()
@@ -112,6 +119,11 @@ class _Child:
                 self.sink("farm", f"{self.spec.name} finished")
                 self.on_finished(f"{self.spec.name} finished")
                 return
+            if rc in self.spec.fatal_exit_codes:
+                raise ChildFailed(
+                    f"{self.spec.name} exited with status {rc} (not restarted): "
+                    + (self.last_error or "it printed no error line")
+                )
             now = loop.time()
             if now - started >= self.policy.window_s:
                 attempt = 0
@@ -174,7 +186,10 @@ class _Child:
                 line = b"<line too long, truncated>\n"
             if not line:
                 return
-            self.sink(self.spec.name, line.decode("utf-8", "replace").rstrip("\n"))
+            text = line.decode("utf-8", "replace").rstrip("\n")
+            if " ERROR " in text or text.startswith("error:"):
+                self.last_error = text.split(" ERROR ", 1)[-1]
+            self.sink(self.spec.name, text)
 
     async def _await_ready(self, proc: asyncio.subprocess.Process) -> None:
         if self.spec.ready is None:
@@ -241,9 +256,7 @@ class Supervisor:
         return next(c for c in self.children if c.spec.name == name)
 
     def install_signal_handlers(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.request_stop, f"received {sig.name}")
+        on_stop_signals(lambda sig: self.request_stop(f"received {sig.name}"))
 
     async def run(self, *services: Service) -> None:
         """Run until a stop request; raises ChildFailed/StartupError after stopping all."""

@@ -44,6 +44,7 @@ class FarmStatus:
     tasks_pending: int | None = None
     trajectories_lag: int | None = None
     dead_letters: int | None = None
+    latest_dead_letter: str | None = None  # where the newest dead letter came from, and why
     admission: tuple[int, int] | None = None
 
     def line(self) -> str:
@@ -60,8 +61,15 @@ class FarmStatus:
             parts.append("sandbox " + " ".join(f"{k}={v}" for k, v in sorted(self.sandbox.items())))
         if self.admission:
             parts.append(f"admission {self.admission[0]}/{self.admission[1]}")
-        parts.append(f"dead {_fmt(self.dead_letters)}")
+        dead = f"dead {_fmt(self.dead_letters)}"
+        if self.latest_dead_letter:
+            dead += f" (latest: {_clip(self.latest_dead_letter, 160)})"
+        parts.append(dead)
         return " | ".join(parts)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _fmt(value: float | None, spec: str = "") -> str:
@@ -210,6 +218,7 @@ def _from_redis(state: RunState | None, keys: RunKeys) -> dict[str, object]:
         return {}
     out: dict[str, object] = {
         "dead_letters": state.dead_letters,
+        "latest_dead_letter": state.latest_dead_letter,
         "admission": (state.admission_in_flight, state.admission_limit),
     }
     for stream in state.streams:

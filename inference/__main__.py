@@ -1,77 +1,65 @@
 """`python -m inference`: run the CPU policy server until SIGTERM/SIGINT.
 
-Flags override `FARM_INFERENCE_*` environment variables, which override `--config FILE.toml`
-(keys at top level or under `[inference]`). `--help` answers without importing torch.
+It starts through the farm's one runner (`launch.runner`): flags override
+`FARM_INFERENCE_*` environment variables, which override `--config FILE.toml` (keys at
+top level or under `[inference]`); the resolved config is logged with the API key
+masked. `--help` answers without importing torch. Once listening it prints
+``READY <url>``; a dead engine loop ends the process with status 1.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import logging
 import os
-import signal
 import sys
-from pathlib import Path
 
-from inference.config import ServerConfig, load_server_config
+from inference.config import ServerConfig
+from inference.errors import InferenceError
+from launch.runner import Role, RoleContext, start
 
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m inference", description="CPU policy server (vLLM subset)"
-    )
-    p.add_argument("--config", type=Path, help="TOML file with server settings")
-    for name, field in ServerConfig.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        # Values stay strings; pydantic validates and converts them with the other sources.
-        p.add_argument(flag, dest=name, default=None, help=field.description)
-    return p
+log = logging.getLogger("inference")
 
 
-async def _serve(config: ServerConfig) -> None:
-    from inference.server import PolicyServer  # imports torch: only once we really serve
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    server = PolicyServer(config)
-    await server.start()
-    print(f"READY {server.url}", flush=True)  # supervisors and tests wait for this line
-    engine_died = asyncio.create_task(server.wait(), name="engine-watch")
-    stopping = asyncio.create_task(stop.wait(), name="stop-signal")
-    try:
-        await asyncio.wait({engine_died, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopping.cancel()
-        await server.stop()
-        logging.getLogger("inference").info("policy server stopped")
-        if engine_died.done() and not engine_died.cancelled():
-            engine_died.result()  # a dead engine loop ends the process loudly
-        else:
-            engine_died.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await engine_died
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = vars(_parser().parse_args(argv))
-    toml = args.pop("config")
-    config = load_server_config(args, toml)
-    logging.basicConfig(
-        level=config.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
-    shown = config.model_dump(mode="json") | {"api_key": "***" if config.api_key else None}
-    logging.getLogger("inference").info("config: %s", shown)
+def _prepare(config: ServerConfig) -> None:
     import torch
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a server log wants lines, not tqdm bars
     torch.set_num_threads(config.torch_threads or min(4, os.cpu_count() or 1))
-    asyncio.run(_serve(config))
+
+
+async def _serve(ctx: RoleContext[ServerConfig]) -> int:
+    from inference.server import PolicyServer  # imports torch: only once we really serve
+
+    server = PolicyServer(ctx.config)
+    await server.start()
+    print(f"READY {server.url}", flush=True)  # supervisors and tests wait for this line
+    # A dead engine loop fails this task, and the TaskGroup ends the process loudly.
+    engine = ctx.tasks.create_task(server.wait(), name="engine-watch")
+    stopping = ctx.tasks.create_task(ctx.stop.wait(), name="stop-signal")
+    try:
+        await asyncio.wait({engine, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        await server.stop()  # also ends the engine loop, and with it the watch
+        log.info("policy server stopped")
     return 0
+
+
+ROLE = Role(
+    name="inference",
+    config=ServerConfig,
+    main=_serve,
+    description="CPU policy server (vLLM subset)",
+    prepare=_prepare,
+    metrics_port=lambda config: 0,  # the server's own app serves /metrics
+    failures=(InferenceError,),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return start(ROLE, argv)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,12 @@ import orjson
 
 from inference import metrics
 from inference.config import ClientConfig
-from inference.errors import InferenceError, InferenceRequestError, InferenceUnavailable
+from inference.errors import (
+    InferenceError,
+    InferenceRequestError,
+    InferenceUnavailable,
+    error_excerpt,
+)
 from inference.http import HttpClient
 
 __all__ = [
@@ -76,9 +81,10 @@ class Generation:
 class _Retryable(Exception):
     """A failure of the server, not of the request: try another server."""
 
-    def __init__(self, message: str, outcome: str = "error") -> None:
+    def __init__(self, message: str, outcome: str = "error", status: int | None = None) -> None:
         super().__init__(message)
         self.outcome = outcome
+        self.status = status  # the HTTP status when the server answered
 
 
 @dataclass
@@ -131,7 +137,8 @@ class GenerationClient:
     async def start(self) -> GenerationClient:
         if self._closed:
             raise InferenceError("client is closed")
-        headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+        key = self.config.api_key
+        headers = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
         self._http = HttpClient(
             limit=self.config.max_connections,
             connect_timeout_s=self.config.connect_timeout_s,
@@ -173,12 +180,12 @@ class GenerationClient:
         logprobs: list[float] = []
         versions: list[int] = []
         resumes, delay, excluded = 0, self.config.backoff_initial_s, set[str]()
-        last_error = "no attempt made"
+        last_error, last_status = "no attempt made", None
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise InferenceUnavailable(
-                    f"no server answered within the retry budget: {last_error}"
+                    f"no server answered within the retry budget: {last_error}", last_status
                 )
             server = self._pick(session_id, excluded)
             prompt = [*prompt_ids, *tokens] if tokens else prompt_ids
@@ -188,7 +195,7 @@ class GenerationClient:
                     server, body, min(self.config.request_timeout_s, remaining)
                 )
             except _Retryable as exc:
-                last_error = f"{server.url}: {exc}"
+                last_error, last_status = f"{server.url}: {exc}", exc.status
                 self._mark_failed(server, session_id, excluded)
                 await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
                 delay = min(delay * 2, self.config.backoff_max_s)
@@ -222,8 +229,8 @@ class GenerationClient:
             "return_weight_versions": True,
             "stop_token_ids": list(params.stop_token_ids),
         }
-        if self.config.model is not None:
-            body["model"] = self.config.model
+        if self.config.served_model_name is not None:
+            body["model"] = self.config.served_model_name
         if params.seed is not None:
             body["seed"] = params.seed
         if params.allowed_token_ids is not None:
@@ -264,20 +271,15 @@ class GenerationClient:
             payload = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
             resp = await self._http.request("POST", server.completions, payload, limit_s)
             status = resp.status
-            data = orjson.loads(resp.body) if resp.body else None
             if status == 200:
-                choice = _check_choice(data)
+                choice = _check_choice(orjson.loads(resp.body) if resp.body else None)
                 outcome = "abort" if choice["finish_reason"] == "abort" else "ok"
                 return choice
-            message = (
-                data.get("error", {}).get("message", str(data))
-                if isinstance(data, dict)
-                else str(data)
-            )
+            message = error_excerpt(resp.body)
             if 400 <= status < 500 and status not in (408, 429):
                 outcome = "bad_request"
                 raise InferenceRequestError(status, message)
-            raise _Retryable(f"HTTP {status}: {message}")
+            raise _Retryable(f"HTTP {status}: {message}", status=status)
         except TimeoutError as exc:
             outcome = "timeout"
             raise _Retryable("timed out", "timeout") from exc

@@ -1,28 +1,36 @@
 """Configuration of the CPU policy server (CLI/env/TOML) and of the generation and weight-sync clients.
 
-`ServerConfig` resolves with precedence CLI flags > `FARM_INFERENCE_*` environment variables >
-a TOML file given with `--config`. This module imports no torch, so `--help` is instant.
+`ServerConfig` is the role config of `python -m inference`, resolved by `launch.settings`
+with precedence CLI flags > `FARM_INFERENCE_*` environment variables > a TOML file given
+with `--config` (keys at top level or under `[inference]`). `ClientConfig` and
+`WeightSyncConfig` are component configs that the worker and learner roles nest. This
+module imports no torch, so `--help` is instant.
 """
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic_settings import BaseSettings, InitSettingsSource, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from inference.errors import ConfigError
+from launch.settings import LogLevel, RoleConfig
 
 
-class ServerConfig(BaseSettings):
+class ServerConfig(RoleConfig):
     """Settings of `python -m inference`."""
 
-    model_config = SettingsConfigDict(env_prefix="FARM_INFERENCE_", extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True)
+    role: ClassVar[str] = "inference"
+    env_prefix: ClassVar[str] = "FARM_INFERENCE_"
+    toml_table: ClassVar[str | None] = "inference"
+    error: ClassVar[type[Exception]] = ConfigError
 
     model: Path = Field(description="Hugging Face model directory (weights, config, tokenizer)")
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0 = any free port)")
-    api_key: str | None = Field(
+    api_key: SecretStr | None = Field(
         None, description="bearer token required on every route except /health and /metrics"
     )
     weight_version: str = Field(
@@ -46,24 +54,12 @@ class ServerConfig(BaseSettings):
     torch_threads: int | None = Field(
         None, ge=1, le=256, description="torch intra-op threads (default: min(4, CPU count))"
     )
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+    log_level: LogLevel = Field("INFO", description="log level")
 
 
 def load_server_config(cli: dict[str, Any], toml_path: Path | None = None) -> ServerConfig:
-    """Resolve ServerConfig from CLI values (None = unset), the environment and an optional TOML file."""
-    file_values: dict[str, Any] = {}
-    if toml_path is not None:
-        with open(toml_path, "rb") as fh:
-            file_values = tomllib.load(fh)
-        file_values = file_values.get("inference", file_values)
-
-    class _Resolved(ServerConfig):
-        @classmethod
-        def settings_customise_sources(cls, settings_cls, init_settings, env_settings, **_):  # type: ignore[override]
-            return (init_settings, env_settings, InitSettingsSource(settings_cls, file_values))
-
-    resolved = _Resolved(**{k: v for k, v in cli.items() if v is not None})
-    return ServerConfig.model_construct(**resolved.model_dump())
+    """Resolve ServerConfig from CLI values (None = unset), the environment and a TOML file."""
+    return ServerConfig.load(cli, toml_path)
 
 
 class ClientConfig(BaseModel):
@@ -71,8 +67,10 @@ class ClientConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    api_key: str | None = Field(None, description="bearer token sent to the servers")
-    model: str | None = Field(None, description="`model` field of requests (None: server default)")
+    api_key: SecretStr | None = Field(None, description="bearer token sent to the servers")
+    served_model_name: str | None = Field(
+        None, description="`model` field of requests (None: the server's default)"
+    )
     request_timeout_s: float = Field(300.0, gt=0, description="limit on one completion call")
     connect_timeout_s: float = Field(5.0, gt=0, description="limit on opening a connection")
     retry_budget_s: float = Field(
@@ -104,7 +102,7 @@ class WeightSyncConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     root_dir: Path = Field(description="directory where versioned weight directories are written")
-    api_key: str | None = Field(None, description="bearer token sent to the servers")
+    api_key: SecretStr | None = Field(None, description="bearer token sent to the servers")
     pause_mode: Literal["abort", "wait", "keep"] = Field(
         "keep", description="how servers treat in-flight requests during the update"
     )
@@ -115,4 +113,9 @@ class WeightSyncConfig(BaseModel):
     backoff_s: float = Field(0.5, ge=0, description="delay between tries")
     keep_versions: int = Field(
         2, ge=1, description="weight directories kept on disk (oldest pruned)"
+    )
+    server_world_sizes: tuple[int, ...] | None = Field(
+        None,
+        description="NCCL path: workers (TP x PP x DP) of each server, in URL order; "
+        "None asks each server's GET /get_world_size?include_dp=true",
     )

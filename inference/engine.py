@@ -81,6 +81,10 @@ class GenRequest:
     def finished(self) -> bool:
         return all(s.finish_reason is not None for s in self.seqs)
 
+    def stepped(self) -> None:
+        """Called after each engine step while the request runs; it may finish sequences
+        (stop strings). Streaming requests override it; plain token requests do nothing."""
+
     def resolve(self, error: Exception | None = None) -> None:
         if self.done.done():
             return
@@ -121,6 +125,7 @@ class Engine:
         self.version = version
         self.paused = False
         self._holding = False  # new requests are held (a pause was asked for)
+        self.rejecting = False  # new requests are refused (503): an abort or wait pause, as vLLM
         self._waiting: deque[GenRequest] = deque()
         self._held: deque[GenRequest] = deque()
         self._running: list[GenRequest] = []
@@ -132,6 +137,9 @@ class Engine:
 
     # --- requests --------------------------------------------------------------------------
     def submit(self, request: GenRequest) -> None:
+        """Queue `request`; EngineError 503 during an abort or wait pause (vLLM 0.33's answer)."""
+        if self.rejecting:
+            raise EngineError("Generation is paused. Please retry after it resumes.", status=503)
         (self._held if self._holding else self._waiting).append(request)
         self._wake.set()
         self._update_gauges()
@@ -148,9 +156,15 @@ class Engine:
         self._update_gauges()
 
     # --- control ---------------------------------------------------------------------------
-    async def pause(self, mode: PauseMode) -> None:
-        """Stop generating. abort: end in-flight requests now; wait: let them finish; keep: freeze them."""
+    async def pause(self, mode: PauseMode, clear_cache: bool = True) -> None:
+        """Stop generating. abort: end in-flight requests now; wait: let them finish; keep: freeze them.
+
+        As in vLLM 0.33: abort and wait refuse new requests until resume (`rejecting`), keep
+        queues them; `clear_cache` drops the KV of frozen sequences, which then recompute
+        their prompt and generated tokens with the weights loaded at resume.
+        """
         self._holding = True
+        self.rejecting = mode != "keep"
         if mode == "wait":
             self.paused = False  # requests frozen by an earlier keep must run to completion too
             self._drained.clear()
@@ -163,12 +177,22 @@ class Engine:
                 for request in [*self._running, *self._waiting]:
                     self.abort(request)
                 self._running.clear()
+            if clear_cache:
+                self._drop_caches()
         metrics.PAUSED.set(1)
         self._update_gauges()
+
+    def _drop_caches(self) -> None:
+        for request in self._running:
+            for seq in request.seqs:
+                if seq.finish_reason is None and seq.kv is not None:
+                    seq.kv = None  # the next step re-prefills everything seen so far
+                    seq.pending = [*seq.prompt, *seq.tokens]
 
     def resume(self) -> None:
         self.paused = False
         self._holding = False
+        self.rejecting = False
         self._waiting.extend(self._held)
         self._held.clear()
         self._wake.set()
@@ -245,6 +269,8 @@ class Engine:
             seq.finish_reason = "length"
 
     def _after_step(self) -> None:
+        for request in self._running:
+            request.stepped()
         for request in [r for r in self._running if r.finished()]:
             self._running.remove(request)
             request.resolve()

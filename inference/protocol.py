@@ -212,7 +212,13 @@ def completion_response(
 
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
     """vLLM's ErrorResponse shape."""
-    kind = {400: "BadRequestError", 401: "Unauthorized", 404: "NotFoundError", 409: "Conflict"}
+    kind = {
+        400: "BadRequestError",
+        401: "Unauthorized",
+        404: "NotFoundError",
+        409: "Conflict",
+        503: "ServiceUnavailableError",
+    }
     return {
         "error": {
             "message": message,

@@ -23,12 +23,15 @@ from typing import Any
 import torch
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import SecretStr
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from inference import metrics
 from inference.config import ServerConfig
 from inference.engine import Engine, GenRequest
 from inference.errors import EngineError
+from inference.openai_completions import text_completions, wants_openai_path
+from inference.openai_routes import add_openai_routes
 from inference.protocol import (
     Limits,
     ProtocolError,
@@ -121,6 +124,10 @@ async def errors_and_metrics(request: web.Request, handler: Any) -> web.StreamRe
     return response
 
 
+def _secret(value: SecretStr | None) -> str | None:
+    return value.get_secret_value() if value is not None else None
+
+
 def auth_middleware(api_key: str | None) -> Any:
     expected = f"Bearer {api_key}".encode() if api_key else None
 
@@ -129,16 +136,18 @@ def auth_middleware(api_key: str | None) -> Any:
         if expected is not None and request.path not in OPEN_ROUTES:
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
-                return web.json_response(error_body("Unauthorized", 401), status=401)
+                return web.json_response({"error": "Unauthorized"}, status=401)  # vLLM's body
         return await handler(request)
 
     return check
 
 
-async def completions(request: web.Request) -> web.Response:
+async def completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     started = time.perf_counter()
     body = await read_json(request)
+    if wants_openai_path(body):  # text prompts, batches, stop strings, streaming
+        return await text_completions(request, body)
     req, prompt, params = parse_completion(body, state.limits)
     if req.model is not None and req.model != state.model_name:
         return web.json_response(
@@ -183,7 +192,8 @@ async def pause(request: web.Request) -> web.Response:
         mode = "wait"  # vLLM's deprecated spelling of mode=wait
     if mode not in ("abort", "wait", "keep"):
         raise ProtocolError(f"mode must be abort, wait or keep, not {mode!r}", "mode")
-    await request.app[STATE].engine.pause(mode)
+    clear_cache = request.query.get("clear_cache", "true").lower() != "false"
+    await request.app[STATE].engine.pause(mode, clear_cache)
     return web.json_response({"status": "paused"})
 
 
@@ -226,12 +236,14 @@ async def weight_info(request: web.Request) -> web.Response:
 
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:
-    # KV is per request here; there is no cross-request prefix cache to drop.
-    return web.Response(status=200)
+    # KV is per request here; there is no cross-request prefix cache to drop. vLLM 0.33's body.
+    return web.json_response({"success": True})
 
 
 def build_app(state: ServerState) -> web.Application:
-    app = web.Application(middlewares=[errors_and_metrics, auth_middleware(state.config.api_key)])
+    app = web.Application(
+        middlewares=[errors_and_metrics, auth_middleware(_secret(state.config.api_key))]
+    )
     app[STATE] = state
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)
@@ -245,6 +257,7 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_get("/weight_info", weight_info)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     add_transfer_routes(app, STATE, read_json, json_object)
+    add_openai_routes(app, STATE)
     return app
 
 

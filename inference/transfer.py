@@ -41,7 +41,7 @@ def add_transfer_routes(
     read_json: Callable[..., Awaitable[Any]],
     json_object: Callable[[Any], dict[str, Any]],
 ) -> None:
-    """Register the four routes; `key` finds the ServerState holding `.transfer` and `.engine`."""
+    """Register the transfer routes and /get_world_size; `key` finds the ServerState holding `.transfer` and `.engine`."""
     from inference.protocol import ProtocolError  # a sibling module; avoids an import cycle
 
     async def init_engine(request: web.Request) -> web.Response:
@@ -102,6 +102,11 @@ def add_transfer_routes(
             state.engine.set_version(str(label))
         return web.json_response({"message": "Weight update finished"})
 
+    async def world_size(request: web.Request) -> web.Response:
+        # vLLM 0.33 answers TP x PP (x DP with include_dp); this server is one CPU worker.
+        return web.json_response({"world_size": 1})
+
+    app.router.add_get("/get_world_size", world_size)
     app.router.add_post("/init_weight_transfer_engine", init_engine)
     app.router.add_post("/start_weight_update", start_update)
     app.router.add_post("/update_weights", update_weights)

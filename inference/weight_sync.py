@@ -11,10 +11,12 @@ serving its old version under its old label). A failed server is retried `attemp
 each server that is not serving it. The farm never believes a version a server has not confirmed.
 The weight directory must be readable by the servers at the same path (shared or local disk).
 
-NCCL path (`NcclWeightSync`): vLLM's `/init_weight_transfer_engine`, `/start_weight_update`,
-`/update_weights` (while the transport broadcasts), `/finish_weight_update {"weight_version"}`.
-The tensor transport is pluggable: `VllmNcclTransport` imports vLLM only when used; the CPU
-server answers the same routes with `FileStandInTransport` (see inference/transfer.py).
+NCCL path (`NcclWeightSync`), vLLM 0.33's choreography: `init()` reads each server's world size,
+lays out the ranks and posts `/init_weight_transfer_engine` to every server while the trainer
+joins the group; `push()` posts `/pause?mode=keep`, `/start_weight_update`, `/update_weights`
+(while the transport broadcasts), `/finish_weight_update {"weight_version"}`, `/resume`, then
+verifies. The tensor transport is pluggable: `inference.nccl.NcclTransport` (vLLM's
+trainer_init, or its gloo stand-in); the CPU server takes `FileStandInTransport`.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
+import orjson
 
 from inference import metrics
 from inference.config import WeightSyncConfig
-from inference.errors import WeightSyncError
+from inference.errors import WeightSyncError, error_excerpt
+from inference.nccl import rank_offsets, tensor_metadata
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -43,6 +47,14 @@ TOKENIZER_FILES = (
 class _StepFailed(Exception):
     """One control call failed (status or connection); the message says which and why."""
 
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status  # the HTTP status when the server answered
+
+
+def _route(url: str) -> str:
+    return url.rsplit("/", 1)[-1]
+
 
 class _ControlClient:
     """Shared HTTP plumbing: authorised JSON calls with a timeout, errors as _StepFailed."""
@@ -54,7 +66,8 @@ class _ControlClient:
         self.config = config
 
     def _session(self) -> aiohttp.ClientSession:
-        headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+        key = self.config.api_key
+        headers = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
         return aiohttp.ClientSession(
             headers=headers, timeout=aiohttp.ClientTimeout(total=self.config.timeout_s)
         )
@@ -64,16 +77,15 @@ class _ControlClient:
     ) -> Any:
         try:
             async with session.request(method, url, json=json) as resp:
-                text = await resp.text()
-                if resp.status != 200:
+                body = await resp.read()
+                if not 200 <= resp.status < 300:
                     raise _StepFailed(
-                        f"{method} {url.rsplit('/', 1)[-1]} -> HTTP {resp.status}: {text[:300]}"
+                        f"{method} {_route(url)} -> HTTP {resp.status}: {error_excerpt(body)}",
+                        resp.status,
                     )
-                return await resp.json(content_type=None) if text.strip() else None
+                return orjson.loads(body) if body.strip() else None
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
-            raise _StepFailed(
-                f"{method} {url.rsplit('/', 1)[-1]}: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise _StepFailed(f"{method} {_route(url)}: {type(exc).__name__}: {exc}") from exc
 
     async def _with_retries(self, url: str, attempt: Any) -> str | None:
         """Run `attempt()` up to `attempts` times; None on success, else the last reason."""
@@ -194,40 +206,37 @@ def prune_versions(root: Path, keep: int, current: Path) -> None:
 class Transport(Protocol):
     """Moves tensors to the servers between /start_weight_update and /finish_weight_update."""
 
-    def init_info(self, server_index: int) -> dict[str, Any]: ...
+    def init_info(self, rank_offset: int, world_size: int) -> dict[str, Any]: ...
 
-    async def start(self) -> None: ...
+    async def start(self, world_size: int) -> None: ...
 
     def update_info(self, tensors: Mapping[str, Any]) -> dict[str, Any]: ...
 
     async def send(self, tensors: Mapping[str, Any]) -> None: ...
 
 
-def tensor_metadata(tensors: Mapping[str, Any]) -> dict[str, Any]:
-    """vLLM's NCCLWeightTransferUpdateInfo fields for `tensors`."""
-    return {
-        "names": list(tensors),
-        "dtype_names": [str(t.dtype).removeprefix("torch.") for t in tensors.values()],
-        "shapes": [list(t.shape) for t in tensors.values()],
-    }
-
-
 class FileStandInTransport:
-    """The CPU server's stand-in for NCCL: tensors go through a safetensors file it reads."""
+    """The CPU server's stand-in for NCCL: tensors go through a safetensors file it reads.
+
+    It must be written before the servers read it (`writes_first`); NCCL needs both at once.
+    """
+
+    writes_first = True
 
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
         self._file = self.directory / "transfer.safetensors"
 
-    def init_info(self, server_index: int) -> dict[str, Any]:
+    def init_info(self, rank_offset: int, world_size: int) -> dict[str, Any]:
         return {
             "master_address": "file",
             "master_port": 0,
-            "rank_offset": 1 + server_index,
-            "world_size": 0,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
         }
 
-    async def start(self) -> None:
+    async def start(self, world_size: int) -> None:
+        del world_size  # no group to form
         self.directory.mkdir(parents=True, exist_ok=True)
 
     def update_info(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
@@ -241,63 +250,93 @@ class FileStandInTransport:
 
 
 class NcclWeightSync(_ControlClient):
-    """Weight push over vLLM's NCCL routes; `await init()` once, then `await push(tensors, version)`."""
+    """Weight push over vLLM 0.33's NCCL routes; `await init()` once, then `await push(...)`.
+
+    Each server's world size (its TP x PP x DP workers) comes from `config.server_world_sizes`
+    when set, else from the server's own `GET /get_world_size?include_dp=true` (a vLLM 0.33
+    dev-mode route). Server i gets `rank_offset` = 1 + the world sizes of servers 0..i-1.
+    """
 
     def __init__(self, urls: Sequence[str], config: WeightSyncConfig, transport: Transport) -> None:
         super().__init__(urls, config)
         self.transport = transport
+        self.rank_offsets: list[int] = []
+        self.world_size = 0
+
+    async def world_sizes(self) -> list[int]:
+        """Every server's worker count, from the configuration or from the server."""
+        if self.config.server_world_sizes is not None:
+            if len(self.config.server_world_sizes) != len(self.urls):
+                raise ValueError("server_world_sizes needs one entry per server URL")
+            return list(self.config.server_world_sizes)
+        async with self._session() as session:
+            answers = await asyncio.gather(
+                *(
+                    self._call(session, "GET", f"{u}/get_world_size?include_dp=true")
+                    for u in self.urls
+                )
+            )
+        sizes = [a.get("world_size") if isinstance(a, dict) else None for a in answers]
+        bad = {u: repr(s) for u, s in zip(self.urls, sizes, strict=True) if not _positive_int(s)}
+        if bad:
+            raise WeightSyncError(
+                -1, {u: f"/get_world_size answered {s}" for u, s in bad.items()}, _NO_GROUP
+            )
+        return [int(s) for s in sizes]  # type: ignore[arg-type]
 
     async def init(self) -> None:
-        """Form the transfer group: the trainer side and every server join at the same time."""
+        """Form the transfer group: the trainer and every server's workers join at once."""
+        try:
+            sizes = await self.world_sizes()
+        except _StepFailed as exc:
+            raise WeightSyncError(-1, {u: str(exc) for u in self.urls}, _NO_GROUP) from exc
+        self.rank_offsets, self.world_size = rank_offsets(sizes)
         async with self._session() as session:
             joins = [
                 self._call(
                     session,
                     "POST",
                     f"{url}/init_weight_transfer_engine",
-                    {"init_info": self.transport.init_info(i)},
+                    {"init_info": self.transport.init_info(offset, self.world_size)},
                 )
-                for i, url in enumerate(self.urls)
+                for url, offset in zip(self.urls, self.rank_offsets, strict=True)
             ]
-            await asyncio.gather(self.transport.start(), *joins)
+            # Wait for every side, even after a refusal: the trainer's rendezvous ends only by
+            # its own timeout, and a thread cannot be cancelled.
+            trainer, *answers = await asyncio.gather(
+                self.transport.start(self.world_size), *joins, return_exceptions=True
+            )
+        failures = {
+            u: str(a)
+            for u, a in zip(self.urls, answers, strict=True)
+            if isinstance(a, BaseException)
+        }
+        if isinstance(trainer, BaseException) and not failures:
+            failures = {u: f"trainer rendezvous: {trainer!r}" for u in self.urls}
+        if failures:
+            raise WeightSyncError(-1, failures, _NO_GROUP)
 
     async def push(self, tensors: Mapping[str, Any], version: int) -> None:
-        # The stand-in transport must write before servers read; NCCL needs both sides at once.
-        if isinstance(self.transport, FileStandInTransport):
+        """Pause, start, update (while broadcasting), finish with the version, resume, verify."""
+        writes_first = getattr(self.transport, "writes_first", False)
+        if writes_first:
             await self.transport.send(tensors)
         update = {"update_info": self.transport.update_info(tensors)}
+        failures: dict[str, str] = {}
         async with self._session() as session:
 
-            async def start_all() -> None:
+            async def on_all(path: str, body: Any = None) -> None:
                 await asyncio.gather(
-                    *(
-                        self._call(session, "POST", f"{u}/pause?mode={self.config.pause_mode}")
-                        for u in self.urls
-                    )
-                )
-                await asyncio.gather(
-                    *(self._call(session, "POST", f"{u}/start_weight_update") for u in self.urls)
+                    *(self._call(session, "POST", u + path, body) for u in self.urls)
                 )
 
-            async def transfer() -> None:
-                calls = [
-                    self._call(session, "POST", f"{u}/update_weights", update) for u in self.urls
-                ]
-                if not isinstance(self.transport, FileStandInTransport):
-                    calls.append(self.transport.send(tensors))
-                await asyncio.gather(*calls)
-                body = {"weight_version": str(version)}
-                await asyncio.gather(
-                    *(
-                        self._call(session, "POST", f"{u}/finish_weight_update", body)
-                        for u in self.urls
-                    )
-                )
-
-            failures: dict[str, str] = {}
             try:
-                await start_all()
-                await transfer()
+                await on_all(f"/pause?mode={self.config.pause_mode}")
+                await on_all("/start_weight_update")
+                # The servers receive inside /update_weights: both sides must be in the collective.
+                sends = [] if writes_first else [self.transport.send(tensors)]
+                await asyncio.gather(on_all("/update_weights", update), *sends)
+                await on_all("/finish_weight_update", {"weight_version": str(version)})
             except _StepFailed as exc:  # a collective transfer fails as a whole
                 failures = {u: str(exc) for u in self.urls}
                 for url in self.urls:
@@ -311,51 +350,8 @@ class NcclWeightSync(_ControlClient):
         await self.verify(version, failures)
 
 
-class VllmNcclTransport:
-    """NCCL broadcast from the trainer through vLLM's own trainer-side helper (GPU only).
+_NO_GROUP = "weight transfer group not formed"
 
-    Imports vLLM lazily; not exercised by the CPU test suite. `init_info` follows vLLM's
-    NCCLWeightTransferInitInfo (master_address, master_port, rank_offset, world_size); the
-    trainer is rank 0 and server i (one GPU worker each) is rank 1 + i.
-    """
 
-    def __init__(self, master_address: str, master_port: int, num_servers: int) -> None:
-        self.master_address = master_address
-        self.master_port = master_port
-        self.world_size = 1 + num_servers
-        self._group: Any = None
-
-    def init_info(self, server_index: int) -> dict[str, Any]:
-        return {
-            "master_address": self.master_address,
-            "master_port": self.master_port,
-            "rank_offset": 1 + server_index,
-            "world_size": self.world_size,
-        }
-
-    async def start(self) -> None:
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
-
-        # The servers join the group when /init_weight_transfer_engine runs; rendezvous blocks.
-        self._group = await asyncio.to_thread(
-            NCCLWeightTransferEngine.trainer_init,
-            {
-                "master_address": self.master_address,
-                "master_port": self.master_port,
-                "world_size": self.world_size,
-            },
-        )
-
-    def update_info(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
-        return tensor_metadata(tensors)
-
-    async def send(self, tensors: Mapping[str, Any]) -> None:
-        from vllm.distributed.weight_transfer.nccl_engine import (
-            NCCLTrainerSendWeightsArgs,
-            NCCLWeightTransferEngine,
-        )
-
-        args = NCCLTrainerSendWeightsArgs(group=self._group)
-        await asyncio.to_thread(
-            NCCLWeightTransferEngine.trainer_send_weights, iter(tensors.items()), args
-        )
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from broker.messages import Trajectory, TrajectoryGroup
-from learner.algorithms import Algorithm, compute_advantages, episode_return
+from learner.algorithms import compute_advantages, episode_return
+from learner.config import BatchRules
 
 
 @dataclass(frozen=True)
@@ -31,17 +32,6 @@ class Sample:
     advantages: np.ndarray  # float32, the token's turn advantage on completion tokens
     stale: bool  # train with truncated importance sampling
     group_id: str
-
-
-@dataclass(frozen=True)
-class BatchRules:
-    """The parts of the config that decide what a batch trains."""
-
-    algorithm: Algorithm
-    gamma: float
-    max_staleness: int
-    drop_stale: bool
-    skip_zero_variance: bool
 
 
 @dataclass
@@ -93,9 +83,13 @@ def _stale_action(staleness: int, rules: BatchRules) -> str:
 
 
 def prepare_batch(
-    groups: Sequence[TrajectoryGroup], rules: BatchRules, version: int
+    groups: Sequence[TrajectoryGroup], rules: BatchRules, version: int, judge_staleness: bool = True
 ) -> PreparedBatch:
-    """Filter the groups of one batch and assemble the sequences to train."""
+    """Filter the groups of one batch and assemble the sequences to train.
+
+    `judge_staleness=False` trains every group as fresh (a replay: its versions are not
+    this run's); staleness is still measured.
+    """
     out = PreparedBatch()
     candidates: list[tuple[TrajectoryGroup, bool]] = []
     for group in groups:
@@ -104,9 +98,10 @@ def prepare_batch(
             continue
         staleness = max(0, version - group.min_weight_version)
         out.staleness.append(staleness)
-        out.episode_returns += [episode_return([t.reward for t in tr.turns], rules.gamma)
-                                for tr in group.trajectories]  # fmt: skip
-        action = _stale_action(staleness, rules)
+        out.episode_returns += [
+            episode_return([t.reward for t in tr.turns], rules.gamma) for tr in group.trajectories
+        ]
+        action = _stale_action(staleness, rules) if judge_staleness else "fresh"
         if action == "drop":
             out.dropped_stale.append(group.group_id)
             continue

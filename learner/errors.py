@@ -5,6 +5,7 @@
     ├── TaskSourceError    the task dataset cannot be read or is malformed
     ├── CheckpointError    a checkpoint cannot be written or read back
     ├── WeightPushError    the new weights could not be pushed to, or verified on, every server
+    ├── RunFailedError     nothing can be trained: every episode fails with an infra/spec error
     └── ReplayError        a replay source cannot be found or read
 
 Library exceptions (pydantic, torch, OSError, the inference client) are translated
@@ -32,6 +33,11 @@ class CheckpointError(LearnerError):
 
 class WeightPushError(LearnerError):
     """Weights were not confirmed by every inference server."""
+
+
+class RunFailedError(LearnerError):
+    """Batch after batch held nothing trainable because the infrastructure or the task
+    specs failed every episode; the message names the dominant category and an example."""
 
 
 class ReplayError(LearnerError):

@@ -1,8 +1,9 @@
 """Prometheus metrics of the learner, on the default registry.
 
 Names are the canonical ones of HELPERS.md (the deploy/ dashboards use them);
-the ``farm_learner_advantage_*``, ``farm_learner_ratio_*``, ``farm_learner_grad_norm``
-and ``farm_learner_dropped_groups_total`` gauges/counters are additions.
+the ``farm_learner_advantage_*``, ``farm_learner_ratio_*``, ``farm_learner_grad_norm``,
+``farm_learner_dropped_groups_total`` and ``farm_learner_skipped_batches_total`` are
+additions.
 """
 
 from __future__ import annotations
@@ -34,3 +35,6 @@ ADVANTAGE_STD = Gauge("farm_learner_advantage_std", "Std of per-turn advantages 
 RATIO_MEAN = Gauge("farm_learner_ratio_mean", "Mean importance ratio to the behaviour policy")
 RATIO_MAX = Gauge("farm_learner_ratio_max", "Largest importance ratio of the last step")
 GRAD_NORM = Gauge("farm_learner_grad_norm", "Gradient norm before clipping")
+SKIPPED_BATCHES = Counter(
+    "farm_learner_skipped_batches", "Batches with no trainable sample (not steps: no push)"
+)

@@ -25,7 +25,8 @@ from broker.keys import RunKeys
 from broker.messages import TrajectoryGroup
 from learner.checkpoint import LearnerState
 from learner.errors import ReplayError
-from learner.service import Core, emit, step_record
+from learner.record import emit, emit_skip
+from learner.service import Core, skip_record, step_record
 from learner.source import problem_with
 
 log = logging.getLogger("learner")
@@ -78,8 +79,11 @@ async def replay_groups(spec: str, keys: RunKeys, redis_url: str) -> AsyncIterat
         yield message
 
 
-async def batches_of(groups: AsyncIterator[TrajectoryGroup], size: int,
-                     usable: Callable[[TrajectoryGroup], str | None]) -> AsyncIterator[list[TrajectoryGroup]]:  # fmt: skip
+async def batches_of(
+    groups: AsyncIterator[TrajectoryGroup],
+    size: int,
+    usable: Callable[[TrajectoryGroup], str | None],
+) -> AsyncIterator[list[TrajectoryGroup]]:
     batch: list[TrajectoryGroup] = []
     async for group in groups:
         problem = usable(group)
@@ -107,7 +111,10 @@ async def run_replay(core: Core, stop: asyncio.Event) -> LearnerState:
         ):
             core.dist.broadcast_groups(batch)
             prepared, stats = core.train(batch, replay=True)
-            emit(step_record(core, prepared, stats, 0.0, 0.0))
+            if stats is None:  # nothing trainable: not a step
+                emit_skip(skip_record(core, prepared, len(batch), 0.0), prepared)
+            else:
+                emit(step_record(core, prepared, stats, 0.0, 0.0), prepared)
             if stop.is_set() or (cfg.max_steps and state.step >= cfg.max_steps):
                 break
     finally:

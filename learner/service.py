@@ -7,31 +7,35 @@ steps, and every `checkpoint_interval` steps write a checkpoint and only then
 ack the entries trained since the previous one. Each step logs one JSON line
 (``{"event": "step", ...}``) and updates the Prometheus metrics. SIGTERM stops
 after the current step, with a final checkpoint and ack.
+
+A batch with no trainable sample (all zero-variance, infra-failed or dropped) is
+not a step: it logs ``{"event": "skipped", ...}``, is counted and acked, and
+does not advance the policy version, push weights or count toward max_steps.
+`learner.health` stops the run (RunFailedError) when batch after batch is
+spoiled by infrastructure errors, or every task comes back dead-lettered.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import redis.asyncio as aioredis
 import torch
-from redis.exceptions import RedisError
 
 from broker.connection import RedisSettings, connect
-from broker.errors import BrokerError
+from broker.consumer import Delivery
+from broker.errors import BrokerError, RedisUnavailable
 from broker.keys import LEARNER_GROUP, WORKERS_GROUP, RunKeys
 from broker.messages import PolicyVersion, TrajectoryGroup
+from broker.outage import retry_while_unavailable
 from broker.policy import current_policy, publish_policy
 from broker.status import refresh_stream_gauges
 from learner import metrics as m
-from learner.batch import BatchRules, PreparedBatch, prepare_batch
+from learner.batch import PreparedBatch, prepare_batch
 from learner.checkpoint import (
     LearnerState,
     latest_checkpoint,
@@ -39,18 +43,19 @@ from learner.checkpoint import (
     load_state,
     save_checkpoint,
 )
-from learner.config import LearnerConfig, Precision, StalePolicy
+from learner.config import LearnerConfig
 from learner.distributed import DistContext
+from learner.errors import RunFailedError
+from learner.health import DeadLetterWatch, FailureWatch
+from learner.record import SkipRecord, StepRecord, emit, emit_skip
 from learner.source import LiveSource
 from learner.tasks import (
-    CurriculumRules,
-    HorizonSchedule,
     TaskFeeder,
     TaskSampler,
     count_in_flight,
     load_dataset,
 )
-from learner.trainer import OptimConfig, StepStats, Trainer
+from learner.trainer import StepStats, Trainer
 from learner.weights import WeightPusher
 
 log = logging.getLogger("learner")
@@ -74,26 +79,23 @@ class Core:
     state: LearnerState
     checkpoint: Path | None  # the checkpoint resumed from
 
-    def rules(self, replay: bool) -> BatchRules:
-        return BatchRules(
-            algorithm=self.cfg.algorithm,
-            gamma=self.cfg.gamma,
-            # a replay trains what was recorded; its versions are not this run's
-            max_staleness=10**9 if replay else self.cfg.max_staleness,
-            drop_stale=self.cfg.stale_policy is StalePolicy.DROP,
-            skip_zero_variance=self.cfg.skip_zero_variance,
-        )
-
     def train(
         self, groups: list[TrajectoryGroup], replay: bool
     ) -> tuple[PreparedBatch, StepStats | None]:
-        prepared = prepare_batch(groups, self.rules(replay), version=self.state.step)
+        """Prepare and train one batch. A batch with no trainable sample is not a step:
+        the step, the policy version and --max-steps stay where they are (stats None)."""
+        # a replay trains what was recorded; its versions are not this run's
+        prepared = prepare_batch(
+            groups, self.cfg.batch, version=self.state.step, judge_staleness=not replay
+        )
         stats = None
         if prepared.samples:
             local = self.dist.shard(prepared.samples)
             stats = self.trainer.step(local, prepared.num_tokens, len(prepared.samples))
-        self.state.step += 1
-        self.state.record_step([g.group_id for g in groups])
+            self.state.step += 1
+            self.state.record_step([g.group_id for g in groups])
+        else:
+            self.state.count("skipped_batches", 1)
         self.state.count("groups", len(groups))
         self.state.count("trained_groups", len(prepared.trained_groups))
         self.state.count("infra_failed", len(prepared.infra_failed))
@@ -105,9 +107,14 @@ class Core:
     def save(self) -> Path | None:
         if self.cfg.checkpoint_dir is None or not self.dist.is_main:
             return None
-        return save_checkpoint(self.cfg.checkpoint_dir, self.trainer.model, self.trainer.optimizer,
-                               self.state, tokenizer_dir=self.cfg.model,
-                               keep=self.cfg.keep_checkpoints)  # fmt: skip
+        return save_checkpoint(
+            self.cfg.checkpoint_dir,
+            self.trainer.model,
+            self.trainer.optimizer,
+            self.state,
+            tokenizer_dir=self.cfg.model,
+            keep=self.cfg.keep_checkpoints,
+        )
 
 
 def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> Core:
@@ -124,15 +131,7 @@ def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> C
         checkpoint = latest_checkpoint(cfg.checkpoint_dir)
     source = checkpoint or cfg.model
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-    bf16 = cfg.precision is Precision.BF16 or (
-        cfg.precision is Precision.AUTO and device.type == "cuda"
-    )
-    optim = OptimConfig(
-        learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay, clip_low=cfg.clip_low,
-        clip_high=cfg.clip_high, tis_cap=cfg.tis_cap, max_grad_norm=cfg.max_grad_norm,
-        micro_batch_size=cfg.micro_batch_size, aggregation=cfg.aggregation, bf16=bf16,
-    )  # fmt: skip
-    trainer = Trainer(model, optim, device, dist)
+    trainer = Trainer(model, cfg.optim, device, dist)
     state = LearnerState()
     if checkpoint is not None:
         state = load_state(checkpoint)
@@ -142,65 +141,19 @@ def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> C
     return Core(cfg, dist, trainer, state, checkpoint)
 
 
-def step_record(core: Core, prepared: PreparedBatch, stats: StepStats | None, wait_s: float,
-                push_s: float) -> dict[str, object]:  # fmt: skip
-    """The step's log line and metrics."""
-    returns = np.asarray(prepared.episode_returns or [0.0])
-    adv = np.asarray(prepared.advantages or [0.0])
-    compute_s = stats.compute_s if stats else 0.0
-    record: dict[str, object] = {
-        "event": "step", "step": core.state.step, "version": core.state.version,
-        "groups": len(core.state.trained[-1]), "trained_groups": len(prepared.trained_groups),
-        "samples": len(prepared.samples), "tokens": prepared.num_tokens,
-        "reward_mean": float(returns.mean()), "adv_mean": float(adv.mean()),
-        "adv_std": float(adv.std()), "staleness_max": max(prepared.staleness, default=0),
-        "zero_variance": len(prepared.zero_variance), "infra_failed": len(prepared.infra_failed),
-        "stale_dropped": len(prepared.dropped_stale),
-        "stale_corrected": len(prepared.corrected_stale),
-        "wait_s": round(wait_s, 4), "compute_s": round(compute_s, 4), "push_s": round(push_s, 4),
-        "samples_per_s": round(len(prepared.samples) / max(wait_s + compute_s, 1e-9), 2),
-    }  # fmt: skip
-    if stats is not None:
-        record.update(loss=stats.loss, clip_fraction=stats.clip_fraction, entropy=stats.entropy,
-                      ratio_mean=stats.ratio_mean, ratio_max=stats.ratio_max,
-                      grad_norm=stats.grad_norm)  # fmt: skip
-    _export(record, prepared)
-    return record
+def step_record(
+    core: Core, prepared: PreparedBatch, stats: StepStats | None, wait_s: float, push_s: float
+) -> StepRecord:
+    """The typed record of the step just trained."""
+    state = core.state
+    groups = len(state.trained[-1])
+    return StepRecord.measure(state.step, state.version, groups, prepared, stats, wait_s, push_s)
 
 
-def _export(record: dict[str, object], prepared: PreparedBatch) -> None:
-    m.STEPS.inc()
-    m.STEP_SECONDS.observe(float(record["wait_s"]) + float(record["compute_s"]))  # type: ignore[arg-type]
-    m.WAIT_SECONDS.observe(float(record["wait_s"]))  # type: ignore[arg-type]
-    m.SAMPLES.inc(len(prepared.samples))
-    m.REWARD_MEAN.set(float(record["reward_mean"]))  # type: ignore[arg-type]
-    m.ADVANTAGE_MEAN.set(float(record["adv_mean"]))  # type: ignore[arg-type]
-    m.ADVANTAGE_STD.set(float(record["adv_std"]))  # type: ignore[arg-type]
-    m.POLICY_VERSION.set(float(record["version"]))  # type: ignore[arg-type]
-    m.LAST_STEP.set(time.time())
-    for s in prepared.staleness:
-        m.STALENESS.observe(s)
-    m.STALE_GROUPS.labels(action="dropped").inc(len(prepared.dropped_stale))
-    m.STALE_GROUPS.labels(action="corrected").inc(len(prepared.corrected_stale))
-    m.ZERO_VARIANCE.inc(len(prepared.zero_variance))
-    m.INFRA_FAILED.inc(len(prepared.infra_failed))
-    if "loss" in record:
-        m.LOSS.set(float(record["loss"]))  # type: ignore[arg-type]
-        m.CLIP_FRACTION.set(float(record["clip_fraction"]))  # type: ignore[arg-type]
-        m.ENTROPY.set(float(record["entropy"]))  # type: ignore[arg-type]
-        m.RATIO_MEAN.set(float(record["ratio_mean"]))  # type: ignore[arg-type]
-        m.RATIO_MAX.set(float(record["ratio_max"]))  # type: ignore[arg-type]
-        m.GRAD_NORM.set(float(record["grad_norm"]))  # type: ignore[arg-type]
-
-
-def emit(record: dict[str, object]) -> None:
-    log.info("%s", json.dumps(record, sort_keys=False))
-
-
-def install_stop(stop: asyncio.Event) -> None:
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+def skip_record(core: Core, prepared: PreparedBatch, groups: int, wait_s: float) -> SkipRecord:
+    """The typed record of a batch that trained nothing (not a step)."""
+    state = core.state
+    return SkipRecord.measure(state.step, state.version, groups, prepared, wait_s)
 
 
 async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
@@ -217,37 +170,15 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
     )
     try:
         feeder = await _make_feeder(core, redis, keys)
-        vocab = int(core.trainer.model.config.vocab_size)  # type: ignore[union-attr]
-        recent = {g for step in state.trained[-cfg.checkpoint_interval :] for g in step}
-        consumer = LiveSource.consumer_config(cfg.consumer_name, cfg.reclaim_idle_s,
-                                              cfg.max_deliveries)  # fmt: skip
-        source = LiveSource(redis, keys, consumer, feeder, vocab, already_trained=recent)
-        await source.start()
-        if await current_policy(redis, keys) is None:
-            await publish_policy(redis, keys, PolicyVersion(version=state.version, step=state.step))
-        unacked = []
-        while not (cfg.max_steps and state.step >= cfg.max_steps):
-            batch = await source.next_batch(cfg.groups_per_batch, state.version, state.step, stop)
-            if batch is None:
-                break
-            core.dist.broadcast_groups(batch.groups)
-            prepared, stats = core.train(batch.groups, replay=False)
-            unacked += batch.deliveries
-            if feeder is not None:
-                feeder.sampler.observe(prepared.episode_returns)
-                state.sampler = feeder.sampler.state()
-            push_s = 0.0
-            if pusher is not None and state.step % cfg.push_interval == 0:
-                push_s = await _push(core, pusher, redis, keys)
-            emit(step_record(core, prepared, stats, batch.wait_s, push_s))
-            last = cfg.max_steps and state.step >= cfg.max_steps
-            if cfg.checkpoint_dir is None or state.step % cfg.checkpoint_interval == 0 or last:
-                core.save()
-                await source.commit_trained(unacked)
-                unacked = []
-        if unacked:  # stopped between checkpoints: make the trained groups durable, then ack
-            core.save()
-            await source.commit_trained(unacked)
+        source = await _make_source(core, redis, keys, feeder, stop)
+        await retry_while_unavailable(lambda: _publish_initial(redis, keys, state), "policy", stop)
+        unacked: list[Delivery] = []
+        try:
+            await _steps(core, Live(source, feeder, pusher, redis, keys), stop, unacked)
+        except RunFailedError:
+            await _make_durable(core, source, unacked, stop, final=True)  # trained stays trained
+            raise
+        await _make_durable(core, source, unacked, stop, final=True)
         return state
     finally:
         core.dist.broadcast_groups([])
@@ -259,13 +190,97 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
         await redis.aclose()
 
 
+@dataclass(frozen=True)
+class Live:
+    """What the live loop talks to."""
+
+    source: LiveSource
+    feeder: TaskFeeder | None
+    pusher: WeightPusher | None
+    redis: aioredis.Redis
+    keys: RunKeys
+
+
+async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Delivery]) -> None:
+    """Batch, train, push, checkpoint and ack until stop or max_steps; `unacked` is left
+    holding the trained entries no checkpoint holds yet."""
+    cfg, state = core.cfg, core.state
+    failures = FailureWatch(cfg.max_failed_batches)
+    while not (cfg.max_steps and state.step >= cfg.max_steps):
+        batch = await live.source.next_batch(cfg.groups_per_batch, state.version, state.step, stop)
+        if batch is None:
+            return
+        core.dist.broadcast_groups(batch.groups)
+        prepared, stats = core.train(batch.groups, replay=False)
+        if live.feeder is not None:
+            live.feeder.sampler.observe(prepared.episode_returns)
+            state.sampler = live.feeder.sampler.state()
+        if stats is None:
+            # Not a step: nothing for a checkpoint to hold, so ack now (waiting for the next
+            # checkpoint would let a run that trains nothing pile up pending entries).
+            await live.source.commit_trained(batch.deliveries, stop)
+            emit_skip(skip_record(core, prepared, len(batch.groups), batch.wait_s), prepared)
+            failures.observe(batch.groups, 0)  # RunFailedError past the limit
+            continue
+        failures.observe(batch.groups, len(prepared.samples))
+        unacked += batch.deliveries
+        push_s = 0.0
+        if live.pusher is not None and state.step % cfg.push_interval == 0:
+            push_s = await _push(core, live.pusher, live.redis, live.keys, stop)
+        emit(step_record(core, prepared, stats, batch.wait_s, push_s), prepared)
+        last = cfg.max_steps and state.step >= cfg.max_steps
+        if cfg.checkpoint_dir is None or state.step % cfg.checkpoint_interval == 0 or last:
+            await _make_durable(core, live.source, unacked, stop)
+
+
+async def _make_durable(
+    core: Core,
+    source: LiveSource,
+    unacked: list[Delivery],
+    stop: asyncio.Event,
+    final: bool = False,
+) -> None:
+    """Checkpoint, then ack the entries the checkpoint now holds. At the end (`final`) an
+    outage leaves them pending: they are redelivered, and the checkpoint lists them."""
+    if not unacked:
+        return
+    core.save()
+    try:
+        await source.commit_trained(unacked, stop)
+    except RedisUnavailable as exc:
+        if not final:
+            raise
+        log.warning("trained groups left pending at stop: %s", exc)
+    unacked.clear()
+
+
+async def _make_source(
+    core: Core,
+    redis: aioredis.Redis,
+    keys: RunKeys,
+    feeder: TaskFeeder | None,
+    stop: asyncio.Event,
+) -> LiveSource:
+    cfg = core.cfg
+    vocab = int(core.trainer.model.config.vocab_size)  # type: ignore[union-attr]
+    recent = {g for step in core.state.trained[-cfg.checkpoint_interval :] for g in step}
+    consumer = LiveSource.consumer_config(cfg.consumer_name, cfg.reclaim_idle_s, cfg.max_deliveries)
+    dead = DeadLetterWatch(redis, keys, cfg.max_failed_batches * cfg.groups_per_batch)
+    await retry_while_unavailable(dead.start, "reading the dead letters", stop)
+    source = LiveSource(
+        redis, keys, consumer, feeder, vocab, already_trained=recent, dead_letters=dead
+    )
+    await retry_while_unavailable(source.start, "creating the learner group", stop)
+    return source
+
+
 async def export_stream_gauges(redis: aioredis.Redis, keys: RunKeys, period_s: float = 5.0) -> None:
     """Refresh stream length, lag, pending and admission gauges until cancelled."""
     while True:
         try:
             async with asyncio.timeout(period_s):
                 await refresh_stream_gauges(redis, keys)
-        except (BrokerError, RedisError, TimeoutError) as exc:
+        except (BrokerError, TimeoutError) as exc:
             log.warning("stream gauges not refreshed: %s", exc)
         await asyncio.sleep(period_s)
 
@@ -274,25 +289,34 @@ async def _make_feeder(core: Core, redis: aioredis.Redis, keys: RunKeys) -> Task
     cfg = core.cfg
     if cfg.tasks is None:
         return None
-    rules = CurriculumRules(enabled=cfg.curriculum, window=cfg.curriculum_window,
-                            promote_above=cfg.promote_above, demote_below=cfg.demote_below,
-                            success_threshold=cfg.success_threshold)  # fmt: skip
-    sampler = TaskSampler(load_dataset(cfg.tasks), cfg.seed, rules)
+    sampler = TaskSampler(load_dataset(cfg.tasks), cfg.seed, cfg.curriculum)
     sampler.restore(core.state.sampler)
-    horizon = HorizonSchedule(cfg.horizon_start, cfg.horizon_max, cfg.horizon_every)
-    feeder = TaskFeeder(redis, keys, sampler, horizon, cfg.group_size, cfg.admission_limit)
+    feeder = TaskFeeder(redis, keys, sampler, cfg.horizon, cfg.group_size, cfg.admission_limit)
     await feeder.start(await count_in_flight(redis, keys, WORKERS_GROUP, LEARNER_GROUP))
     return feeder
 
 
-async def _push(core: Core, pusher: WeightPusher, redis: aioredis.Redis, keys: RunKeys) -> float:
+async def _publish_initial(redis: aioredis.Redis, keys: RunKeys, state: LearnerState) -> None:
+    if await current_policy(redis, keys) is None:
+        await publish_policy(redis, keys, PolicyVersion(version=state.version, step=state.step))
+
+
+async def _push(
+    core: Core, pusher: WeightPusher, redis: aioredis.Redis, keys: RunKeys, stop: asyncio.Event
+) -> float:
     started = time.perf_counter()
     version = core.state.step
     result = await pusher.push(core.trainer.model, version)
     core.state.version = version
-    await publish_policy(redis, keys, PolicyVersion(version=version, step=core.state.step,
-                                                    servers=result.servers,
-                                                    weights_path=result.weights_path))  # fmt: skip
+    policy = PolicyVersion(
+        version=version,
+        step=core.state.step,
+        servers=result.servers,
+        weights_path=result.weights_path,
+    )
+    await retry_while_unavailable(
+        lambda: publish_policy(redis, keys, policy), "publishing the policy version", stop
+    )
     elapsed = time.perf_counter() - started
     m.PUSH_SECONDS.observe(elapsed)
     return elapsed

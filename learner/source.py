@@ -8,6 +8,7 @@ so after a SIGKILL the resumed learner (same consumer name) gets its own
 pending entries back first and trains each group exactly once relative to the
 weights it resumed from. Groups that decode but are unusable (token ids outside
 the vocabulary, non-finite logprobs, wrong group size) are dead-lettered here.
+Tasks the workers dead-letter give their admission slot back here (`DeadLetterWatch`).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from dataclasses import dataclass
 import numpy as np
 import redis.asyncio as aioredis
 
-from broker.codec import encode
 from broker.consumer import Consumer, ConsumerConfig, Delivery
-from broker.errors import BudgetError
+from broker.errors import BudgetError, RedisUnavailable
 from broker.keys import LEARNER_GROUP, RunKeys
-from broker.messages import DeadLetter, TrajectoryGroup
+from broker.messages import TrajectoryGroup
+from broker.outage import Backoff, retry_while_unavailable
+from learner.health import DeadLetterWatch
 from learner.tasks import TaskFeeder
 
 log = logging.getLogger(__name__)
@@ -71,26 +73,34 @@ class LiveSource:
         feeder: TaskFeeder | None,
         vocab_size: int,
         already_trained: set[str] | None = None,
+        dead_letters: DeadLetterWatch | None = None,
     ) -> None:
         self.redis = redis
         self.keys = keys
-        self.consumer = Consumer(redis, keys, keys.all_trajectories, consumer_config,
-                                 expect=TrajectoryGroup)  # fmt: skip
+        self.consumer = Consumer(
+            redis, keys, keys.all_trajectories, consumer_config, expect=TrajectoryGroup
+        )
         self.feeder = feeder
         self.vocab_size = vocab_size
         # Group ids the resumed checkpoint already holds: a crash between writing a
         # checkpoint and acking its entries redelivers them, and they must not train twice.
         self.already_trained = set(already_trained or ())
         self.buffer: list[Delivery] = []
+        self.unscreened: list[Delivery] = []  # read, not yet screened (kept across an outage)
         self.training = 0  # groups of the batch being trained (popped, not yet a new version)
         self.released: set[tuple[str, str]] = set()  # entries whose budget slot this process freed
         self.issued = 0
+        self.dead_letters = dead_letters  # tasks the workers gave up on: slots back, streak
 
     @staticmethod
     def consumer_config(name: str, reclaim_idle_s: float, max_deliveries: int) -> ConsumerConfig:
-        return ConsumerConfig(group=LEARNER_GROUP, consumer=name, block_ms=500,
-                              reclaim_idle_ms=int(reclaim_idle_s * 1000),
-                              max_deliveries=max_deliveries)  # fmt: skip
+        return ConsumerConfig(
+            group=LEARNER_GROUP,
+            consumer=name,
+            block_ms=500,
+            reclaim_idle_ms=int(reclaim_idle_s * 1000),
+            max_deliveries=max_deliveries,
+        )
 
     async def start(self) -> None:
         await self.consumer.ensure_groups()
@@ -112,53 +122,78 @@ class LiveSource:
         """
         started = time.perf_counter()
         self.training = 0
+        backoff = Backoff("reading groups")
         while len(self.buffer) < size:
             if stop.is_set():
                 return None
-            await self.top_up(version, step)
-            got = await self.consumer.read(count=size - len(self.buffer))
-            # A slot is freed once per entry and process: count_in_flight() at start-up
-            # counted this learner's pending entries too, so redelivered ones free theirs.
-            fresh = [
-                (d.stream, d.entry_id) for d in got if (d.stream, d.entry_id) not in self.released
-            ]
-            self.released.update(fresh)
-            if self.feeder is not None and fresh:
-                try:
-                    await self.feeder.release(len(fresh))
-                except BudgetError as exc:  # groups nobody issued through the budget
-                    log.warning("admission release: %s", exc)
-            self.buffer += await self._screen(got)
+            try:
+                await self._fill(size, version, step)
+            except RedisUnavailable as exc:  # an outage: what was read stays in memory
+                await backoff.wait(exc, stop)
+                continue
+            backoff.reset()
         wait_s = time.perf_counter() - started
         batch, self.buffer = self.buffer[:size], self.buffer[size:]
         self.training = len(batch)
-        await self.top_up(version, step)
+        await retry_while_unavailable(lambda: self.top_up(version, step), "issuing tasks", stop)
         return Batch(batch, wait_s)
 
-    async def _screen(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
-        good: list[Delivery] = []
-        for d in deliveries:
+    async def _watch_dead_letters(self) -> None:
+        """A dead-lettered task never yields a group: free its slot here (else the budget
+        leaks), and fail the run when nothing but dead letters comes back."""
+        if self.dead_letters is None:
+            return
+        freed = await self.dead_letters.poll()
+        if freed and self.feeder is not None:
+            try:
+                await self.feeder.release(freed)
+            except BudgetError as exc:  # e.g. a requeued dead letter whose group came back
+                log.warning("admission release for dead-lettered tasks: %s", exc)
+        self.dead_letters.check()
+
+    async def _fill(self, size: int, version: int, step: int) -> None:
+        await self._watch_dead_letters()
+        await self.top_up(version, step)
+        got = await self.consumer.read(count=size - len(self.buffer))
+        if got and self.dead_letters is not None:
+            self.dead_letters.groups_arrived()
+        # A slot is freed once per entry and process: count_in_flight() at start-up
+        # counted this learner's pending entries too, so redelivered ones free theirs.
+        fresh = [(d.stream, d.entry_id) for d in got if (d.stream, d.entry_id) not in self.released]
+        self.unscreened += got
+        if self.feeder is not None and fresh:
+            try:
+                await self.feeder.release(len(fresh))
+            except BudgetError as exc:  # groups nobody issued through the budget
+                log.warning("admission release: %s", exc)
+        self.released.update(fresh)
+        await self._screen()
+
+    async def _screen(self) -> None:
+        """Move what was read into the buffer, acking groups the checkpoint already holds and
+        dead-lettering bad ones; an entry leaves `unscreened` only once handled."""
+        while self.unscreened:
+            d = self.unscreened[0]
             assert isinstance(d.message, TrajectoryGroup)
             if d.message.group_id in self.already_trained:
                 log.info("group %s is in the checkpoint already; acking it", d.message.group_id)
-                self.already_trained.discard(d.message.group_id)
                 await self.consumer.commit([d])
-                self.released.discard((d.stream, d.entry_id))
+                self.already_trained.discard(d.message.group_id)
+            elif (reason := problem_with(d.message, self.vocab_size)) is not None:
+                await self.consumer.dead_letter(d, f"group {d.message.group_id}: {reason}")
+            else:
+                self.buffer.append(self.unscreened.pop(0))
                 continue
-            reason = problem_with(d.message, self.vocab_size)
-            if reason is None:
-                good.append(d)
-                continue
-            log.warning("dead-lettering group %s (%s): %s", d.message.group_id, d.entry_id, reason)
-            letter = DeadLetter(source_stream=d.stream, entry_id=d.entry_id, reason=reason,
-                                fields=encode(d.message), deliveries=d.deliveries,
-                                consumer=self.consumer.config.consumer)  # fmt: skip
-            await self.consumer.commit([d], publish=[(self.keys.deadletter, letter)])
             self.released.discard((d.stream, d.entry_id))
-        return good
+            self.unscreened.pop(0)
 
-    async def commit_trained(self, deliveries: Sequence[Delivery]) -> None:
-        """Ack entries whose effect a durable checkpoint now holds."""
+    async def commit_trained(
+        self, deliveries: Sequence[Delivery], stop: asyncio.Event | None = None
+    ) -> None:
+        """Ack entries whose effect a durable checkpoint now holds, riding out an outage
+        (until `stop` is set: then RedisUnavailable leaves them pending)."""
         if deliveries:
-            await self.consumer.commit(deliveries)
+            await retry_while_unavailable(
+                lambda: self.consumer.commit(deliveries), "acking trained groups", stop
+            )
             self.released.difference_update((d.stream, d.entry_id) for d in deliveries)

@@ -11,8 +11,9 @@ checkpoint can hold it.
 `TaskFeeder.top_up` is the only place tasks are issued: it takes slots from
 the broker's `AdmissionBudget` (passing the learner's buffered groups as the
 reserve), so tasks in flight plus groups buffered never exceed
-``(max_staleness + 1) x groups_per_batch`` however many workers run. It also
-publishes the current horizon to ``RunKeys.horizon``.
+``(max_staleness + 1) x groups_per_batch`` however many workers run. The
+horizon schedule's value is stamped on each task it issues (`Task.max_turns`): the
+task is the one place a worker reads it from.
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ from typing import Any
 import numpy as np
 import redis.asyncio as aioredis
 
+import envs
 from broker.admission import AdmissionBudget
 from broker.keys import RunKeys
 from broker.messages import Task
 from broker.producer import Producer
+from learner.config import CurriculumRules, HorizonSchedule
 from learner.errors import TaskSourceError
 from learner.metrics import TASKS_ISSUED
 
@@ -46,12 +49,18 @@ class TaskRow:
 
 
 def load_dataset(path: Path) -> list[TaskRow]:
-    """Read and validate the JSONL dataset; errors name the line."""
+    """Read and validate the JSONL dataset; errors name the line.
+
+    Every distinct env spec is checked against the registry (`envs.check_spec`: name,
+    JSON, kwargs against the factory's signature or config) without building an
+    environment, so a bad spec stops the learner before any task is issued.
+    """
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
         raise TaskSourceError(f"cannot read task dataset {path}: {exc}") from exc
     rows: list[TaskRow] = []
+    checked: set[str] = set()
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -65,22 +74,21 @@ def load_dataset(path: Path) -> list[TaskRow]:
             spec = data["env_spec"]
             if not isinstance(spec, str) or not spec:
                 raise ValueError("env_spec must be a non-empty string")
-            rows.append(TaskRow(spec, int(data.get("difficulty", 0)), data.get("max_turns"),
-                                data.get("meta")))  # fmt: skip
+            if spec not in checked:  # each distinct spec once; nothing is built
+                envs.check_spec(spec)
+                checked.add(spec)
+            rows.append(
+                TaskRow(
+                    spec, int(data.get("difficulty", 0)), data.get("max_turns"), data.get("meta")
+                )
+            )
+        except envs.EnvSpecError as exc:
+            raise TaskSourceError(f"{path}:{number}: bad env_spec {spec!r}: {exc}") from None
         except (ValueError, KeyError, TypeError) as exc:
             raise TaskSourceError(f"{path}:{number}: {exc}") from exc
     if not rows:
         raise TaskSourceError(f"task dataset {path} has no rows")
     return rows
-
-
-@dataclass(frozen=True)
-class CurriculumRules:
-    enabled: bool = False
-    window: int = 32
-    promote_above: float = 0.8
-    demote_below: float = 0.2
-    success_threshold: float = 0.5
 
 
 class TaskSampler:
@@ -91,7 +99,7 @@ class TaskSampler:
         self.rules = rules
         self.levels = sorted({r.difficulty for r in rows})
         self.level_index = 0
-        self.recent: deque[bool] = deque(maxlen=rules.window)
+        self.recent: deque[bool] = deque(maxlen=rules.curriculum_window)
         self.rng = np.random.default_rng(seed)
 
     @property
@@ -102,7 +110,7 @@ class TaskSampler:
         """A row and a task seed."""
         pool = (
             [r for r in self.rows if r.difficulty == self.level]
-            if self.rules.enabled
+            if self.rules.curriculum
             else self.rows
         )
         row = pool[int(self.rng.integers(len(pool)))]
@@ -110,11 +118,11 @@ class TaskSampler:
 
     def observe(self, episode_returns: list[float]) -> None:
         """Feed finished episodes; move the level when the window says so."""
-        if not self.rules.enabled:
+        if not self.rules.curriculum:
             return
         for r in episode_returns:
             self.recent.append(r >= self.rules.success_threshold)
-        if len(self.recent) < self.rules.window:
+        if len(self.recent) < self.rules.curriculum_window:
             return
         rate = sum(self.recent) / len(self.recent)
         if rate >= self.rules.promote_above and self.level_index < len(self.levels) - 1:
@@ -125,8 +133,11 @@ class TaskSampler:
             self.recent.clear()
 
     def state(self) -> dict[str, Any]:
-        return {"level_index": self.level_index, "recent": list(self.recent),
-                "rng": self.rng.bit_generator.state}  # fmt: skip
+        return {
+            "level_index": self.level_index,
+            "recent": list(self.recent),
+            "rng": self.rng.bit_generator.state,
+        }
 
     def restore(self, state: dict[str, Any]) -> None:
         if not state:
@@ -135,20 +146,6 @@ class TaskSampler:
         self.recent.clear()
         self.recent.extend(bool(x) for x in state["recent"])
         self.rng.bit_generator.state = state["rng"]
-
-
-@dataclass(frozen=True)
-class HorizonSchedule:
-    """Max turns rising by one every `every` steps from `start` to `end` (None: off)."""
-
-    start: int | None = None
-    end: int | None = None
-    every: int = 10
-
-    def at(self, step: int) -> int | None:
-        if self.start is None or self.end is None:
-            return None
-        return min(self.end, self.start + step // self.every)
 
 
 class TaskFeeder:
@@ -171,7 +168,6 @@ class TaskFeeder:
         self.limit = limit
         self.budget = AdmissionBudget(redis, keys)
         self.producer = Producer(redis)
-        self._published_horizon: int | None = None
 
     async def start(self, in_flight: int) -> None:
         """Set the limit and re-count what is already in flight (fresh run or resume)."""
@@ -183,20 +179,23 @@ class TaskFeeder:
     async def top_up(self, buffered: int, version: int, step: int) -> list[Task]:
         """Issue as many tasks as the budget allows now; return them."""
         horizon = self.horizon.at(step)
-        if horizon is not None and horizon != self._published_horizon:
-            await self.redis.set(self.keys.horizon, horizon)
-            self._published_horizon = horizon
         granted = await self.budget.try_acquire(self.limit, reserve=buffered)
         tasks: list[Task] = []
         for _ in range(granted):
             row, seed = self.sampler.draw()
             meta = dict(row.meta or {})
             meta["difficulty"] = row.difficulty
-            tasks.append(Task(
-                task_id=f"{self.keys.run}-{uuid.uuid4().hex[:16]}", env_spec=row.env_spec,
-                group_size=self.group_size, seed=seed, policy_version=version,
-                max_turns=row.max_turns if horizon is None else horizon, meta=meta,
-            ))  # fmt: skip
+            tasks.append(
+                Task(
+                    task_id=f"{self.keys.run}-{uuid.uuid4().hex[:16]}",
+                    env_spec=row.env_spec,
+                    group_size=self.group_size,
+                    seed=seed,
+                    policy_version=version,
+                    max_turns=row.max_turns if horizon is None else horizon,
+                    meta=meta,
+                )
+            )
         if tasks:
             await self.producer.publish(self.keys.tasks, tasks)
             TASKS_ISSUED.inc(len(tasks))
@@ -217,8 +216,9 @@ async def _group_info(redis: aioredis.Redis, stream: str, group: str) -> dict[st
     return None
 
 
-async def count_in_flight(redis: aioredis.Redis, keys: RunKeys, workers_group: str,
-                          learner_group: str) -> int:  # fmt: skip
+async def count_in_flight(
+    redis: aioredis.Redis, keys: RunKeys, workers_group: str, learner_group: str
+) -> int:
     """Tasks issued whose groups the learner has not consumed yet, from the streams.
 
     Workers publish a group and ack its task in one transaction, so every issued

@@ -18,24 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from learner.algorithms import Aggregation, aggregate, policy_token_loss, token_entropy
+from learner.algorithms import aggregate, policy_token_loss, token_entropy
 from learner.batch import Sample
+from learner.config import OptimConfig
 from learner.distributed import DistContext
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """The trainer's share of the learner config."""
-
-    learning_rate: float
-    weight_decay: float
-    clip_low: float
-    clip_high: float
-    tis_cap: float
-    max_grad_norm: float
-    micro_batch_size: int
-    aggregation: Aggregation
-    bf16: bool
 
 
 @dataclass(frozen=True)
@@ -80,8 +66,14 @@ def collate(
         logp[i, :n] = torch.from_numpy(s.behaviour_logp)
         adv[i, :n] = torch.from_numpy(s.advantages)
     stale = torch.tensor([s.stale for s in samples], dtype=torch.bool)
-    tensors = {"input_ids": ids, "attention_mask": attn, "mask": mask, "behaviour_logp": logp,
-               "advantages": adv, "stale": stale}  # fmt: skip
+    tensors = {
+        "input_ids": ids,
+        "attention_mask": attn,
+        "mask": mask,
+        "behaviour_logp": logp,
+        "advantages": adv,
+        "stale": stale,
+    }
     return {k: v.to(device) for k, v in tensors.items()}
 
 
@@ -132,7 +124,7 @@ class Trainer:
         sums[4], sums[5] = float("inf"), float("inf")
         for chunk in micro_batches(local, self.cfg.micro_batch_size):
             batch = collate(chunk, self.pad_id, self.device)
-            with autocast_context(self.device, self.cfg.bf16):
+            with autocast_context(self.device, self.cfg.bf16(self.device.type)):
                 logp, entropy = token_logprobs(self.model, batch)
             mask = batch["mask"][:, 1:]
             out = policy_token_loss(
@@ -144,8 +136,13 @@ class Trainer:
                 stale=batch["stale"],
                 tis_cap=self.cfg.tis_cap,
             )
-            share = aggregate(out.loss, mask, self.cfg.aggregation,
-                              total_tokens=total_tokens, total_sequences=total_sequences)  # fmt: skip
+            share = aggregate(
+                out.loss,
+                mask,
+                self.cfg.aggregation,
+                total_tokens=total_tokens,
+                total_sequences=total_sequences,
+            )
             share.backward()
             on = mask > 0
             sums[0] += float(share.detach())

@@ -76,6 +76,14 @@ docker_daemon() {
   return 1
 }
 
+# vLLM 0.33's pure-Python source and the small packages its routers import, in a directory of
+# its own (never the venv): the contract suite's stub server runs on it. Cached; see
+# tests/inference/vllm_contract/env.py.
+vllm_contract_env() {
+  log "vLLM contract environment: $(cd "$ROOT" && PYTHONPATH="$ROOT" "$VENV/bin/python" -m tests.inference.vllm_contract.env)"
+}
+
 system_packages
 python_env
+vllm_contract_env
 docker_daemon || true

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: installs what it needs, starts the
-# daemons, builds the sandbox image, then runs pytest. Extra arguments go to pytest.
+# daemons, builds the sandbox image, checks lint and formatting (ruff, pinned in
+# pyproject.toml), then runs pytest. Extra arguments go to pytest.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/scripts/bootstrap.sh"
 VENV="${FARM_VENV:-$ROOT/.venv}"
 cd "$ROOT"
+"$VENV/bin/ruff" check .
+"$VENV/bin/ruff" format --check .
 # The sandbox image builds offline (debootstrap from the machine's apt mirror), once:
 # it is tagged by content and reused while the agent and recipe are unchanged.
 "$VENV/bin/python" -m sandbox.image build --quiet

@@ -27,7 +27,7 @@ def test_learner_toml(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv("FARM_RUN", raising=False)
     cfg = LearnerConfig.load({}, CONFIG_DIR / "learner.toml")
     assert cfg.run == "prod"
-    assert cfg.algorithm is Algorithm.GRPO
+    assert cfg.batch.algorithm is Algorithm.GRPO
     assert cfg.groups_per_batch == 16 and cfg.resume
 
 

@@ -1,113 +1,75 @@
-"""`python -m workers`: parse the config (no torch/transformers import), then run a worker.
+"""`python -m workers`: start a rollout worker through the farm's one runner (`launch.runner`).
 
-Every `WorkerConfig` field is a flag (``--concurrency 512``); ``--config FILE.toml``
-supplies defaults that ``FARM_*`` environment variables and then flags override. The
-resolved config is logged at start-up. SIGTERM/SIGINT: stop taking tasks, finish what
-can finish within ``--shutdown-grace-s``, leave the rest pending, exit 0.
+Every `WorkerConfig` field is a flag (``--concurrency 512``), grouped in ``--help`` by
+the component it configures; ``--config FILE.toml`` supplies defaults that ``FARM_*``
+environment variables and then flags override. The config parses before torch or
+transformers are imported. SIGTERM/SIGINT: stop taking tasks, finish what can finish
+within ``--shutdown-grace-s``, leave the rest pending, exit 0.
 Exit codes: 0 stopped cleanly, 2 bad configuration, 1 runtime failure.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
-import logging
-import signal
 import sys
-from pathlib import Path
 
-from broker.memory import tune_malloc
-from broker.settings import add_settings_flags
+from launch.runner import Role, RoleContext, parse, start
 from workers.config import WorkerConfig
-from workers.errors import ConfigError
-from workers.resources import loop_factory, raise_open_files_limit
-
-log = logging.getLogger("workers")
+from workers.resources import loop_factory
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m workers",
-        description="Rollout worker of the rollout farm (see docs/workers.md).",
-        argument_default=argparse.SUPPRESS,
-    )
-    parser.add_argument("--config", type=Path, help="TOML file with config values")
-    add_settings_flags(parser, WorkerConfig)
-    return parser
+def _prepare(cfg: WorkerConfig) -> None:
+    from broker.memory import tune_malloc
+    from workers.resources import raise_open_files_limit
+
+    tune_malloc()
+    raise_open_files_limit()
 
 
-def load_config(argv: list[str]) -> WorkerConfig:
-    args = vars(build_parser().parse_args(argv))
-    toml = args.pop("config", None)
-    return WorkerConfig.load(args, toml)
-
-
-async def serve(cfg: WorkerConfig, stop: asyncio.Event) -> int:
-    """Build the worker's parts, run until `stop`, close everything."""
+async def serve(ctx: RoleContext[WorkerConfig]) -> int:
+    """Build the worker's parts, run until the stop event, close everything."""
     from broker.connection import RedisSettings, connect
-    from inference.client import ClientConfig, GenerationClient, SamplingParams
+    from inference.client import GenerationClient, SamplingParams
     from workers.episode import EpisodeContext
     from workers.resources import import_env_modules, open_sandbox, tune_gc
     from workers.tokens import load_codec
     from workers.worker import Worker
 
+    cfg = ctx.config
     import_env_modules(cfg.env_modules)
     codec = load_codec(str(cfg.model))
     redis = await connect(RedisSettings.from_url(cfg.redis_url))
-    client = GenerationClient(
-        cfg.inference_urls,
-        ClientConfig(
-            api_key=cfg.inference_api_key,
-            request_timeout_s=cfg.inference_timeout_s,
-            retry_budget_s=cfg.inference_retry_budget_s,
-            max_connections=cfg.inference_max_connections,
-        ),
-    )
+    client = GenerationClient(cfg.inference_urls, cfg.inference)
     try:
         await client.start()
         async with open_sandbox(cfg.sandbox_backend) as pool:
-            ctx = EpisodeContext(codec=codec, client=client, sampling=SamplingParams, sandbox=pool)
+            episode = EpisodeContext(
+                codec=codec, client=client, sampling=SamplingParams, sandbox=pool
+            )
             tune_gc()
-            await Worker(cfg, redis, ctx).run(stop)
+            await Worker(cfg, redis, episode).run(ctx.stop)
     finally:
         await client.close()
         await redis.aclose()
     return 0
 
 
+ROLE = Role(
+    name="workers",
+    config=WorkerConfig,
+    main=serve,
+    description="Rollout worker of the rollout farm (see docs/workers.md).",
+    prepare=_prepare,
+    loop_factory=lambda cfg: loop_factory(cfg.event_loop),
+)
+
+
+def load_config(argv: list[str]) -> WorkerConfig:
+    """The config `argv` resolves to (raises ConfigError)."""
+    return parse(ROLE, argv)[0]
+
+
 def main(argv: list[str] | None = None) -> int:
-    try:
-        cfg = load_config(sys.argv[1:] if argv is None else argv)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    logging.basicConfig(
-        level=cfg.log_level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    log.info("%s", json.dumps({"event": "config", **cfg.redacted()}))
-    tune_malloc()
-    raise_open_files_limit()
-    if cfg.metrics_port:
-        from prometheus_client import start_http_server
-
-        start_http_server(cfg.metrics_port)
-
-    async def run() -> int:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        return await serve(cfg, stop)
-
-    try:
-        with asyncio.Runner(loop_factory=loop_factory(cfg.event_loop)) as runner:
-            return runner.run(run())
-    except Exception:
-        log.exception("worker failed")
-        return 1
+    return start(ROLE, argv)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,12 @@
-"""The rollout worker's configuration: one pydantic-settings class, every field a CLI flag.
+"""The rollout worker's configuration: one role model nesting its components' configs.
 
-Precedence: CLI flags > ``FARM_*`` environment variables > a TOML file given with
-``--config``. Importing this module imports neither torch nor transformers, so
-``python -m workers --help`` answers at once. Unknown keys are rejected.
+`WorkerConfig` holds what `python -m workers` needs. Its sections are the config models
+the components take as they are: `EpisodeSettings` (every episode's sampling and limits)
+and `inference.config.ClientConfig` (the generation client, flags ``--inference-*``).
+Every field is a flag, a ``FARM_*`` variable and a TOML key by its flat name, resolved
+by `launch.settings` (flags > environment > TOML). Importing this module imports neither
+torch nor transformers, so ``python -m workers --help`` answers at once. Unknown keys
+are rejected.
 """
 
 from __future__ import annotations
@@ -10,15 +14,14 @@ from __future__ import annotations
 import socket
 import uuid
 from pathlib import Path
-from typing import Any, Literal
+from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
-from pydantic_settings import (
-    BaseSettings,
-    SettingsConfigDict,
-)
+from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic.dataclasses import dataclass
 
-from broker.settings import CommaList, RedisUrl, SettingsError, resolve_settings
+from broker.connection import RedisUrl
+from inference.config import ClientConfig
+from launch.settings import CommaList, LogLevel, RoleConfig, section
 from workers.errors import ConfigError
 
 
@@ -26,10 +29,40 @@ def _default_worker_id() -> str:
     return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
 
 
-class WorkerConfig(BaseSettings):
+@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+class EpisodeSettings:
+    """Sampling and limits shared by every episode a worker runs."""
+
+    max_tokens: int = Field(
+        256,
+        ge=1,
+        le=1_000_000,
+        description="max completion tokens per turn (capped by the context left)",
+    )
+    temperature: float = Field(1.0, ge=0.0, le=10.0, description="sampling temperature")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass")
+    max_context_tokens: int = Field(
+        4096, ge=16, le=10_000_000, description="prompt+completion tokens an episode may reach"
+    )
+    episode_timeout_s: float = Field(600.0, gt=0.0, description="wall-clock limit per episode")
+    env_step_timeout_s: float | None = Field(
+        None,
+        gt=0.0,
+        description="limit on one env reset/step (default: only the episode limit); beyond it: category timeout",
+    )
+
+    @model_validator(mode="after")
+    def _step_within_episode(self) -> EpisodeSettings:
+        if self.env_step_timeout_s and self.env_step_timeout_s > self.episode_timeout_s:
+            raise ValueError("env_step_timeout_s must not exceed episode_timeout_s")
+        return self
+
+
+class WorkerConfig(RoleConfig):
     """Everything `python -m workers` needs; see docs/workers.md for the reference."""
 
-    model_config = SettingsConfigDict(env_prefix="FARM_", extra="forbid", validate_default=True)
+    role: ClassVar[str] = "worker"
+    error: ClassVar[type[Exception]] = ConfigError
 
     # --- where things are ------------------------------------------------------------------
     redis_url: RedisUrl = Field("redis://127.0.0.1:6379/0", description="Redis URL")
@@ -37,7 +70,6 @@ class WorkerConfig(BaseSettings):
     inference_urls: CommaList = Field(
         default_factory=list, description="inference servers, comma-separated (at least one)"
     )
-    inference_api_key: str | None = Field(None, description="bearer token for the servers")
     model: Path = Field(description="model/tokenizer directory (its chat template is used)")
     worker_id: str = Field(
         default_factory=_default_worker_id,
@@ -56,25 +88,12 @@ class WorkerConfig(BaseSettings):
     group_size: int | None = Field(
         None, ge=1, le=4096, description="override every task's group size n (default: the task's)"
     )
-    # --- sampling --------------------------------------------------------------------------
-    max_tokens: int = Field(256, ge=1, le=1_000_000, description="max completion tokens per turn")
-    temperature: float = Field(1.0, ge=0.0, le=10.0, description="sampling temperature")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass")
     # --- per-episode limits ----------------------------------------------------------------
     max_turns: int = Field(
         32,
         ge=1,
         le=100_000,
         description="hard cap on turns (the horizon/task value applies below it)",
-    )
-    max_context_tokens: int = Field(
-        4096, ge=16, le=10_000_000, description="prompt+completion tokens an episode may reach"
-    )
-    episode_timeout_s: float = Field(600.0, gt=0.0, description="wall-clock limit per episode")
-    env_step_timeout_s: float | None = Field(
-        None,
-        gt=0.0,
-        description="limit on one env reset/step (default: only the episode limit); beyond it: category timeout",
     )
     episode_retries: int = Field(
         2, ge=0, le=10, description="re-runs of an episode cut short by inference/sandbox faults"
@@ -91,22 +110,16 @@ class WorkerConfig(BaseSettings):
     shutdown_grace_s: float = Field(
         30.0, ge=0.0, description="on SIGTERM, time allowed for in-flight groups to finish"
     )
-    inference_timeout_s: float = Field(
-        60.0, gt=0.0, description="per-request timeout of the generation client"
-    )
-    inference_retry_budget_s: float = Field(
-        120.0,
-        gt=0.0,
-        description="time one generate call may spend failing over before the episode is retried",
-    )
-    inference_max_connections: int = Field(
-        1024, ge=1, le=65536, description="most open connections to the inference servers"
-    )
     event_loop: Literal["uvloop", "asyncio"] = Field(
         "uvloop", description="event loop (uvloop: about a third less CPU per env step)"
     )
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port (0: none)")
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+    log_level: LogLevel = Field("INFO", description="log level")
+    # --- components ------------------------------------------------------------------------
+    episode: EpisodeSettings = section(EpisodeSettings)
+    inference: ClientConfig = section(
+        ClientConfig, prefix="inference_", request_timeout_s=60.0, retry_budget_s=120.0
+    )
 
     @field_validator("inference_urls")
     @classmethod
@@ -120,21 +133,4 @@ class WorkerConfig(BaseSettings):
     def _consistent(self) -> WorkerConfig:
         if not self.inference_urls:
             raise ValueError("inference_urls: at least one inference server is required")
-        if self.env_step_timeout_s and self.env_step_timeout_s > self.episode_timeout_s:
-            raise ValueError("env_step_timeout_s must not exceed episode_timeout_s")
         return self
-
-    @classmethod
-    def load(cls, cli: dict[str, Any], toml_file: Path | None = None) -> WorkerConfig:
-        """Resolve CLI values > FARM_* env > TOML; raise ConfigError listing every problem."""
-        try:
-            return resolve_settings(cls, cli, toml_file, "worker")
-        except SettingsError as exc:
-            raise ConfigError(str(exc)) from exc
-
-    def redacted(self) -> dict[str, Any]:
-        """The resolved config for the start-up log, secrets hidden."""
-        data = self.model_dump(mode="json")
-        if data.get("inference_api_key"):
-            data["inference_api_key"] = "***"
-        return data

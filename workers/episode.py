@@ -3,7 +3,10 @@
 Invariants:
 - `run_episode` never raises for a failure of the model, the environment, the sandbox or
   inference: it returns a `Trajectory` whose `finish_reason`/`error` say what happened
-  (only cancellation propagates). Whether to retry is decided by the caller (`group`).
+  (only cancellation and `EnvSpecError`, a task that cannot run at all, propagate).
+  Whether to retry is decided by the caller (`group`).
+- after `terminated` or `truncated` the loop returns: the env is never stepped again
+  (`envs.astep` would refuse with `EnvStateError` anyway);
 - Token bookkeeping is exact (see `workers.tokens`): the concatenation of every turn's
   `prompt_ids + completion_ids` is exactly what the model was sent and produced.
 - Memory per episode is bounded by `max_context_tokens`: the episode holds its token
@@ -16,34 +19,43 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import envs
-from broker.messages import ErrorCategory, Task, Trajectory, Turn
+from broker.messages import ErrorCategory, FinishReason, Task, Trajectory, Truncation, Turn
+from inference.client import Generation, SamplingParams
 from workers import metrics
+from workers.config import EpisodeSettings
 from workers.errors import categorize
 from workers.tokens import ChatCodec
 
+if TYPE_CHECKING:
+    from sandbox import SandboxPool
+
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Generator(Protocol):
     """What an episode needs from inference (`inference.client.GenerationClient`)."""
 
-    async def generate(self, prompt_ids: Any, params: Any, *, session_id: str) -> Any: ...
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, session_id: str
+    ) -> Generation: ...
+
+    def end_session(self, session_id: str) -> None:
+        """Forget the episode's sticky server."""
 
 
-@dataclass(frozen=True)
-class EpisodeSettings:
-    """Limits and sampling shared by every episode a worker runs."""
+@runtime_checkable
+class ChatEnv(Protocol):
+    """The chat metadata an environment declares (`envs.Env` and wrappers of one do)."""
 
-    max_tokens: int = 256  # completion tokens per turn (further capped by the context left)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_context_tokens: int = 4096  # prompt + completion tokens of the whole episode
-    episode_timeout_s: float = 600.0  # wall clock of the whole episode
-    env_step_timeout_s: float | None = None  # one reset or step (None: the episode limit only)
+    system_prompt: str | None
+    tools: list[dict[str, Any]] | None
+    action_vocabulary: tuple[str, ...] | None
 
 
 @dataclass
@@ -60,131 +72,138 @@ class _State:
 
 @dataclass(frozen=True)
 class EpisodeContext:
-    """What one episode needs besides its settings."""
+    """What every episode of a worker shares: tokenizer, inference, sampling, sandbox."""
 
     codec: ChatCodec
     client: Generator
-    sampling: Any  # inference.client.SamplingParams class (kept injectable for benchmarks)
-    sandbox: Any = None  # SandboxPool for envs that take one
+    sampling: type[SamplingParams]  # kept injectable for benchmarks
+    sandbox: SandboxPool | None = None  # for envs that take one
+
+
+@dataclass
+class _Episode:
+    """One running episode: what it was given, its environment, and its bookkeeping."""
+
+    ctx: EpisodeContext
+    cfg: EpisodeSettings
+    task: Task
+    index: int  # within the group; the episode uses seed task.seed + index
+    max_turns: int
+    env_name: str
+    env: Any = None  # built by envs.make; Gymnasium-shaped, sync or async
+    state: _State = field(default_factory=_State)
+
+    @property
+    def session(self) -> str:
+        return f"{self.task.task_id}/{self.index}"
+
+    @property
+    def sandboxed(self) -> bool:
+        return self.ctx.sandbox is not None
+
+
+# (finish reason, truncation cause); the cause only with TRUNCATED
+Ending = tuple[FinishReason, Truncation | None]
 
 
 async def run_episode(
     ctx: EpisodeContext, cfg: EpisodeSettings, task: Task, index: int, max_turns: int
 ) -> Trajectory:
     """Run episode `index` of `task` (seed task.seed + index); return its trajectory."""
-    state = _State()
+    ep = _Episode(ctx, cfg, task, index, max_turns, task.env_spec.split("@", 1)[0])
+    state = ep.state
     started = time.monotonic()
-    env_name = task.env_spec.split("@", 1)[0]
-    env: Any = None
-    finish, error, detail = "error", ErrorCategory.NONE, ""
+    ending: Ending = (FinishReason.ERROR, None)
+    error, detail = ErrorCategory.NONE, ""
     metrics.EPISODES_IN_FLIGHT.inc()
     try:
-        env = envs.make(task.env_spec, sandbox=ctx.sandbox)
+        ep.env = envs.make(task.env_spec, sandbox=ctx.sandbox)
         # One timer per episode: its deadline is pulled in to the step limit around each
         # env call and put back after (cheaper than a timer per call at 10k episodes).
         state.deadline = asyncio.get_running_loop().time() + cfg.episode_timeout_s
         async with asyncio.timeout_at(state.deadline) as state.timeout:
-            finish = await _loop(ctx, cfg, task, index, max_turns, env, env_name, state)
+            ending = await _loop(ep)
     except TimeoutError as exc:
         if state.phase == "env" or not state.turns:
             error, detail = ErrorCategory.TIMEOUT, f"{state.phase} exceeded the time limit"
         else:
-            finish = "truncated:wall_time"
-            _mark_truncated(state)
+            ending = _mark_truncated(state, Truncation.WALL_TIME)
         exc.__traceback__ = None
-    except asyncio.CancelledError:
-        raise
+    except (asyncio.CancelledError, envs.EnvSpecError):
+        raise  # a bad spec is the task's fault, not an episode outcome: the worker dead-letters it
     except Exception as exc:  # any failure becomes data on the trajectory (STYLE 7)
         error, detail = categorize(exc), f"{type(exc).__name__}: {exc}"[:500]
-        log.info("episode %s/%d ended by %s", task.task_id, index, detail)
+        log.info("episode %s ended by %s", ep.session, detail)
     finally:
         metrics.EPISODES_IN_FLIGHT.dec()
-        if env is not None:
-            await _close(env, cfg.env_step_timeout_s or 30.0)
+        if ep.env is not None:
+            await _close(ep.env, cfg.env_step_timeout_s or 30.0)
     if error is not ErrorCategory.NONE:
-        finish = "error"
+        ending = (FinishReason.ERROR, None)
         metrics.ERRORS.labels(category=error.value).inc()
-    metrics.episodes(env_name, error.value if finish == "error" else finish).inc()
-    timings = {
-        "inference": state.inference_s,
-        "env": state.env_s,
-        "total": time.monotonic() - started,
-    }
-    return Trajectory(
+    trajectory = Trajectory(
         turns=tuple(state.turns),
-        finish_reason=finish,
+        finish_reason=ending[0],
+        truncation=ending[1],
         error=error,
         error_detail=detail,
         sample_index=index,
-        timings=timings,
+        timings={
+            "inference": state.inference_s,
+            "env": state.env_s,
+            "total": time.monotonic() - started,
+        },
     )
+    label = error.value if ending[0] is FinishReason.ERROR else trajectory.outcome
+    metrics.episodes(ep.env_name, label).inc()
+    return trajectory
 
 
-async def _loop(
-    ctx: EpisodeContext,
-    cfg: EpisodeSettings,
-    task: Task,
-    index: int,
-    max_turns: int,
-    env: Any,
-    env_name: str,
-    state: _State,
-) -> str:
-    """The turn loop; returns the finish reason."""
-    obs, _ = await _env_call(
-        state, cfg, envs.areset(env, seed=task.seed + index), ctx.sandbox is not None
-    )
-    prompt = ctx.codec.initial_prompt(
-        obs, getattr(env, "system_prompt", None), getattr(env, "tools", None)
-    )
+async def _loop(ep: _Episode) -> Ending:
+    """Reset, then the turn loop; returns how the episode ended."""
+    ctx, cfg = ep.ctx, ep.cfg
+    obs, _ = await _env_call(ep, envs.areset(ep.env, seed=ep.task.seed + ep.index))
+    chat: ChatEnv = ep.env if isinstance(ep.env, ChatEnv) else _NoChat()
+    prompt = ctx.codec.initial_prompt(obs, chat.system_prompt, chat.tools)
     params = ctx.sampling(
         max_tokens=cfg.max_tokens,
         temperature=cfg.temperature,
         top_p=cfg.top_p,
         stop_token_ids=tuple(ctx.codec.stop_token_ids),
-        allowed_token_ids=ctx.codec.allowed_token_ids(getattr(env, "action_vocabulary", None)),
+        allowed_token_ids=ctx.codec.allowed_token_ids(chat.action_vocabulary),
     )
-    session = f"{task.task_id}/{index}"
     try:
-        return await _turns(
-            ctx, cfg, task, max_turns, env, env_name, state, prompt, params, session
-        )
+        return await _turns(ep, prompt, params)
     finally:
-        end_session = getattr(ctx.client, "end_session", None)
-        if end_session is not None:
-            end_session(session)  # the sticky-server entry must not outlive the episode
+        ctx.client.end_session(ep.session)  # the sticky-server entry must not outlive it
 
 
-async def _turns(
-    ctx: EpisodeContext,
-    cfg: EpisodeSettings,
-    task: Task,
-    max_turns: int,
-    env: Any,
-    env_name: str,
-    state: _State,
-    prompt: list[int],
-    params: Any,
-    session: str,
-) -> str:
+class _NoChat:
+    """An environment that declares no chat metadata."""
+
+    system_prompt = None
+    tools = None
+    action_vocabulary = None
+
+
+async def _turns(ep: _Episode, prompt: list[int], params: SamplingParams) -> Ending:
+    ctx, cfg, state = ep.ctx, ep.cfg, ep.state
     context: list[int] = list(prompt)
-    env_steps = metrics.env_steps(env_name)
+    env_steps = metrics.env_steps(ep.env_name)
     while True:
         room = cfg.max_context_tokens - len(context)
         if room <= 0:
-            return "truncated:context"
+            return (FinishReason.TRUNCATED, Truncation.CONTEXT)
         state.phase = "inference"
         t0 = time.monotonic()
         gen = await ctx.client.generate(
-            context, _with_max_tokens(params, min(cfg.max_tokens, room)), session_id=session
+            context, _with_max_tokens(params, min(cfg.max_tokens, room)), session_id=ep.session
         )
         state.inference_s += time.monotonic() - t0
         metrics.INFERENCE_LATENCY.observe(time.monotonic() - t0)
         metrics.TOKENS_GENERATED.inc(len(gen.token_ids))
         action = ctx.codec.decode(gen.token_ids)
-        obs, reward, terminated, truncated, info = await _env_call(
-            state, cfg, envs.astep(env, action), ctx.sandbox is not None
-        )
+        obs, reward, terminated, truncated, info = await _env_call(ep, envs.astep(ep.env, action))
         env_steps.inc()
         if info.get("error") == ErrorCategory.FORMAT:
             metrics.ERRORS.labels(category=ErrorCategory.FORMAT.value).inc()
@@ -194,30 +213,31 @@ async def _turns(
                 prompt_ids=prompt,
                 completion_ids=gen.token_ids,
                 logprobs=gen.logprobs,
-                weight_version=min(versions) if len(versions) else task.policy_version,
+                weight_version=min(versions) if len(versions) else ep.task.policy_version,
                 reward=reward,
                 terminated=terminated,
                 truncated=False,
             )
         )
         if terminated:
-            return "terminated"
+            return (FinishReason.TERMINATED, None)
         if truncated:
-            return _mark_truncated(state, "truncated:env")
-        if len(state.turns) >= max_turns:
-            return _mark_truncated(state, "truncated:max_turns")
+            return _mark_truncated(state, Truncation.ENV)
+        if len(state.turns) >= ep.max_turns:
+            return _mark_truncated(state, Truncation.MAX_TURNS)
         prompt = ctx.codec.next_prompt(gen.token_ids, obs)
         if len(context) + len(gen.token_ids) + len(prompt) >= cfg.max_context_tokens:
-            return _mark_truncated(state, "truncated:context")
+            return _mark_truncated(state, Truncation.CONTEXT)
         context.extend(gen.token_ids)
         context.extend(prompt)
 
 
-async def _env_call(state: _State, cfg: EpisodeSettings, call: Any, sandboxed: bool) -> Any:
+async def _env_call(ep: _Episode, call: Awaitable[T]) -> T:
     """Await one env reset/step under the step limit (and the episode's), timing it."""
+    state = ep.state
     state.phase = "env"
     t0 = time.monotonic()
-    step_limit = cfg.env_step_timeout_s
+    step_limit = ep.cfg.env_step_timeout_s
     if step_limit is not None and state.timeout is not None:
         step_deadline = asyncio.get_running_loop().time() + step_limit
         if step_deadline < state.deadline:
@@ -230,7 +250,7 @@ async def _env_call(state: _State, cfg: EpisodeSettings, call: Any, sandboxed: b
         elapsed = time.monotonic() - t0
         state.env_s += elapsed
         metrics.ENV_STEP_SECONDS.observe(elapsed)
-        if sandboxed:
+        if ep.sandboxed:
             metrics.SANDBOX_SECONDS.observe(elapsed)
     if step_limit is not None and state.timeout is not None:
         state.timeout.reschedule(state.deadline)
@@ -238,16 +258,16 @@ async def _env_call(state: _State, cfg: EpisodeSettings, call: Any, sandboxed: b
     return result
 
 
-def _with_max_tokens(params: Any, max_tokens: int) -> Any:
+def _with_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
     if params.max_tokens == max_tokens:
         return params
     return dataclasses.replace(params, max_tokens=max_tokens)
 
 
-def _mark_truncated(state: _State, reason: str = "truncated:wall_time") -> str:
+def _mark_truncated(state: _State, cause: Truncation) -> Ending:
     if state.turns:
         state.turns[-1] = dataclasses.replace(state.turns[-1], truncated=True)
-    return reason
+    return (FinishReason.TRUNCATED, cause)
 
 
 async def _close(env: Any, timeout_s: float) -> None:

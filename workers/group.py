@@ -7,7 +7,9 @@ Invariants:
   unreachable, the sandbox failing) is re-run from scratch, with a fresh environment and
   the same seed, up to `retries` times; if it still fails, its trajectory carries the
   infrastructure category, so `TrajectoryGroup.infra_failed` is true and the learner
-  never mistakes it for the model's failure.
+  never mistakes it for the model's failure;
+- an `EnvSpecError` (the task itself cannot run) is not retried: it cancels the other
+  episodes and leaves `run_group` in an exception group, for the worker to dead-letter.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import dataclasses
 
 from broker.messages import ErrorCategory, Task, Trajectory, TrajectoryGroup
 from workers import metrics
-from workers.episode import EpisodeContext, EpisodeSettings, run_episode
+from workers.config import EpisodeSettings
+from workers.episode import EpisodeContext, run_episode
 
 RETRYABLE = frozenset({ErrorCategory.INFERENCE, ErrorCategory.SANDBOX})
 

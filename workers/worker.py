@@ -6,7 +6,14 @@ Invariants:
   reclaimed by another worker after `reclaim_idle_s`; consumers dedup on the group id;
 - the worker never holds more than `concurrency` episodes' worth of tasks (plus at most one
   group): it reads only as many tasks as its free slots allow;
+- a task whose spec cannot become an environment (`EnvSpecError`: unknown name, bad JSON
+  or kwargs) is dead-lettered with the reason after one attempt, never published as a
+  group (an undecodable task is dead-lettered by the consumer before it gets here);
 - tasks still running are kept fresh (XCLAIM JUSTID) so no live worker's task is reclaimed;
+- a Redis outage (at read, commit or keep-alive: `RedisUnavailable`) never ends the
+  worker: it backs off and retries; a finished group's commit is retried for up to half
+  of `reclaim_idle_s` (nobody else takes the task meanwhile), then the task is left
+  pending; a commit retried after a lost reply publishes nothing twice;
 - on stop (SIGTERM) it stops reading, lets running groups finish within `shutdown_grace_s`,
   then cancels the rest *without acking* them, and returns.
 """
@@ -19,30 +26,19 @@ import logging
 import zlib
 from typing import Any
 
-from redis.exceptions import RedisError
-
+import envs
 from broker.consumer import Consumer, ConsumerConfig, Delivery
-from broker.errors import BrokerError
+from broker.errors import BrokerError, RedisUnavailable
 from broker.keys import WORKERS_GROUP, RunKeys
-from broker.messages import Task
+from broker.messages import Task, TrajectoryGroup
+from broker.outage import Backoff
 from workers import metrics
 from workers.config import WorkerConfig
-from workers.episode import EpisodeContext, EpisodeSettings
+from workers.episode import EpisodeContext
 from workers.group import run_group
 from workers.lag import LagMonitor
 
 log = logging.getLogger(__name__)
-
-
-def episode_settings(cfg: WorkerConfig) -> EpisodeSettings:
-    return EpisodeSettings(
-        max_tokens=cfg.max_tokens,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        max_context_tokens=cfg.max_context_tokens,
-        episode_timeout_s=cfg.episode_timeout_s,
-        env_step_timeout_s=cfg.env_step_timeout_s,
-    )
 
 
 class Worker:
@@ -53,7 +49,7 @@ class Worker:
         self.keys = RunKeys(cfg.run, partitions=cfg.partitions)
         self._redis = redis
         self._ctx = ctx
-        self._settings = episode_settings(cfg)
+        self._settings = cfg.episode
         self._consumer = Consumer(
             redis,
             self.keys,
@@ -71,10 +67,19 @@ class Worker:
         self._running: dict[str, asyncio.Task[None]] = {}  # entry id -> group task
         self.lag = LagMonitor()
         self.groups_published = 0
+        self.tasks_dead_lettered = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         """Take tasks until `stop` is set, then drain within the grace period."""
-        await self._consumer.ensure_groups()
+        backoff = Backoff("creating the tasks group")
+        while True:
+            try:
+                await self._consumer.ensure_groups()
+                break
+            except RedisUnavailable as exc:
+                await backoff.wait(exc, stop)
+                if stop.is_set():
+                    return
         async with asyncio.TaskGroup() as tg:
             aux = [
                 tg.create_task(self.lag.run(), name="event-loop-lag"),
@@ -94,6 +99,7 @@ class Worker:
     async def _read_loop(self, stop: asyncio.Event, groups: asyncio.TaskGroup) -> None:
         # Group sizes come with the tasks: until one is seen, read one task at a time.
         typical = self.cfg.group_size or self.cfg.concurrency
+        backoff = Backoff("reading tasks")
         while not stop.is_set():
             free = self.cfg.concurrency - self._reserved
             if free <= 0:
@@ -102,10 +108,10 @@ class Worker:
                 continue
             try:
                 batch = await self._consumer.read(count=max(1, free // typical))
-            except (RedisError, BrokerError) as exc:
-                log.warning("reading tasks failed (%s); retrying in 1s", exc)
-                await asyncio.sleep(1.0)
+            except BrokerError as exc:  # RedisUnavailable: an outage; anything else: retried too
+                await backoff.wait(exc, stop)
                 continue
+            backoff.reset()
             for delivery in batch:
                 task = delivery.message
                 assert isinstance(task, Task)  # the consumer was built with expect=Task
@@ -123,8 +129,32 @@ class Worker:
         if n != task.group_size:
             task = dataclasses.replace(task, group_size=n)
         try:
-            max_turns = await self._max_turns(task)
-            group = await run_group(
+            try:
+                envs.check_spec(task.env_spec)
+                group = await self._run_group(task)
+            except envs.EnvSpecError as exc:
+                # Permanent: every attempt would fail the same way. A dead letter, never a
+                # group of failed trajectories for the learner to count as a step.
+                await self._consumer.dead_letter(delivery, f"task {task.task_id}: {exc}")
+                self.tasks_dead_lettered += 1
+                return
+            if await self._commit(delivery, group):
+                self.groups_published += 1
+                metrics.GROUPS_PUBLISHED.inc()
+        except BrokerError as exc:
+            # Not acked: the task stays pending and is redone (here or elsewhere).
+            log.warning("could not dead-letter %s (left pending): %s", task.task_id, exc)
+        finally:
+            self._reserved -= n
+            self._running.pop(delivery.entry_id, None)
+            metrics.TASKS_IN_PROGRESS.dec()
+            self._freed.set()
+
+    async def _run_group(self, task: Task) -> TrajectoryGroup:
+        """The task's group; an episode's EnvSpecError ends it and is raised as such."""
+        max_turns = max(1, min(task.max_turns or self.cfg.max_turns, self.cfg.max_turns))
+        try:
+            return await run_group(
                 self._ctx,
                 self._settings,
                 task,
@@ -132,30 +162,30 @@ class Worker:
                 retries=self.cfg.episode_retries,
                 worker_id=self.cfg.worker_id,
             )
-            stream = self.keys.trajectories(zlib.crc32(task.task_id.encode()) % self.cfg.partitions)
-            await self._consumer.commit([delivery], publish=[(stream, group)])
-            self.groups_published += 1
-            metrics.GROUPS_PUBLISHED.inc()
-        except RedisError as exc:
-            # Not acked: the task stays pending and is redone (here or elsewhere).
-            log.warning("could not commit %s (left pending): %s", task.task_id, exc)
-        finally:
-            self._reserved -= n
-            self._running.pop(delivery.entry_id, None)
-            metrics.TASKS_IN_PROGRESS.dec()
-            self._freed.set()
+        except* envs.EnvSpecError as group:
+            raise group.exceptions[0] from None
 
-    async def _max_turns(self, task: Task) -> int:
-        """Horizon from Redis if the learner published one, else the task's, capped by config."""
-        try:
-            async with asyncio.timeout(5):
-                raw = await self._redis.get(self.keys.horizon)
-            horizon = int(raw) if raw is not None else None
-        except (RedisError, ValueError, TimeoutError) as exc:
-            log.warning("cannot read horizon (%s); using the task's", exc)
-            horizon = None
-        limit = horizon or task.max_turns or self.cfg.max_turns
-        return max(1, min(limit, self.cfg.max_turns))
+    async def _commit(self, delivery: Delivery, group: TrajectoryGroup) -> bool:
+        """Publish the group and ack its task, riding out an outage; False: left pending."""
+        task_id = group.task.task_id
+        stream = self.keys.trajectories(zlib.crc32(task_id.encode()) % self.cfg.partitions)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.reclaim_idle_s / 2
+        backoff = Backoff(f"committing {task_id}")
+        while True:
+            try:
+                await self._consumer.commit([delivery], publish=[(stream, group)])
+                backoff.reset()
+                return True
+            except RedisUnavailable as exc:
+                if loop.time() + backoff.delay > deadline:
+                    log.warning("could not commit %s (left pending): %s", task_id, exc)
+                    return False
+                await backoff.wait(exc)
+            except BrokerError as exc:
+                # Not acked: the task stays pending and is redone (here or elsewhere).
+                log.warning("could not commit %s (left pending): %s", task_id, exc)
+                return False
 
     async def _drain(self) -> None:
         """Let running groups finish within the grace period; cancel (not ack) the rest."""
@@ -182,7 +212,7 @@ class Worker:
             try:
                 async with asyncio.timeout(5):
                     await self._consumer.keep_alive(self.keys.tasks, ids)
-            except (BrokerError, RedisError, TimeoutError) as exc:
+            except (BrokerError, TimeoutError) as exc:
                 log.warning("keep-alive of %d tasks failed: %s", len(ids), exc)
 
 

@@ -4,7 +4,8 @@
 # weight-sync routes (VLLM_SERVER_DEV_MODE=1) depend on.
 # Build from the repository root:
 #   docker build -f deploy/docker/learner.Dockerfile -t rollout-farm/learner .
-ARG VLLM_IMAGE=vllm/vllm-openai:v0.11.0
+# vLLM 0.33.x: the RL routes, weight_versions and the NCCL trainer API the farm uses (docs/inference.md).
+ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0
 FROM ${VLLM_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1

@@ -24,6 +24,7 @@ from envs.api import Env, ResetResult, StepResult
 from envs.code.grading import Evaluation, Outcome, evaluate, extract_code
 from envs.code.problems import CodeProblem, Verify, load_problems
 from envs.errors import EnvStateError
+from envs.registry import spec_config
 from envs.sandboxed import open_session, require_pool
 
 CODERL_REWARDS = {
@@ -147,6 +148,7 @@ class CodeEnv(Env):
         return feedback(problem, evaluation, self.config.reveal_expected), 0.0, False, False, info
 
 
+@spec_config(CodeConfig)
 def make_code_env(sandbox: Any = None, **kwargs: Any) -> CodeEnv:
     """Registry factory for ``code@{...}``; kwargs are CodeConfig fields."""
     return CodeEnv(CodeConfig(**kwargs), sandbox)

@@ -28,6 +28,7 @@ from envs.codegym.runner import Reply, run_request
 from envs.codegym.sources import CodeGymSource, get_source, runtime_source
 from envs.errors import EnvInfraError, EnvStateError
 from envs.parsing import parse_tool_calls
+from envs.registry import spec_config
 from envs.sandboxed import open_session, require_pool
 from envs.toolenv import format_error
 
@@ -184,6 +185,7 @@ class CodeGym:
         await self._close_session()
 
 
+@spec_config(CodeGymConfig)
 def make_codegym_env(env: str, sandbox: Any = None, **kwargs: Any) -> CodeGym:
     """Registry factory for ``codegym@{"env": name, ...}``; kwargs are CodeGymConfig fields."""
     return CodeGym(CodeGymConfig(env=env, **kwargs), sandbox)

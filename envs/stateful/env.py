@@ -23,6 +23,7 @@ import pydantic
 from broker.messages import ErrorCategory
 from envs.api import ResetResult, StepResult
 from envs.errors import EnvInfraError, EnvSpecError, EnvStateError
+from envs.registry import spec_config
 from envs.sandboxed import open_session, require_pool, violated, violation_name
 from envs.stateful.base import StatefulEnv
 from envs.stateful.library import CLASSES
@@ -185,6 +186,7 @@ class StatefulScenarioEnv:
         return obs, sum(results) / len(results), terminated, truncated, info
 
 
+@spec_config(StatefulConfig)
 def make_stateful_env(sandbox: Any = None, **kwargs: Any) -> StatefulScenarioEnv:
     """Registry factory for ``stateful@{"scenario": name}``; kwargs are StatefulConfig fields."""
     return StatefulScenarioEnv(StatefulConfig(**kwargs), sandbox)

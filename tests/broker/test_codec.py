@@ -12,10 +12,12 @@ from broker.errors import DecodeError
 from broker.messages import (
     DeadLetter,
     ErrorCategory,
+    FinishReason,
     PolicyVersion,
     Task,
     Trajectory,
     TrajectoryGroup,
+    Truncation,
     Turn,
 )
 
@@ -58,17 +60,23 @@ def turns(draw: st.DrawFn) -> Turn:
 trajectories = st.builds(
     Trajectory,
     turns=st.lists(turns(), max_size=4).map(tuple),
-    finish_reason=text,
+    finish_reason=st.sampled_from([FinishReason.TERMINATED, FinishReason.ERROR]),
     error=st.sampled_from(list(ErrorCategory)),
     error_detail=text,
     sample_index=st.integers(0, 1000),
     timings=st.dictionaries(st.text(max_size=8), floats, max_size=3),
 )
+truncated = st.builds(
+    Trajectory,
+    turns=st.lists(turns(), max_size=2).map(tuple),
+    finish_reason=st.just(FinishReason.TRUNCATED),
+    truncation=st.sampled_from(list(Truncation)),
+)
 groups = st.builds(
     TrajectoryGroup,
     group_id=text,
     task=tasks,
-    trajectories=st.lists(trajectories, max_size=3).map(tuple),
+    trajectories=st.lists(trajectories | truncated, max_size=3).map(tuple),
     worker_id=text,
     created_at=floats,
 )
@@ -122,3 +130,35 @@ def test_arbitrary_fields_never_raise_anything_but_decode_error(fields):
 def test_logprob_count_must_match_tokens():
     with pytest.raises(ValueError, match="logprobs"):
         Turn([1], [2, 3], [-1.0], 0, 0.0, False, False)
+
+
+def test_group_schema_1_entries_still_decode() -> None:
+    """Schema 1 spelled the truncation cause inside the reason ("truncated:context")."""
+    import msgpack
+
+    task = ["t1", "toy@{}", 2, 7, 0, 1.0, None, {}]
+    turn = [b"\x01\x00\x00\x00", b"\x02\x00\x00\x00", b"\x00\x00\x80\xbf", 0, 1.0, False, True]
+    v1 = [
+        [[turn], "truncated:context", "none", "", 0, {"total": 1.0}],
+        [[], "error", "inference", "down", 1, {}],
+    ]
+    body = msgpack.packb(["t1", task, v1, "w", 2.0], use_bin_type=True)
+    group = decode({b"k": b"group", b"v": b"1", b"b": body}, expect=TrajectoryGroup)
+    assert isinstance(group, TrajectoryGroup)
+    cut, failed = group.trajectories
+    assert (cut.finish_reason, cut.truncation) == (FinishReason.TRUNCATED, Truncation.CONTEXT)
+    assert cut.outcome == "truncated:context" and cut.turns[0].truncated
+    assert (failed.finish_reason, failed.truncation) == (FinishReason.ERROR, None)
+    assert failed.error is ErrorCategory.INFERENCE
+    assert encode(group)[b"v"] == b"2"  # re-encoded in the current schema
+    with pytest.raises(DecodeError, match="unsupported schema version 3"):
+        decode({b"k": b"group", b"v": b"3", b"b": body})
+
+
+def test_a_truncation_cause_goes_only_with_truncated() -> None:
+    with pytest.raises(ValueError, match="truncation cause"):
+        Trajectory((), FinishReason.TRUNCATED)
+    with pytest.raises(ValueError, match="truncation cause"):
+        Trajectory((), FinishReason.TERMINATED, truncation=Truncation.ENV)
+    with pytest.raises(ValueError):
+        Trajectory((), "truncated:context")  # the old string protocol is refused

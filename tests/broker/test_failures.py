@@ -180,3 +180,26 @@ async def test_dead_letters_requeue_to_source(redis):
     assert await redis.xlen(KEYS.deadletter) == 0
     [(_, fields)] = (await redis.xrange(KEYS.tasks))[-1:]
     assert fields == {b"k": b"task", b"v": b"2", b"b": b""}
+
+
+async def test_status_shows_the_dead_letter_count_and_the_latest_reason(redis, redis_server):
+    from broker.messages import Task
+
+    c = task_consumer(redis, KEYS, "w", block_ms=10)
+    await c.ensure_groups()
+    await Producer(redis).publish(KEYS.tasks, [make_task("t-bad"), make_task("t-worse")])
+    first, second = await c.read(count=2)
+    assert isinstance(first.message, Task)
+    await c.dead_letter(first, "task t-bad: unknown environment 'nope'")
+    await c.dead_letter(second, "task t-worse: bad kwargs for 'toy': difficulty: too high")
+    assert await c.read() == []  # acked with the dead letter: never delivered again
+    out = subprocess.run([sys.executable, "-m", "broker", "--redis-url", redis_server.url,
+                          "--run", KEYS.run, "status"], capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    at = lines.index("  dead letters 2")
+    assert lines[at + 1] == (
+        f"    latest: {KEYS.tasks} {second.entry_id}: task t-worse: bad kwargs for 'toy': "
+        "difficulty: too high"
+    )

@@ -8,6 +8,7 @@ policy server, workers that scale).
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 
@@ -105,3 +106,15 @@ def test_dockerfiles_copy_only_what_exists(dockerfile: str) -> None:
         for src in srcs:
             assert (ROOT / src).exists(), f"{dockerfile}.Dockerfile copies missing {src}"
     assert "USER" in text or dockerfile == "learner", "images run as a non-root user"
+
+
+def test_nccl_override_starts_vllm_with_the_weight_transfer_flag() -> None:
+    override = COMPOSE.parent / "nccl.override.yml"
+    cli = [*_compose_cli(), "-f", str(COMPOSE), "-f", str(override), "--profile", "gpu", "config"]
+    result = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    command = yaml.safe_load(result.stdout)["services"]["vllm"]["command"]
+    assert json.loads(command[command.index("--weight-transfer-config") + 1]) == {"backend": "nccl"}
+    assert command[command.index("--logprobs-mode") + 1] == "processed_logprobs"
+    plain = _services()["vllm"]["command"]
+    assert "--weight-transfer-config" not in plain and "processed_logprobs" in plain

@@ -153,3 +153,16 @@ def test_cpu_overlay_asks_for_no_gpu_and_runs_the_cpu_policy_server() -> None:
     sts = _named(_render("cpu"), "StatefulSet", "inference")
     command = sts["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command == ["python", "-m", "inference"]
+
+
+def test_vllm_is_0_33_with_temperature_scaled_logprobs_and_nccl_overlay() -> None:
+    args = _named(_base_objects(), "StatefulSet", "inference")["spec"]["template"]["spec"]
+    args = args["containers"][0]["args"]
+    assert args[args.index("--logprobs-mode") + 1] == "processed_logprobs"
+    assert "--weight-transfer-config" not in args  # only where NCCL is chosen
+    nccl = _named(_render("gpu-nccl"), "StatefulSet", "inference")["spec"]["template"]["spec"]
+    nccl_args = nccl["containers"][0]["args"]
+    config = nccl_args[nccl_args.index("--weight-transfer-config") + 1]
+    assert json.loads(config) == {"backend": "nccl"}
+    dockerfile = (K8S.parent / "docker" / "learner.Dockerfile").read_text()
+    assert "ARG VLLM_IMAGE=vllm/vllm-openai:v0.33." in dockerfile

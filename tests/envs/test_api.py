@@ -108,3 +108,50 @@ async def test_env_base_defaults() -> None:
     assert env.system_prompt is None and env.tools is None and env.action_vocabulary is None
     with pytest.raises(NotImplementedError):
         await envs.areset(env)
+
+
+class NeverEnds:
+    """A GEM-shaped env that does not track its own end: it counts every step it gets."""
+
+    def __init__(self, terminated: bool = True, truncated: bool = False) -> None:
+        self.steps = 0
+        self.ends = (terminated, truncated)
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict]:
+        return "start", {}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        self.steps += 1
+        return "obs", 0.0, *self.ends, {}
+
+
+@pytest.mark.parametrize("ends", [(True, False), (False, True)])
+async def test_a_step_after_the_end_raises_and_never_reaches_the_env(
+    ends: tuple[bool, bool],
+) -> None:
+    env = NeverEnds(*ends)
+    await envs.areset(env, seed=0)
+    assert (await envs.astep(env, "a"))[2:4] == ends
+    with pytest.raises(envs.EnvStateError, match="after the episode ended"):
+        await envs.astep(env, "again")
+    assert env.steps == 1
+    await envs.areset(env, seed=1)  # a reset starts a new episode
+    await envs.astep(env, "b")
+    assert env.steps == 2
+
+
+async def test_the_end_is_enforced_through_a_wrapper_and_on_legacy_envs() -> None:
+    from envs.wrappers import MaxTurns
+
+    inner = NeverEnds(terminated=False)
+    wrapped = MaxTurns(inner, 1)  # the wrapper truncates; the inner env never ends
+    await envs.areset(wrapped, seed=0)
+    assert (await envs.astep(wrapped, "a"))[3] is True
+    with pytest.raises(envs.EnvStateError):
+        await envs.astep(wrapped, "b")
+    assert inner.steps == 1
+    legacy = Legacy()  # four-tuple done=True
+    await envs.areset(legacy)
+    await envs.astep(legacy, "x")
+    with pytest.raises(envs.EnvStateError):
+        await envs.astep(legacy, "y")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import uuid
 
+import pydantic
 import pytest
 
 import envs
 from envs.errors import EnvSpecError
+from envs.registry import spec_config
 
 
 class Counter:
@@ -89,3 +91,49 @@ def test_spec_without_kwargs_and_sandbox_ignored_when_not_taken() -> None:
     env = envs.make("toy", sandbox=object())
     assert env.config.difficulty == 0
     assert envs.parse_spec(' toy @{"difficulty": 1}') == ("toy", {"difficulty": 1})
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragments"),
+    [
+        ("nope", ["unknown environment 'nope'", "registered: code, codegym"]),
+        ("toy@{bad json", ["not valid JSON"]),
+        ("codegym", ["missing a required argument: 'env'", "accepted kwargs: env (required)"]),
+        ('codegym@{"env": "max_subarray", "tool_timeout_s": 0}',
+         ["tool_timeout_s: Input should be greater than 0", "max_output_chars"]),
+        ('codegym@{"env": "x", "colour": 1}', ["colour: Extra inputs", "config_index"]),
+        ('toy@{"difficulty": 9}', ["difficulty: Input should be less than or equal to 3"]),
+        ('http@{"timeout_s": 1}', ["missing a required argument: 'url'", "url (required)"]),
+    ],
+)  # fmt: skip
+def test_check_spec_names_the_problem_and_accepted_kwargs_in_one_line(
+    spec: str, fragments: list[str]
+) -> None:
+    with pytest.raises(EnvSpecError) as caught:
+        envs.check_spec(spec)
+    message = str(caught.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_check_spec_builds_nothing() -> None:
+    built: list[dict] = []
+    name = _name()
+
+    class Model(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid")
+        size: int = pydantic.Field(1, ge=1)
+
+    @spec_config(Model)
+    def factory(**kwargs: int) -> Counter:
+        built.append(kwargs)
+        return Counter()
+
+    envs.register(name, factory)
+    assert envs.check_spec(f'{name}@{{"size": 3}}') == (name, {"size": 3})
+    with pytest.raises(EnvSpecError, match="size: Input should be greater than or equal to 1"):
+        envs.check_spec(f'{name}@{{"size": 0}}')
+    assert built == []
+    # codegym validates its kwargs without a sandbox pool (make would need one)
+    assert envs.check_spec('codegym@{"env": "max_subarray"}')[0] == "codegym"

@@ -94,3 +94,37 @@ def test_status_line_shows_every_field() -> None:
         "pending 2 | stale 0.50 | version 5 (served 4,5) | sandbox busy=1 idle=2 | "
         "admission 6/8 | dead 0"
     )
+
+
+def test_status_line_shows_the_latest_dead_letter_clipped() -> None:
+    reason = "{run}:tasks 1-0: task t: bad kwargs for 'codegym': " + "x" * 300
+    line = FarmStatus(elapsed_s=1, dead_letters=3, latest_dead_letter=reason).line()
+    tail = line.split(" | ")[-1]
+    assert tail.startswith("dead 3 (latest: {run}:tasks 1-0: task t: bad kwargs for 'codegym'")
+    assert tail.endswith("...)") and len(tail) == len("dead 3 (latest: )") + 160
+
+
+async def test_view_reads_dead_letters_from_redis(redis_server) -> None:
+    from broker.connection import RedisSettings, connect
+    from broker.consumer import Consumer, ConsumerConfig
+    from broker.keys import WORKERS_GROUP
+    from broker.messages import Task
+    from broker.producer import Producer
+
+    keys = RunKeys("view")
+    redis = await connect(RedisSettings.from_url(redis_server.url))
+    view = FarmView({}, redis, keys)
+    try:
+        consumer = Consumer(redis, keys, [keys.tasks], ConsumerConfig(WORKERS_GROUP, "w"), Task)
+        await consumer.ensure_groups()
+        assert (await view.poll()).line().endswith("dead 0")
+        await Producer(redis).publish(keys.tasks, [Task("t1", "nope", 2, 0, 0)])
+        [delivery] = await consumer.read(count=1, block_ms=100)
+        await consumer.dead_letter(delivery, "task t1: unknown environment 'nope'")
+        line = (await view.poll()).line()
+    finally:
+        await view.close()
+        await redis.aclose()
+    assert line.endswith(
+        f"dead 1 (latest: {keys.tasks} {delivery.entry_id}: task t1: unknown environment 'nope')"
+    )

@@ -59,8 +59,10 @@ def test_summary_and_outputs(tmp_path: Path) -> None:
     assert [p.name for p in paths] == ["reward_curve.png", "summary.json", "summary.txt"]
     assert paths[0].read_bytes().startswith(PNG_MAGIC)
     assert json.loads(paths[1].read_text())["history"][-1] == {
-        "step": 6, "reward": 0.6, "elapsed_s": 5.0,
-    }  # fmt: skip
+        "step": 6,
+        "reward": 0.6,
+        "elapsed_s": 5.0,
+    }
     assert "rise               0.500" in paths[2].read_text()
 
 
@@ -71,12 +73,27 @@ def test_demo_runs_the_stack_to_the_last_step_and_writes_its_outputs(
     out = tmp_path / "demo"
     result = subprocess.run(
         [
-            sys.executable, "-m", "farm", "demo", "--work-dir", str(out), "--workers", "1",
-            "--max-steps", "2", "--time-limit-s", "200", "--metrics-port", "0",
-            "--model", str(tiny_model),
+            sys.executable,
+            "-m",
+            "farm",
+            "demo",
+            "--work-dir",
+            str(out),
+            "--workers",
+            "1",
+            "--max-steps",
+            "2",
+            "--time-limit-s",
+            "200",
+            "--metrics-port",
+            "0",
+            "--model",
+            str(tiny_model),
         ],
-        capture_output=True, text=True, timeout=280,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stop_reason"] == "learner finished"

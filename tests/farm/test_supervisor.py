@@ -118,6 +118,29 @@ async def test_a_child_that_keeps_crashing_stops_the_farm(tmp_path: Path) -> Non
     assert not _alive(sink.pid("steady")), "the healthy child must be stopped too"
 
 
+async def test_a_fatal_exit_stops_the_farm_at_once_with_the_childs_error_line() -> None:
+    sink = Lines()
+    bad_input = (
+        "import sys\n"
+        "print('2026-01-01 00:00:00,000 INFO learner starting', flush=True)\n"
+        "print('2026-01-01 00:00:00,001 ERROR learner tasks.jsonl:3: bad env_spec', flush=True)\n"
+        "print('shutting down', flush=True)\n"
+        "sys.exit(2)\n"
+    )
+    specs = [
+        ProcessSpec("steady", _py(SLEEPER)),
+        ProcessSpec("learner", _py(bad_input), fatal_exit_codes=frozenset({2, 3})),
+    ]
+    sup = Supervisor(specs, sink, FAST)
+    with pytest.raises(ChildFailed) as caught:
+        await asyncio.wait_for(sup.run(), 30)
+    assert str(caught.value) == (
+        "learner exited with status 2 (not restarted): learner tasks.jsonl:3: bad env_spec"
+    )
+    assert sup.child("learner").restarts == 0 and sink.of("learner").count("shutting down") == 1
+    assert not _alive(sink.pid("steady"))
+
+
 async def test_a_finishing_child_ends_the_farm_and_stops_the_rest() -> None:
     sink = Lines()
     specs = [

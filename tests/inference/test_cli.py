@@ -8,9 +8,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from pydantic import ValidationError
 
 from inference.config import load_server_config
+from inference.errors import ConfigError
 from tests.inference.conftest import ServerProcess
 
 
@@ -24,9 +24,9 @@ def test_precedence_cli_over_env_over_toml(tmp_path: Path, monkeypatch: pytest.M
     config = load_server_config({"port": "3333", "model": None}, toml)
     assert (config.port, config.max_batch_size, config.weight_version) == (3333, 16, "3")
     assert str(config.model) == "/m"
-    with pytest.raises(ValidationError):
+    with pytest.raises(ConfigError):
         load_server_config({"model": "/m", "max_batch_size": "0"})
-    with pytest.raises(ValidationError):
+    with pytest.raises(ConfigError):
         load_server_config({"model": "/m", "no_such_flag": "1"})
 
 

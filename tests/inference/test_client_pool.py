@@ -6,10 +6,10 @@ import asyncio
 
 from aiohttp import web
 
+from bench._loadgen import LoadGenerator, build_app
 from inference.client import GenerationClient, SamplingParams
 from inference.config import ClientConfig
 from tests.conftest import free_port
-from workers.loadgen import LoadGenerator, build_app
 
 
 async def _peak(max_connections: int, calls: int) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 import torch
 from prometheus_client import REGISTRY
 from safetensors.torch import load_file
@@ -23,7 +24,7 @@ async def wait_for_tokens(minimum: float) -> None:
     await eventually(lambda: tokens_generated() >= minimum, within_s=30)
 
 
-async def test_pause_abort_ends_in_flight_and_holds_new_requests(server_factory) -> None:
+async def test_pause_abort_ends_in_flight_and_refuses_new_requests(server_factory) -> None:
     server = await server_factory()
     url = server.url
     start = tokens_generated()
@@ -38,13 +39,13 @@ async def test_pause_abort_ends_in_flight_and_holds_new_requests(server_factory)
     assert 5 <= len(choice["token_ids"]) < 3000
     assert len(choice["logprobs"]["token_logprobs"]) == len(choice["token_ids"])
     assert (await get(url + "/is_paused"))[1] == '{"is_paused": true}'
-    held = asyncio.create_task(
-        post(url + "/v1/completions", completion([3], max_tokens=3, ignore_eos=True))
-    )
-    await asyncio.sleep(0.3)
-    assert not held.done()  # a paused server generates nothing
+    # vLLM 0.33 refuses new requests during an abort or wait pause, with a retryable 503
+    refused = await post(url + "/v1/completions", completion([3], max_tokens=3, ignore_eos=True))
+    assert refused[0] == 503
+    assert refused[1]["error"]["type"] == "ServiceUnavailableError"
+    assert "paused" in refused[1]["error"]["message"]
     await post(url + "/resume")
-    status, data = await asyncio.wait_for(held, 10)
+    status, data = await post(url + "/v1/completions", completion([3], max_tokens=3))
     assert status == 200 and data["choices"][0]["finish_reason"] == "length"
 
 
@@ -62,11 +63,13 @@ async def test_pause_wait_lets_in_flight_finish_first(server_factory) -> None:
     _, data = await asyncio.wait_for(inflight, 10)
     assert data["choices"][0]["finish_reason"] == "length"
     assert len(data["choices"][0]["token_ids"]) == 150
+    assert (await post(url + "/v1/completions", completion([2], max_tokens=2)))[0] == 503
     await post(url + "/resume")
 
 
+@pytest.mark.parametrize("clear_cache", [True, False])
 async def test_pause_keep_freezes_and_resumes_under_the_new_version(
-    server_factory, other_model_dir: Path
+    server_factory, model_dir: Path, other_model_dir: Path, clear_cache: bool
 ) -> None:
     server = await server_factory()
     url = server.url
@@ -74,10 +77,12 @@ async def test_pause_keep_freezes_and_resumes_under_the_new_version(
     body = completion([1, 2, 3], max_tokens=400, ignore_eos=True)
     kept = asyncio.create_task(post(url + "/v1/completions", body))
     await wait_for_tokens(start + 5)
-    assert (await post(url + "/pause?mode=keep"))[0] == 200
+    assert (await post(url + f"/pause?mode=keep&clear_cache={str(clear_cache).lower()}"))[0] == 200
     frozen = tokens_generated()
+    queued = asyncio.create_task(post(url + "/v1/completions", completion([5], max_tokens=2)))
     await asyncio.sleep(0.3)
-    assert tokens_generated() == frozen and not kept.done()
+    # keep queues new requests (no 503) and generates nothing until resume
+    assert tokens_generated() == frozen and not kept.done() and not queued.done()
     rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(other_model_dir)}}
     assert await post(url + "/collective_rpc", rpc) == (200, {"results": [None]})
     assert await post(url + "/update_weight_version", {"new_version": "7"}) == (
@@ -94,6 +99,15 @@ async def test_pause_keep_freezes_and_resumes_under_the_new_version(
     assert (
         spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == 400
     )
+    assert (await asyncio.wait_for(queued, 10))[0] == 200
+    # With clear_cache (vLLM's default) the frozen sequence recomputes its whole context with
+    # the new weights, so its later tokens score exactly as the new model scores them; with
+    # clear_cache=false it keeps the KV the old weights computed, and they do not.
+    cut = spans[1]["start"]
+    lps = torch.tensor(choice["logprobs"]["token_logprobs"])[cut:]
+    new_model = teacher_forced_logprobs(other_model_dir, body["prompt"], choice["token_ids"])[cut:]
+    gap = float((lps - new_model).abs().max())
+    assert gap < 1e-4 if clear_cache else gap > 1e-3
 
 
 async def test_reload_changes_generations_and_reported_version(

@@ -7,13 +7,14 @@ import numpy as np
 from broker.messages import ErrorCategory, Trajectory, TrajectoryGroup, Turn
 from learner.algorithms import Algorithm
 from learner.batch import BatchRules, assemble, prepare_batch
+from learner.config import StalePolicy
 from learner.source import problem_with
 from tests.learner.factories import make_group
 
 
 def _rules(**kw: object) -> BatchRules:
-    base = {"algorithm": Algorithm.GRPO, "gamma": 1.0, "max_staleness": 1, "drop_stale": False,
-            "skip_zero_variance": True}  # fmt: skip
+    base = {"algorithm": Algorithm.GRPO, "gamma": 1.0, "max_staleness": 1,
+            "stale_policy": StalePolicy.CORRECT, "skip_zero_variance": True}  # fmt: skip
     return BatchRules(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -49,7 +50,7 @@ def test_infra_failed_zero_variance_and_stale_groups_are_counted() -> None:
     assert out.trained_groups == ["ok", "old"]
     assert sorted(out.staleness) == [0, 0, 4]
     assert [s.stale for s in out.samples] == [False, False, True, True]
-    dropped = prepare_batch(groups, _rules(drop_stale=True), version=4)
+    dropped = prepare_batch(groups, _rules(stale_policy=StalePolicy.DROP), version=4)
     assert dropped.dropped_stale == ["old"] and dropped.trained_groups == ["ok"]
     kept = prepare_batch(groups, _rules(skip_zero_variance=False), version=4)
     assert "flat" in kept.trained_groups and kept.zero_variance == ["flat"]

@@ -20,7 +20,7 @@ def test_precedence_cli_over_env_over_toml(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("FARM_RUN", "from-env")
     monkeypatch.setenv("FARM_INFERENCE_URLS", "http://a:1,http://b:2")
     cfg = load_config(["--config", str(toml), "--run", "from-cli"])
-    assert (cfg.run, cfg.gamma, cfg.groups_per_batch) == ("from-cli", 0.7, 3)
+    assert (cfg.run, cfg.batch.gamma, cfg.groups_per_batch) == ("from-cli", 0.7, 3)
     assert cfg.inference_urls == ["http://a:1", "http://b:2"]
     assert cfg.admission_limit == (1 + 1) * 3
 

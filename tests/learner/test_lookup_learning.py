@@ -25,21 +25,56 @@ from tests.learner.farm import farm, step_records
 STEPS, CONTROL_STEPS, WINDOW, ABOVE, CHANCE_BAND, LR = 70, 20, 10, 0.15, 0.12, "1e-2"
 
 
-def run(redis_url: str, run_name: str, model: Path, logs: Path, *, push: int, steps: int,
-        algorithm: str = "grpo") -> list[float]:  # fmt: skip
+def run(
+    redis_url: str,
+    run_name: str,
+    model: Path,
+    logs: Path,
+    *,
+    push: int,
+    steps: int,
+    algorithm: str = "grpo",
+) -> list[float]:
     logs.mkdir()
     tasks = logs / "tasks.jsonl"
     tasks.write_text(json.dumps({"env_spec": "lookup"}) + "\n")
     with farm(logs) as f:
         url = f.server("server", model)
         f.worker(f"{run_name}-worker", redis_url, run_name, url, model, concurrency=64)
-        learner = f.spawn("learner", [
-            "learner", "--redis-url", redis_url, "--run", run_name, "--inference-urls", url,
-            "--model", str(model), "--tasks", str(tasks), "--algorithm", algorithm,
-            "--group-size", "8", "--groups-per-batch", "8", "--max-staleness", "0",
-            "--learning-rate", LR, "--micro-batch-size", "64", "--max-steps", str(steps),
-            "--push-interval", str(push), "--weights-dir", str(logs / "weights"),
-        ])  # fmt: skip
+        learner = f.spawn(
+            "learner",
+            [
+                "learner",
+                "--redis-url",
+                redis_url,
+                "--run",
+                run_name,
+                "--inference-urls",
+                url,
+                "--model",
+                str(model),
+                "--tasks",
+                str(tasks),
+                "--algorithm",
+                algorithm,
+                "--group-size",
+                "8",
+                "--groups-per-batch",
+                "8",
+                "--max-staleness",
+                "0",
+                "--learning-rate",
+                LR,
+                "--micro-batch-size",
+                "64",
+                "--max-steps",
+                str(steps),
+                "--push-interval",
+                str(push),
+                "--weights-dir",
+                str(logs / "weights"),
+            ],
+        )
         assert learner.wait(1200) == 0, f.log("learner")[-3000:]
         records = step_records(f.log("learner"))
     assert len(records) == steps
@@ -51,9 +86,16 @@ def run(redis_url: str, run_name: str, model: Path, logs: Path, *, push: int, st
 def test_grpo_learns_to_answer_from_the_tool_and_the_no_push_control_does_not(
     redis_server: RedisServer, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    learned = run(redis_server.url, "lookup", tiny_model_dir, tmp_path / "learn", push=1,
-                  steps=STEPS)  # fmt: skip
+    learned = run(
+        redis_server.url, "lookup", tiny_model_dir, tmp_path / "learn", push=1, steps=STEPS
+    )
     assert statistics.mean(learned[-WINDOW:]) >= ABOVE, f"no learning: {learned}"
-    control = run(redis_server.url, "lookup-control", tiny_model_dir, tmp_path / "control",
-                  push=0, steps=CONTROL_STEPS)  # fmt: skip
+    control = run(
+        redis_server.url,
+        "lookup-control",
+        tiny_model_dir,
+        tmp_path / "control",
+        push=0,
+        steps=CONTROL_STEPS,
+    )
     assert statistics.mean(control[-WINDOW:]) < CHANCE_BAND, f"rose without push: {control}"

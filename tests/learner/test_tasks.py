@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from redis import Redis
 
 from broker.connection import RedisSettings, connect
 from broker.keys import RunKeys
@@ -43,9 +46,58 @@ def test_dataset_errors_name_the_line(tmp_path: Path) -> None:
         load_dataset(tmp_path / "missing.jsonl")
 
 
+GOOD = '{"env_spec": "toy@{\\"difficulty\\": 1}"}\n'
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragments"),
+    [
+        ("nope@{}", ["unknown environment 'nope'", "registered: code, codegym"]),
+        ("toy@{bad", ["not valid JSON"]),
+        ("codegym", ["missing a required argument: 'env'",
+                     "accepted kwargs: env (required), config_index"]),
+        ('toy@{\"difficulty\": 7}', ["difficulty: Input should be less than or equal to 3",
+                                      "accepted kwargs: difficulty, instructions"]),
+    ],
+)  # fmt: skip
+def test_one_bad_spec_in_a_good_dataset_names_its_line(
+    tmp_path: Path, spec: str, fragments: list[str]
+) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(GOOD * 2 + json.dumps({"env_spec": spec}) + "\n" + GOOD)
+    with pytest.raises(TaskSourceError) as caught:
+        load_dataset(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}:3: bad env_spec ") and "\n" not in message
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_a_bad_dataset_stops_the_learner_before_any_task(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(GOOD + '{"env_spec": "codegym"}\n')
+    argv = [sys.executable, "-m", "learner", "--model", str(tmp_path / "no-model"),
+            "--redis-url", redis_server.url, "--run", "badset", "--tasks", str(path)]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1  # one line; the model (a missing path) was never loaded
+    assert f"stopped before issuing a task: {path}:2: bad env_spec 'codegym'" in errors[0]
+    assert "accepted kwargs: env (required)" in errors[0]
+    redis = Redis.from_url(redis_server.url)
+    try:
+        assert redis.keys("*") == []  # nothing issued, nothing touched
+    finally:
+        redis.close()
+
+
 def test_curriculum_moves_by_success_rate_and_state_round_trips() -> None:
     rows = [TaskRow("easy", 0), TaskRow("hard", 1)]
-    rules = CurriculumRules(enabled=True, window=4, promote_above=0.75, demote_below=0.25)
+    rules = CurriculumRules(
+        curriculum=True, curriculum_window=4, promote_above=0.75, demote_below=0.25
+    )
     sampler = TaskSampler(rows, seed=0, rules=rules)
     assert {sampler.draw()[0].env_spec for _ in range(20)} == {"easy"}
     sampler.observe([1.0, 1.0, 1.0, 0.0])  # 75% success: promote
@@ -60,7 +112,7 @@ def test_curriculum_moves_by_success_rate_and_state_round_trips() -> None:
 
 
 def test_horizon_schedule() -> None:
-    h = HorizonSchedule(start=2, end=4, every=10)
+    h = HorizonSchedule(horizon_start=2, horizon_max=4, horizon_every=10)
     assert [h.at(s) for s in (0, 9, 10, 25, 100)] == [2, 2, 3, 4, 4]
     assert HorizonSchedule().at(50) is None
 
@@ -78,11 +130,11 @@ async def test_feeder_issues_only_inside_the_budget(redis_server: RedisServer) -
         assert len(second) == 2  # the two the reserve held back
         assert await redis.xlen(keys.tasks) == 6
         assert await feeder.top_up(buffered=0, version=0, step=2) == []
-        assert int(await redis.get(keys.horizon)) == 5
         assert {t.max_turns for t in first} == {3} and {t.group_size for t in first} == {4}
         # a restarted learner re-counts what is in flight from the streams
         assert await count_in_flight(redis, keys, "workers", "learner") == 6
         await feeder.release(3)
-        assert len(await feeder.top_up(buffered=0, version=1, step=3)) == 3
+        later = await feeder.top_up(buffered=0, version=1, step=3)
+        assert len(later) == 3 and {t.max_turns for t in later} == {5}  # the horizon rides the task
     finally:
         await redis.aclose()

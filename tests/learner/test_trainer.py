@@ -15,7 +15,7 @@ from learner.distributed import DistContext
 from learner.trainer import OptimConfig, Trainer, collate, token_logprobs
 from tests.learner.factories import make_group
 
-RULES = BatchRules(Algorithm.GRPO, 1.0, max_staleness=4, drop_stale=False, skip_zero_variance=True)
+RULES = BatchRules(Algorithm.GRPO, 1.0, max_staleness=4, skip_zero_variance=True)
 
 
 def _trainer(model_dir: Path, micro: int = 8, lr: float = 1e-2) -> Trainer:
@@ -24,7 +24,7 @@ def _trainer(model_dir: Path, micro: int = 8, lr: float = 1e-2) -> Trainer:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     cfg = OptimConfig(learning_rate=lr, weight_decay=0.0, clip_low=0.2, clip_high=0.2,
                       tis_cap=2.0, max_grad_norm=100.0, micro_batch_size=micro,
-                      aggregation=Aggregation.TOKEN_MEAN, bf16=False)  # fmt: skip
+                      aggregation=Aggregation.TOKEN_MEAN)  # fmt: skip
     return Trainer(model, cfg, torch.device("cpu"), DistContext())
 
 

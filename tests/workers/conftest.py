@@ -101,7 +101,7 @@ def worker_factory(tiny_model_dir: Path, tmp_path: Path) -> Iterator[Callable[..
             sys.executable, "-m", "workers", "--redis-url", redis_url, "--run", run,
             "--inference-urls", ",".join(urls), "--model", str(tiny_model_dir),
             "--env-modules", "tests.workers.testenvs", "--max-tokens", "6",
-            "--inference-timeout-s", "10", "--inference-retry-budget-s", "20", *extra,
+            "--inference-request-timeout-s", "10", "--inference-retry-budget-s", "20", *extra,
         ]  # fmt: skip
         log = tmp_path / f"worker-{len(made)}.log"
         made.append(Proc(_spawn(args, log), log))

@@ -5,6 +5,10 @@
   `step_s` makes each step sleep, `pad` lengthens observations (to keep a task in flight while a test kills things).
 - `wk-raise`: its step raises (an env bug).
 - `wk-hang`: its step never returns (an env hang).
+- `wk-unbuildable`: passes `envs.check_spec`, but its factory raises `EnvSpecError`
+  (like a codegym source name that only the worker can look up).
+- `wk-overrun`: says `terminated` and would go on answering steps after it; counts them
+  in `OVERRUN_STEPS[seed]`.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import envs
 from envs import Env
 
 TRANSCRIPTS: dict[int, list[tuple[str, str]]] = {}  # seed -> [(kind, text)], kind: obs/action
+OVERRUN_STEPS: dict[int, int] = {}  # seed -> steps wk-overrun received
 
 
 class Dialogue(Env):
@@ -55,6 +60,29 @@ class Hanging(Env):
         await asyncio.Event().wait()  # never set
 
 
-for _name, _factory in (("wk-dialogue", Dialogue), ("wk-raise", Raising), ("wk-hang", Hanging)):
+def unbuildable(name: str = "x") -> Env:
+    raise envs.EnvSpecError(f"unknown source {name!r} on this worker")
+
+
+class Overrun:
+    """GEM-shaped, without its own end tracking: it would answer steps after the end."""
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        self.seed = seed or 0
+        OVERRUN_STEPS[self.seed] = 0
+        return "go", {}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        OVERRUN_STEPS[self.seed] += 1
+        return "still here", 1.0, True, False, {}
+
+
+for _name, _factory in (
+    ("wk-dialogue", Dialogue),
+    ("wk-raise", Raising),
+    ("wk-hang", Hanging),
+    ("wk-unbuildable", unbuildable),
+    ("wk-overrun", Overrun),
+):
     if _name not in envs.registered():
         envs.register(_name, _factory)

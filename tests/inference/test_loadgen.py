@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from aiohttp.test_utils import TestServer
 
+from bench._loadgen import LoadGenerator, build_app
 from inference.client import GenerationClient, SamplingParams
-from workers.loadgen import LoadGenerator, build_app
 
 
 async def test_generation_client_accepts_load_generator_replies() -> None:

@@ -1,0 +1,117 @@
+"""A latency-simulating inference server: a LOAD GENERATOR for benchmarks and tests, not a model.
+
+Benchmark and test infrastructure (it lives in `bench/`, beside the benchmarks that
+start it). It parses requests with the CPU policy server's own `/v1/completions`
+subset (`inference.protocol.CompletionRequest`) and answers with the same response
+builder (`inference.protocol.completion_response`), so its replies have exactly the
+shape the real server sends and the `GenerationClient` accepts: token ids, legacy
+logprobs, `weight_versions` spans. Each request sleeps a latency drawn from a
+log-normal distribution, then returns random tokens (from `allowed_token_ids` when
+given) ending with the first stop token. It lets the worker benchmark drive thousands
+of episodes with no GPU, and measure the farm's own costs. `/health` and `/v1/models`
+answer too.
+
+CLI: `python -m bench._loadgen --port P [--median-ms 50] [--sigma 0.5] [--tokens 8]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import random
+import sys
+from typing import Any
+
+from aiohttp import web
+
+from inference.engine import GenParams, GenRequest
+from inference.protocol import CompletionRequest, completion_response, error_body
+from inference.sampling import SampleSpec
+
+VOCAB = 256  # random tokens are bytes, which every tokenizer of the farm decodes
+MODEL = "loadgen"
+
+
+class _NoText:
+    """Stands in for a tokenizer: the load generator returns token ids, never text."""
+
+    def decode(self, ids: Any, skip_special_tokens: bool = True) -> str:
+        return ""
+
+
+class LoadGenerator:
+    """The request handler state: latency distribution and counters."""
+
+    def __init__(self, median_ms: float, sigma: float, tokens: int, seed: int = 0) -> None:
+        self.mu = math.log(max(median_ms, 1e-3) / 1000.0)
+        self.sigma = sigma
+        self.tokens = tokens
+        self.rng = random.Random(seed)
+        self.requests = 0
+        self.in_flight = 0
+        self.peak_in_flight = 0  # most requests served at once, to check client pool limits
+
+    async def completions(self, request: web.Request) -> web.Response:
+        try:
+            req = CompletionRequest.model_validate(await request.json())
+        except ValueError as exc:
+            return web.json_response(error_body(str(exc), 400), status=400)
+        self.requests += 1
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.rng.lognormvariate(self.mu, self.sigma))
+        finally:
+            self.in_flight -= 1
+        gen = self._generate(req)
+        return web.json_response(completion_response(req, gen, MODEL, _NoText()))
+
+    def _generate(self, req: CompletionRequest) -> GenRequest:
+        """One finished sequence of random tokens, ending with the first stop token."""
+        stops = list(req.stop_token_ids or [])
+        k = max(1, min(req.max_tokens, self.tokens))
+        allowed = req.allowed_token_ids
+        pool = [t for t in allowed if t not in stops] if allowed else None
+        ids = [self.rng.choice(pool) if pool else self.rng.randrange(VOCAB) for _ in range(k - 1)]
+        ids.append(stops[0] if stops else self.rng.randrange(VOCAB))
+        spec = SampleSpec(1.0, 1.0, None, req.logprobs or 0)
+        params = GenParams(1, k, spec, None, frozenset(stops), req.ignore_eos)
+        gen = GenRequest(list(req.prompt), params)
+        seq = gen.seqs[0]
+        seq.tokens, seq.logprobs = ids, [-1.0] * len(ids)
+        seq.tops, seq.versions = [[] for _ in ids], ["0"] * len(ids)
+        seq.finish_reason = "stop" if stops else "length"
+        seq.stop_reason = stops[0] if stops else None
+        return gen
+
+    async def health(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def models(self, _: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+
+def build_app(gen: LoadGenerator) -> web.Application:
+    app = web.Application()
+    app.router.add_post("/v1/completions", gen.completions)
+    app.router.add_get("/health", gen.health)
+    app.router.add_get("/v1/models", gen.models)
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench._loadgen", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--median-ms", type=float, default=50.0, help="median latency")
+    parser.add_argument("--sigma", type=float, default=0.5, help="log-normal sigma of latency")
+    parser.add_argument("--tokens", type=int, default=8, help="tokens per completion")
+    args = parser.parse_args(argv)
+    gen = LoadGenerator(args.median_ms, args.sigma, args.tokens)
+    web.run_app(build_app(gen), host=args.host, port=args.port, print=None, backlog=4096)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

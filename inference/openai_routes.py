@@ -1,0 +1,269 @@
+"""The CPU policy server's OpenAI routes: `/v1/chat/completions`, `/tokenize`, `/detokenize`.
+
+A thin layer over `inference.openai` (request and response models, rendering, tool-call
+parsing, SSE) and `inference.openai_generate` (engine parameters, watched requests).
+`add_openai_routes(app, state_key)` registers them; text and streamed `/v1/completions` live
+in `openai_completions.py`. Every refusal is a 4xx in vLLM's ErrorResponse shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from inference.engine import Sequence
+from inference.openai.errors import ApiError, from_validation, model_not_found
+from inference.openai.models import (
+    ChatCompletionRequest,
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
+from inference.openai.render import TokenizerRenderer, render_chat_request
+from inference.openai.responses import (
+    Generated,
+    OutputFormat,
+    StreamHead,
+    chat_choice,
+    chat_chunk,
+    chat_finish_reason,
+    chat_stream_choice,
+    usage,
+    usage_chunk,
+)
+from inference.openai.schema import (
+    ChatCompletionResponse,
+    ChatDelta,
+    DetokenizeResponse,
+    TokenizeResponse,
+    Usage,
+)
+from inference.openai.sse import SSE_DONE, open_event_stream, sse_event
+from inference.openai.stream import ChatChoiceStream
+from inference.openai.tools import ParsedMessage, extract_tool_calls
+from inference.openai_generate import WatchedRequest, abort_all, check_ids, gen_params, generate
+
+RENDERER = web.AppKey("openai_renderer", TokenizerRenderer)
+SERVER = web.AppKey("openai_server_state", Any)  # the policy server's ServerState
+Handler = Callable[..., Awaitable[web.StreamResponse]]
+
+
+def api_errors(handler: Handler) -> Handler:
+    """Answer an ApiError with its status and vLLM's error body."""
+
+    @functools.wraps(handler)
+    async def wrapped(request: web.Request, *args: Any) -> web.StreamResponse:
+        try:
+            return await handler(request, *args)
+        except ApiError as exc:
+            return web.json_response(exc.body(), status=exc.status)
+
+    return wrapped
+
+
+async def read_body(request: web.Request) -> Any:
+    raw = await request.read()
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(f"malformed JSON body: {exc}") from None
+
+
+def validate(model: type[BaseModel], body: Any) -> Any:
+    """`body` validated as `model`; a bad field is a 400 naming it."""
+    if not isinstance(body, dict):
+        raise ApiError("request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise from_validation(exc) from None
+
+
+def check_model(name: str | None, served: str) -> None:
+    if name is not None and name != served:
+        raise model_not_found(name)
+
+
+def token_namer(renderer: TokenizerRenderer, as_ids: bool | None) -> Callable[[int], str]:
+    if as_ids:
+        return lambda t: f"token_id:{t}"
+    return lambda t: renderer.decode([t], skip_special_tokens=False)
+
+
+def generated(seq: Sequence, start: int = 0) -> Generated:
+    """The engine sequence's tokens from `start` on, in the shared builders' terms."""
+    end = len(seq.tokens)
+    return Generated(
+        seq.tokens[start:end],
+        seq.logprobs[start:end],
+        seq.tops[start:end],
+        seq.versions[start:end],
+        start,
+    )
+
+
+def _chat_format(req: ChatCompletionRequest, renderer: TokenizerRenderer) -> OutputFormat:
+    return OutputFormat(
+        token_text=token_namer(renderer, req.return_tokens_as_token_ids),
+        logprobs=bool(req.logprobs),
+        top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
+        token_ids=bool(req.return_token_ids),
+        weight_versions=bool(req.return_weight_versions),
+    )
+
+
+def chat_response(
+    req: ChatCompletionRequest, gen: WatchedRequest, model: str, fmt: OutputFormat
+) -> ChatCompletionResponse:
+    choices = []
+    for index, (seq, text) in enumerate(zip(gen.seqs, gen.texts, strict=True)):
+        parsed = (
+            extract_tool_calls(text.text) if req.parses_tools() else ParsedMessage(text.text, [])
+        )
+        choices.append(
+            chat_choice(index, parsed, generated(seq), fmt, seq.finish_reason, seq.stop_reason)
+        )
+    prompt = gen.seqs[0].prompt
+    return ChatCompletionResponse(
+        model=model,
+        choices=choices,
+        usage=usage(len(prompt), sum(len(s.tokens) for s in gen.seqs)),
+        prompt_token_ids=list(prompt) if req.return_token_ids else None,
+    )
+
+
+@api_errors
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    state = request.app[SERVER]
+    renderer = request.app[RENDERER]
+    req: ChatCompletionRequest = validate(ChatCompletionRequest, await read_body(request))
+    check_model(req.model, state.model_name)
+    prompt = render_chat_request(renderer, req)
+    fmt = _chat_format(req, renderer)
+    params = gen_params(req, len(prompt), state.limits, req.output_limit(), fmt.top_logprobs)
+    stops, skip = req.stop_strings(), req.skip_special_tokens
+    gen = WatchedRequest(prompt, params, renderer, stops, skip, asyncio.Event())
+    if req.stream:
+        return await stream_chat(request, state, req, gen, fmt)
+    await generate(state.engine, [gen])
+    body = chat_response(req, gen, state.model_name, fmt)
+    return web.json_response(text=body.model_dump_json())
+
+
+async def stream_chat(
+    request: web.Request,
+    state: Any,
+    req: ChatCompletionRequest,
+    gen: WatchedRequest,
+    fmt: OutputFormat,
+) -> web.StreamResponse:
+    """Send the choices as chat.completion.chunk events while the engine generates them."""
+    head = StreamHead(state.model_name)
+    streams = [ChatChoiceStream(text, req.parses_tools()) for text in gen.texts]
+    state.engine.submit(gen)  # a refusal here is still a plain HTTP error, not a broken stream
+    try:
+        response = await open_event_stream(request)
+        for index in range(len(streams)):
+            opening = chat_stream_choice(index, ChatDelta(role="assistant", content=""))
+            await response.write(sse_event(chat_chunk(head, [opening])))
+        while not gen.done.done():
+            await gen.progress.wait()
+            gen.progress.clear()
+            for index, (seq, stream) in enumerate(zip(gen.seqs, streams, strict=True)):
+                choice = _next_choice(index, seq, stream, fmt)
+                if choice is not None:
+                    so_far = count_usage([gen]) if req.continuous_usage() else None
+                    await response.write(sse_event(chat_chunk(head, [choice], so_far)))
+        await close_stream(response, req, [gen], head)
+    except (asyncio.CancelledError, ConnectionResetError):
+        abort_all(state.engine, [gen])  # the client went away: free the batch slots
+        raise
+    return response
+
+
+def _next_choice(index: int, seq: Sequence, stream: ChatChoiceStream, fmt: OutputFormat) -> Any:
+    """This choice's part of a chunk for what happened since the last one, or None."""
+    if stream.finished:
+        return None
+    start, stream.sent_tokens = stream.sent_tokens, len(seq.tokens)
+    new = generated(seq, start)
+    if seq.finish_reason is not None:
+        stream.finished = True
+        delta, calls = stream.final_delta()
+        reason = chat_finish_reason(seq.finish_reason, calls)
+        return chat_stream_choice(index, delta, new, fmt, reason, seq.stop_reason)
+    content = stream.content_delta()
+    reports_tokens = fmt.logprobs or fmt.token_ids or fmt.weight_versions
+    if not content and not (new.token_ids and reports_tokens):
+        return None
+    return chat_stream_choice(
+        index, ChatDelta(content=content) if content else ChatDelta(), new, fmt
+    )
+
+
+def count_usage(gens: list[WatchedRequest]) -> Usage:
+    """Prompt tokens of every prompt and the tokens generated so far over all choices."""
+    prompt = sum(len(g.seqs[0].prompt) for g in gens)
+    return usage(prompt, sum(len(s.tokens) for g in gens for s in g.seqs))
+
+
+async def close_stream(
+    response: web.StreamResponse, req: Any, gens: list[WatchedRequest], head: StreamHead
+) -> None:
+    """The error that ended generation, or usage when asked for; then [DONE]."""
+    errors = [g.done.exception() for g in gens if g.done.exception() is not None]
+    if errors:
+        status = getattr(errors[0], "status", 500)
+        await response.write(
+            sse_event(ApiError(f"generation failed: {errors[0]}", status=status).body())
+        )
+    elif req.include_usage():
+        await response.write(sse_event(usage_chunk(head, count_usage(gens))))
+    await response.write(SSE_DONE)
+    await response.write_eof()
+
+
+@api_errors
+async def tokenize(request: web.Request) -> web.Response:
+    state = request.app[SERVER]
+    renderer = request.app[RENDERER]
+    body = await read_body(request)
+    chat = isinstance(body, dict) and "messages" in body
+    req = validate(TokenizeChatRequest if chat else TokenizeCompletionRequest, body)
+    check_model(req.model, state.model_name)
+    if chat:
+        if req.continue_final_message:
+            raise ApiError("continue_final_message is not supported", "continue_final_message")
+        ids = render_chat_request(renderer, req)
+    else:
+        ids = renderer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+    strs = renderer.token_strings(ids) if req.return_token_strs else None
+    answer = TokenizeResponse(
+        count=len(ids), max_model_len=state.limits.max_model_len, tokens=ids, token_strs=strs
+    )
+    return web.json_response(text=answer.model_dump_json())
+
+
+@api_errors
+async def detokenize(request: web.Request) -> web.Response:
+    state = request.app[SERVER]
+    req: DetokenizeRequest = validate(DetokenizeRequest, await read_body(request))
+    check_model(req.model, state.model_name)
+    check_ids(req.tokens, state.limits, "tokens")
+    answer = DetokenizeResponse(prompt=request.app[RENDERER].decode(req.tokens))
+    return web.json_response(text=answer.model_dump_json())
+
+
+def add_openai_routes(app: web.Application, state_key: web.AppKey[Any]) -> None:
+    """Register the OpenAI routes on the policy server's app (its state under `state_key`)."""
+    app[SERVER] = app[state_key]
+    app[RENDERER] = TokenizerRenderer(app[state_key].tokenizer)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)

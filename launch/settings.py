@@ -1,0 +1,288 @@
+"""How a role's configuration is resolved: one resolver, derived flags, masked logging.
+
+A role config (`RoleConfig`) is a pydantic model whose fields are either leaves (one
+value) or sections: the config model of a component, which that component takes as
+is (a pydantic model or pydantic dataclass). Every leaf has one *flat name*, unique
+within the role: the section's prefix, if it has one, plus the field name. From the
+field come, without being spelled again anywhere:
+
+- the flag ``--flat-name`` (grouped under its section's title in ``--help``;
+  booleans also get ``--no-flat-name``);
+- the environment variable ``<ENV_PREFIX>FLAT_NAME`` (``FARM_`` for most roles);
+- the TOML key: ``flat_name = ...`` at top level, or ``field = ...`` inside the
+  section's table (``[optim]``).
+
+Precedence, leaf by leaf: flags > environment > TOML > the role's default, which may
+set a section's defaults apart from the component's own (``section(..., x=1)``).
+`resolve` builds the model and reports every problem in one `SettingsError`.
+
+Adding a component config to a role is one line in the role's model::
+
+    optim: OptimConfig = section(OptimConfig)  # --learning-rate, FARM_LEARNING_RATE
+    inference: ClientConfig = section(ClientConfig, prefix="inference_", timeout_s=60.0)
+
+The component's fields then become flags, variables and keys of that role; a flat
+name used twice within a role is a `TypeError` at the first resolve. Sections nest
+one level. Secrets are `SecretStr` fields; `masked` renders a config for the log
+with those and every password inside a URL hidden.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import re
+import tomllib
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic.dataclasses import is_pydantic_dataclass
+from pydantic.fields import FieldInfo
+from pydantic_settings import NoDecode
+
+C = TypeVar("C", bound="RoleConfig")
+Path_ = tuple[str, ...]
+
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+def _split_commas(value: Any) -> Any:
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+# A list field that flags and environment variables give as "a,b,c" (not JSON).
+CommaList = Annotated[list[str], NoDecode, BeforeValidator(_split_commas)]
+
+
+class SettingsError(ValueError):
+    """The settings could not be resolved; the message lists every problem."""
+
+
+class RoleConfig(BaseModel):
+    """Base of every role's config: unknown keys rejected, defaults validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+    role: ClassVar[str] = "role"  # named in error messages and logs
+    env_prefix: ClassVar[str] = "FARM_"  # environment variables are <env_prefix>FLAT_NAME
+    toml_table: ClassVar[str | None] = None  # a TOML table the role's keys may sit under
+    error: ClassVar[type[Exception]] = SettingsError  # what `load` raises
+
+    @classmethod
+    def load(
+        cls: type[C],
+        cli: Mapping[str, Any],
+        toml_file: Path | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> C:
+        """Resolve flags > environment > TOML; raise the role's error listing every problem."""
+        try:
+            return resolve(cls, cli, toml_file, environ)
+        except SettingsError as exc:
+            raise cls.error(str(exc)) from exc
+
+
+def section(component: type, *, prefix: str = "", **defaults: Any) -> Any:
+    """A role field holding `component`'s config; `defaults` are this role's own."""
+    doc = (component.__doc__ or component.__name__).strip().splitlines()[0]
+    return Field(
+        default_factory=lambda: component(**defaults),
+        description=doc,
+        json_schema_extra={"flag_prefix": prefix},
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+    """One settable value of a role config."""
+
+    name: str  # flat name: flag, variable and top-level TOML key
+    path: Path_  # attribute path inside the role config
+    field: FieldInfo
+    section: str  # title of its section in --help ("" at top level)
+
+
+def fields_of(model: type) -> dict[str, FieldInfo]:
+    """The pydantic fields of a model or pydantic dataclass."""
+    return dict(model.__pydantic_fields__)  # type: ignore[attr-defined]
+
+
+def section_type(field: FieldInfo) -> type | None:
+    """The component config type a field holds, or None for a leaf."""
+    kind = field.annotation
+    if isinstance(kind, type) and (issubclass(kind, BaseModel) or is_pydantic_dataclass(kind)):
+        return kind
+    return None
+
+
+@functools.cache
+def leaves(model: type) -> dict[str, Leaf]:
+    """Every leaf of `model` by flat name; TypeError when two share a name."""
+    found: dict[str, Leaf] = {}
+
+    def add(leaf: Leaf) -> None:
+        if leaf.name in found:
+            raise TypeError(f"{model.__name__}: two fields are named {leaf.name!r}")
+        found[leaf.name] = leaf
+
+    for name, field in fields_of(model).items():
+        sub = section_type(field)
+        if sub is None:
+            add(Leaf(name, (name,), field, ""))
+            continue
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        prefix = str(extra.get("flag_prefix", ""))
+        title = f"{name}: {field.description or sub.__name__}"
+        for inner, inner_field in fields_of(sub).items():
+            add(Leaf(prefix + inner, (name, inner), inner_field, title))
+    return found
+
+
+def resolve(
+    cls: type[C],
+    cli: Mapping[str, Any],
+    toml_file: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> C:
+    """Build `cls` from `cli` (flat names; None means unset) > environment > TOML."""
+    index = leaves(cls)
+    given: dict[Path_, Any] = {}
+    if toml_file is not None:
+        given.update(_toml_values(cls, index, toml_file))
+    env = os.environ if environ is None else environ
+    for leaf in index.values():
+        raw = env.get(cls.env_prefix + leaf.name.upper())
+        if raw is not None:
+            given[leaf.path] = _env_value(cls.env_prefix + leaf.name.upper(), raw, leaf.field)
+    for name, value in cli.items():
+        if value is not None:
+            given[index[name].path if name in index else (name,)] = value
+    try:
+        return cls.model_validate(_nest(cls, given))
+    except ValidationError as exc:
+        raise SettingsError(_describe(cls, index, exc)) from exc
+
+
+def _toml_values(cls: type[RoleConfig], index: dict[str, Leaf], path: Path) -> dict[Path_, Any]:
+    if not path.is_file():
+        raise SettingsError(f"config file {path} does not exist")
+    try:
+        data = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:
+        raise SettingsError(f"cannot read {path}: {exc}") from exc
+    if cls.toml_table and isinstance(data.get(cls.toml_table), dict):
+        data = data[cls.toml_table]
+    sections = {n for n, f in fields_of(cls).items() if section_type(f) is not None}
+    values: dict[Path_, Any] = {}
+    for key, value in data.items():
+        if key in sections and isinstance(value, dict):
+            values.update({(key, inner): v for inner, v in value.items()})
+        else:
+            values[index[key].path if key in index else (key,)] = value
+    return values
+
+
+def _env_value(variable: str, raw: str, field: FieldInfo) -> Any:
+    """A variable's text as the field wants it: JSON for lists and maps, else the text."""
+    if any(isinstance(m, NoDecode) or m is NoDecode for m in field.metadata):
+        return raw
+    kinds = {
+        typing.get_origin(a) or a for a in (field.annotation, *typing.get_args(field.annotation))
+    }
+    if kinds & {list, dict, tuple, set}:
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise SettingsError(f"{variable}: not valid JSON ({exc})") from exc
+    return raw
+
+
+def _nest(model: type, given: dict[Path_, Any]) -> dict[str, Any]:
+    """Per-path values as the nested dict the model validates; sections keep role defaults."""
+    fields = fields_of(model)
+    out: dict[str, Any] = {}
+    for path, value in given.items():
+        if len(path) == 1:
+            out[path[0]] = value
+    for name, field in fields.items():
+        inner = {p[1:]: v for p, v in given.items() if len(p) > 1 and p[0] == name}
+        if not inner or section_type(field) is None:
+            continue
+        base = (
+            _shallow(field.get_default(call_default_factory=True))
+            if not field.is_required()
+            else {}
+        )
+        out[name] = {**base, **{p[0]: v for p, v in inner.items()}}
+    for path, value in given.items():  # keys under an unknown table: reported as extra inputs
+        if len(path) > 1 and path[0] not in fields:
+            out.setdefault(path[0], {})[path[1]] = value
+    return out
+
+
+def _shallow(value: Any) -> dict[str, Any]:
+    return {name: getattr(value, name) for name in fields_of(type(value))}
+
+
+def _describe(cls: type, index: dict[str, Leaf], exc: ValidationError) -> str:
+    by_path = {leaf.path: name for name, leaf in index.items()}
+    role = getattr(cls, "role", cls.__name__)
+    lines = [f"invalid {role} configuration:"]
+    for err in exc.errors():
+        loc = tuple(str(p) for p in err["loc"])
+        where = next(
+            (by_path[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in by_path),
+            ".".join(loc) or "(config)",
+        )
+        lines.append(f"  {where}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
+    """One `--flat-name` flag per leaf of `cls`, grouped by section, documented by its field."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for name, leaf in leaves(cls).items():
+        target: Any = parser
+        if leaf.section:
+            if leaf.section not in groups:
+                groups[leaf.section] = parser.add_argument_group(leaf.section)
+            target = groups[leaf.section]
+        flag = "--" + name.replace("_", "-")
+        if leaf.field.annotation is bool:
+            action = argparse.BooleanOptionalAction
+            target.add_argument(flag, dest=name, action=action, help=leaf.field.description)
+        else:
+            target.add_argument(flag, dest=name, metavar=name.upper(), help=leaf.field.description)
+
+
+def flag_values(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The config values among parsed arguments (flags given on the command line)."""
+    return {name: getattr(args, name) for name in leaves(cls) if hasattr(args, name)}
+
+
+# scheme://user:password@host -> scheme://user:***@host
+_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)[^@\s/]+@")
+
+
+def mask(value: Any) -> Any:
+    """`value` with every password inside a URL replaced by ***, in strings, lists and maps."""
+    if isinstance(value, str):
+        return _URL_PASSWORD.sub(r"\g<head>***@", value)
+    if isinstance(value, list | tuple):
+        return [mask(v) for v in value]
+    if isinstance(value, dict):
+        return {k: mask(v) for k, v in value.items()}
+    return value
+
+
+def masked(config: BaseModel) -> dict[str, Any]:
+    """The config as JSON-ready data for the start-up log: SecretStr and URL passwords hidden."""
+    return mask(config.model_dump(mode="json"))

@@ -1,0 +1,176 @@
+"""The learner's per-step record: one typed structure, logged as one JSON line and exported.
+
+`StepRecord.measure` builds it from what a step produced (the prepared batch, the
+trainer's statistics, timings); `emit` writes it as ``{"event": "step", ...}`` and
+updates the Prometheus metrics from its typed fields. The loss statistics are None
+on a step that trained nothing (every group filtered out) and are then left out of
+the log line, as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from learner import metrics as m
+from learner.batch import PreparedBatch
+from learner.trainer import StepStats
+
+log = logging.getLogger("learner")
+
+LOSS_FIELDS = ("loss", "clip_fraction", "entropy", "ratio_mean", "ratio_max", "grad_norm")
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one learner step did and measured."""
+
+    step: int  # steps done, this one included
+    version: int  # policy version the servers hold after this step
+    groups: int  # groups in the batch
+    trained_groups: int  # groups whose samples were trained
+    samples: int  # sequences trained
+    tokens: int  # tokens of those sequences
+    reward_mean: float  # mean episode return over the batch's non-failed groups
+    adv_mean: float  # mean turn advantage trained
+    adv_std: float
+    staleness_max: int  # largest policy lag among the batch's groups
+    zero_variance: int  # groups whose returns were all equal
+    infra_failed: int  # groups failed by the infrastructure (not trained)
+    stale_dropped: int
+    stale_corrected: int
+    wait_s: float  # waiting for the batch
+    compute_s: float  # forward, backward and optimizer
+    push_s: float  # weight push and verification (0 when not pushed)
+    samples_per_s: float
+    loss: float | None = None  # the statistics below: None when nothing was trained
+    clip_fraction: float | None = None
+    entropy: float | None = None
+    ratio_mean: float | None = None
+    ratio_max: float | None = None
+    grad_norm: float | None = None
+
+    @classmethod
+    def measure(
+        cls,
+        step: int,
+        version: int,
+        groups: int,
+        prepared: PreparedBatch,
+        stats: StepStats | None,
+        wait_s: float,
+        push_s: float,
+    ) -> StepRecord:
+        """The record of a step from its batch, its statistics and its timings."""
+        returns = np.asarray(prepared.episode_returns or [0.0])
+        adv = np.asarray(prepared.advantages or [0.0])
+        compute_s = stats.compute_s if stats else 0.0
+        losses = {name: getattr(stats, name) for name in LOSS_FIELDS} if stats else {}
+        return cls(
+            step=step,
+            version=version,
+            groups=groups,
+            trained_groups=len(prepared.trained_groups),
+            samples=len(prepared.samples),
+            tokens=prepared.num_tokens,
+            reward_mean=float(returns.mean()),
+            adv_mean=float(adv.mean()),
+            adv_std=float(adv.std()),
+            staleness_max=max(prepared.staleness, default=0),
+            zero_variance=len(prepared.zero_variance),
+            infra_failed=len(prepared.infra_failed),
+            stale_dropped=len(prepared.dropped_stale),
+            stale_corrected=len(prepared.corrected_stale),
+            wait_s=round(wait_s, 4),
+            compute_s=round(compute_s, 4),
+            push_s=round(push_s, 4),
+            samples_per_s=round(len(prepared.samples) / max(wait_s + compute_s, 1e-9), 2),
+            **losses,
+        )
+
+    def as_json(self) -> dict[str, object]:
+        """The log line's object: the event name first, absent statistics left out."""
+        fields = dataclasses.asdict(self)
+        return {"event": "step", **{k: v for k, v in fields.items() if v is not None}}
+
+
+def emit(record: StepRecord, prepared: PreparedBatch) -> None:
+    """Log the step and update the metrics."""
+    log.info("%s", json.dumps(record.as_json()))
+    m.STEPS.inc()
+    m.STEP_SECONDS.observe(record.wait_s + record.compute_s)
+    m.WAIT_SECONDS.observe(record.wait_s)
+    m.SAMPLES.inc(record.samples)
+    m.REWARD_MEAN.set(record.reward_mean)
+    m.ADVANTAGE_MEAN.set(record.adv_mean)
+    m.ADVANTAGE_STD.set(record.adv_std)
+    m.POLICY_VERSION.set(record.version)
+    m.LAST_STEP.set(time.time())
+    for s in prepared.staleness:
+        m.STALENESS.observe(s)
+    m.STALE_GROUPS.labels(action="dropped").inc(record.stale_dropped)
+    m.STALE_GROUPS.labels(action="corrected").inc(record.stale_corrected)
+    m.ZERO_VARIANCE.inc(record.zero_variance)
+    m.INFRA_FAILED.inc(record.infra_failed)
+    gauges = {
+        "loss": m.LOSS,
+        "clip_fraction": m.CLIP_FRACTION,
+        "entropy": m.ENTROPY,
+        "ratio_mean": m.RATIO_MEAN,
+        "ratio_max": m.RATIO_MAX,
+        "grad_norm": m.GRAD_NORM,
+    }
+    for name, gauge in gauges.items():
+        value = getattr(record, name)
+        if value is not None:
+            gauge.set(value)
+
+
+@dataclass(frozen=True)
+class SkipRecord:
+    """A batch that trained nothing: not a step (no version, push or --max-steps)."""
+
+    step: int  # steps done so far (unchanged by this batch)
+    version: int  # policy version the servers hold
+    groups: int  # groups in the batch
+    reward_mean: float  # mean episode return over the batch's non-failed groups
+    zero_variance: int
+    infra_failed: int
+    stale_dropped: int
+    wait_s: float
+
+    @classmethod
+    def measure(
+        cls, step: int, version: int, groups: int, prepared: PreparedBatch, wait_s: float
+    ) -> SkipRecord:
+        """The record of a skipped batch."""
+        returns = np.asarray(prepared.episode_returns or [0.0])
+        return cls(
+            step=step,
+            version=version,
+            groups=groups,
+            reward_mean=float(returns.mean()),
+            zero_variance=len(prepared.zero_variance),
+            infra_failed=len(prepared.infra_failed),
+            stale_dropped=len(prepared.dropped_stale),
+            wait_s=round(wait_s, 4),
+        )
+
+    def as_json(self) -> dict[str, object]:
+        return {"event": "skipped", **dataclasses.asdict(self)}
+
+
+def emit_skip(record: SkipRecord, prepared: PreparedBatch) -> None:
+    """Log a skipped batch and count its groups."""
+    log.info("%s", json.dumps(record.as_json()))
+    m.SKIPPED_BATCHES.inc()
+    if prepared.episode_returns:
+        m.REWARD_MEAN.set(record.reward_mean)
+    m.STALE_GROUPS.labels(action="dropped").inc(record.stale_dropped)
+    m.ZERO_VARIANCE.inc(record.zero_variance)
+    m.INFRA_FAILED.inc(record.infra_failed)

@@ -1,0 +1,107 @@
+"""The CPU policy server's bodies held to vLLM 0.33's own types and answers.
+
+Completions and error bodies are validated by vLLM's pydantic models (in the vLLM process);
+the control routes are asked the same question on the CPU server and on vLLM's routers, and
+must answer with the same status and the same keys and value types.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.inference.test_server import completion, get, post
+from tests.inference.vllm_contract.conftest import API_KEY, VllmContract
+
+
+def shape(value: Any) -> Any:
+    """Keys and JSON types, not values."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shape(v) for v in value[:1]]
+    return type(value).__name__
+
+
+async def test_completion_and_error_bodies_validate_as_vllm_models(
+    server_factory, vllm_contract: VllmContract
+) -> None:
+    server = await server_factory()
+    body = completion([1, 2, 3], max_tokens=5, logprobs=2, n=2, seed=3)
+    status, data = await post(server.url + "/v1/completions", body)
+    assert status == 200
+    assert vllm_contract.validate("CompletionResponse", data) == {"ok": True, "extra": []}
+    for choice in data["choices"]:
+        assert vllm_contract.validate("CompletionResponseChoice", choice) == {
+            "ok": True,
+            "extra": [],
+        }
+    # weight_versions are vLLM's WeightVersionSpan: a bad span must fail vLLM's validation
+    broken = dict(data["choices"][0], weight_versions=[{"version": 7, "start": "x"}])
+    assert vllm_contract.validate("CompletionResponseChoice", broken)["ok"] is False
+    errors = [
+        await post(server.url + "/v1/completions", {"prompt": "text"}),
+        await post(server.url + "/v1/completions", completion([1], model="nope")),
+        await post(server.url + "/v1/completions", raw=b"{not json"),
+    ]
+    await post(server.url + "/pause?mode=abort")
+    errors.append(await post(server.url + "/v1/completions", completion([1])))
+    await post(server.url + "/resume")
+    assert [s for s, _ in errors] == [400, 404, 400, 503]
+    for _, err in errors:
+        assert vllm_contract.validate("ErrorResponse", err) == {"ok": True, "extra": []}
+
+
+async def test_paused_503_and_401_bodies_match_vllm(
+    server_factory, vllm_contract: VllmContract
+) -> None:
+    cpu = await server_factory(api_key=API_KEY)
+    vllm = vllm_contract.urls["auth"]
+    answers = []
+    for url in (cpu.url, vllm):
+        unauthorised = await post(url + "/v1/completions", completion([1]), token="wrong")
+        await post(url + "/pause?mode=wait", token=API_KEY)
+        paused = await post(url + "/v1/completions", completion([1]), token=API_KEY)
+        await post(url + "/resume", token=API_KEY)
+        answers.append((unauthorised, paused))
+    assert answers[0] == answers[1]
+    assert answers[0][0] == (401, {"error": "Unauthorized"})
+
+
+async def test_control_routes_answer_like_vllm(
+    server_factory, model_dir, vllm_contract: VllmContract
+) -> None:
+    cpu = await server_factory()
+    vllm = vllm_contract.urls["plain"]
+    asks: list[tuple[str, str, Any]] = [
+        ("POST", "/pause?mode=keep", None),
+        ("GET", "/is_paused", None),
+        ("POST", "/update_weight_version", {"new_version": "11"}),
+        ("GET", "/weight_info", None),
+        ("POST", "/reset_prefix_cache", None),
+        (
+            "POST",
+            "/collective_rpc",
+            {"method": "reload_weights", "kwargs": {"weights_path": str(model_dir)}},
+        ),
+        ("POST", "/resume", None),
+        ("GET", "/is_paused", None),
+        ("GET", "/get_world_size?include_dp=true", None),
+        ("POST", "/collective_rpc", {"kwargs": {}}),
+        ("POST", "/update_weight_version", {}),
+    ]
+    for method, path, body in asks:
+        got = []
+        for url in (cpu.url, vllm):
+            if method == "GET":
+                status, text = await get(url + path)
+                got.append((status, json.loads(text)))
+            else:
+                got.append(await post(url + path, body))
+        (cpu_status, cpu_body), (vllm_status, vllm_body) = got
+        assert cpu_status == vllm_status, (method, path, got)
+        if cpu_status >= 400:  # both are vLLM ErrorResponses (messages and params may differ)
+            for err in (cpu_body, vllm_body):
+                assert vllm_contract.validate("ErrorResponse", err)["ok"], (path, err)
+        else:
+            assert shape(cpu_body) == shape(vllm_body), (method, path, got)
