@@ -21,7 +21,8 @@ from tests.learner.farm import farm, step_records
 
 # On-policy, 64 episodes a step. Tuning (in-process GRPO, same model and batch): the
 # 10-step mean went 0.09 -> 0.20 by step 50 at lr 1e-2 (0.16 at 5e-3); chance is ~0.085
-# and a 10-step mean of 64-episode batches has a sigma of ~0.015 at chance.
+# and a 10-step mean of 64-episode batches has a sigma of ~0.015 at chance. A run of this
+# test (load 15-26): first 10 steps 0.100, last 10 0.186, control's last 10 0.087.
 STEPS, CONTROL_STEPS, WINDOW, ABOVE, CHANCE_BAND, LR = 70, 20, 10, 0.15, 0.12, "1e-2"
 
 
