@@ -7,9 +7,10 @@ and learning rate, one completion token restricted to the digits and stop tokens
 - this farm: `farm up` with its defaults (private Redis, the CPU policy server, two
   workers, the learner), plus the group size, learning rate and `--max-tokens 1`;
 - TRL's `GRPOTrainer` (`bench/_trl_grpo.py`), run in the benchmark's own venv,
-  layered over the project venv (`--system-site-packages`) so torch and transformers
-  are the project's; it is created on first use, with pip constrained to the
-  installed torch and transformers versions so that no other torch is ever pulled.
+  layered over the project venv (a `.pth` file naming its site-packages) so torch
+  and transformers are the project's; it is created on first use, with pip
+  constrained to the installed torch and transformers versions so that no other
+  torch is ever pulled.
 
 For each, the clock starts when its process is launched (start-up counts) and stops
 at the first optimizer step where the mean reward of the last `--window` steps
@@ -27,6 +28,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from collections.abc import Callable
@@ -49,7 +51,16 @@ def ensure_trl_venv(venv: Path) -> Path:
     import torch
     import transformers
 
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    # Layer the venv over this one (a .pth file), so pip finds torch and transformers
+    # installed; `--system-site-packages` would reach the base interpreter's instead.
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    Path(purelib, "rollout_farm_base.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     constraints = venv / "constraints.txt"
     constraints.write_text(
         f"torch=={torch.__version__.split('+')[0]}\ntransformers=={transformers.__version__}\n"
