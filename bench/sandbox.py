@@ -26,6 +26,7 @@ from typing import Any
 from sandbox import SandboxConfig, SandboxPool
 
 CALL = "def f(x):\n    return x + 1\nprint(f(41))"
+WHO = "import os\nprint(42, os.getuid(), os.getcwd(), os.environ['TMPDIR'])"
 SOCKET_DIR = Path("/tmp/rf-sbx-bench")
 
 
@@ -120,11 +121,12 @@ async def cold_starts(config: SandboxConfig, n: int) -> list[float]:
 
 
 async def live_sessions(config: SandboxConfig, n: int, per_sandbox: int) -> dict[str, Any]:
+    jail = 1 if config.backend == "bwrap" else per_sandbox  # bwrap: a jail per session
     cfg = config.model_copy(
         update={
             "warm": 0,
             "sessions_per_sandbox": per_sandbox,
-            "max_sandboxes": -(-n // per_sandbox),
+            "max_sandboxes": -(-n // jail),
             "memory_mb": max(1024, per_sandbox * 8),
             "pids": per_sandbox * 3 + 64,
         }
@@ -138,11 +140,14 @@ async def live_sessions(config: SandboxConfig, n: int, per_sandbox: int) -> dict
         opened_s = time.perf_counter() - began
         sem = asyncio.Semaphore(64)
 
-        async def call(s: Any) -> bool:
+        async def call(s: Any) -> str:
             async with sem:
-                return (await s.run_python(CALL)).stdout == "42\n"
+                return (await s.run_python(WHO)).stdout
 
-        ok = sum(await asyncio.gather(*(call(s) for s in sessions)))
+        answers = await asyncio.gather(*(call(s) for s in sessions))
+        ok = sum(a.startswith("42 ") for a in answers)
+        # isolation is on: every live session answered as its own uid (own jail on bwrap)
+        distinct = len({a for a in answers})
         await asyncio.sleep(1.0)  # let the standby forks settle before measuring
         used = before - mem_available_mb()
         sandboxes = len(pool._sandboxes)
@@ -151,6 +156,7 @@ async def live_sessions(config: SandboxConfig, n: int, per_sandbox: int) -> dict
     return {
         "sessions": n,
         "answered": ok,
+        "distinct_uids": distinct,
         "sandboxes": sandboxes,
         "open_s": opened_s,
         "mem_total_mb": used,
@@ -230,6 +236,7 @@ def table(r: dict[str, Any]) -> str:
         ("warm acquire p50 / p99", f"{r['acquire_p50_ms']:.2f} / {r['acquire_p99_ms']:.2f} ms"),
         ("cold sandbox start p50 (to first session)", f"{r['cold_start_p50_s'] * 1e3:.0f} ms"),
         ("live sessions held (answered a call)", f"{live['answered']} / {live['sessions']}"),
+        ("distinct (uid, work dir, TMPDIR) among them", str(live["distinct_uids"])),
         ("sandboxes for them", str(live["sandboxes"])),
         ("time to open them", f"{live['open_s']:.1f} s"),
         ("host memory per live session", f"{live['mem_per_session_mb']:.2f} MiB"),

@@ -20,6 +20,7 @@ from pydantic import ConfigDict, Field, SecretStr, model_validator
 from pydantic.dataclasses import dataclass
 
 from broker.connection import RedisUrl
+from broker.consumer import ConsumerSettings
 from launch.settings import CommaList, LogLevel, RoleConfig, section
 from learner.errors import ConfigError
 
@@ -176,10 +177,9 @@ class LearnerConfig(RoleConfig):
     )
     replay: str | None = Field(None, description="archive path or stream:START..END to train from")
     # --- consumer -----------------------------------------------------------------------------
-    reclaim_idle_s: float = Field(
-        3600.0, gt=0.0, description="idle seconds before entries of a dead learner are reclaimed"
-    )
-    max_deliveries: int = Field(10, ge=1, description="deliveries before a group is dead-lettered")
+    consumer: ConsumerSettings = section(
+        ConsumerSettings, reclaim_idle_s=3600.0, max_deliveries=10
+    )  # a dead learner's groups wait long: its own stay pending until a checkpoint holds them
     # --- components ---------------------------------------------------------------------------
     optim: OptimConfig = section(OptimConfig)
     batch: BatchRules = section(BatchRules)

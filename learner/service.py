@@ -264,7 +264,7 @@ async def _make_source(
     cfg = core.cfg
     vocab = int(core.trainer.model.config.vocab_size)  # type: ignore[union-attr]
     recent = {g for step in core.state.trained[-cfg.checkpoint_interval :] for g in step}
-    consumer = LiveSource.consumer_config(cfg.consumer_name, cfg.reclaim_idle_s, cfg.max_deliveries)
+    consumer = LiveSource.consumer_config(cfg.consumer_name, cfg.consumer)
     dead = DeadLetterWatch(redis, keys, cfg.max_failed_batches * cfg.groups_per_batch)
     await retry_while_unavailable(dead.start, "reading the dead letters", stop)
     source = LiveSource(

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import redis.asyncio as aioredis
 
-from broker.consumer import Consumer, ConsumerConfig, Delivery
+from broker.consumer import Consumer, ConsumerConfig, ConsumerSettings, Delivery
 from broker.errors import BudgetError, RedisUnavailable
 from broker.keys import LEARNER_GROUP, RunKeys
 from broker.messages import TrajectoryGroup
@@ -93,14 +93,8 @@ class LiveSource:
         self.dead_letters = dead_letters  # tasks the workers gave up on: slots back, streak
 
     @staticmethod
-    def consumer_config(name: str, reclaim_idle_s: float, max_deliveries: int) -> ConsumerConfig:
-        return ConsumerConfig(
-            group=LEARNER_GROUP,
-            consumer=name,
-            block_ms=500,
-            reclaim_idle_ms=int(reclaim_idle_s * 1000),
-            max_deliveries=max_deliveries,
-        )
+    def consumer_config(name: str, settings: ConsumerSettings) -> ConsumerConfig:
+        return ConsumerConfig.of(LEARNER_GROUP, name, settings, block_ms=500)
 
     async def start(self) -> None:
         await self.consumer.ensure_groups()

@@ -19,17 +19,25 @@ import shutil
 import signal
 import socket
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from sandbox.agent import proc_stat
+from sandbox.agent.procs import proc_stat
 from sandbox.config import SandboxConfig
 from sandbox.errors import SandboxUnavailable
 
 log = logging.getLogger(__name__)
 
-AGENT_SOURCE = Path(__file__).with_name("agent.py")
+AGENT_PACKAGE = Path(__file__).with_name("agent")  # copied into each sandbox whole
+
+
+def agent_files() -> list[Path]:
+    """The agent package's modules, in a stable order (the image tag hashes them)."""
+    return sorted(AGENT_PACKAGE.glob("*.py"))
+
+
 IN_SANDBOX_SOCKETS = "/run/agent"
 IN_SANDBOX_WORK = "/work"
 
@@ -168,10 +176,19 @@ class _ProcessBackend:
         """The sandbox uid must reach its socket dir and read the agent."""
         pool_dir = socket_dir.parent
         pool_dir.chmod(0o711)
-        agent = pool_dir / "agent.py"
-        if not agent.exists():
-            shutil.copyfile(AGENT_SOURCE, agent)
-            agent.chmod(0o644)
+        lib = pool_dir / "lib"  # listable (the import system lists it), unlike pool_dir
+        if not (lib / "agent").exists():
+            # copied aside, then renamed in at once: concurrent starts never see half
+            staging = Path(tempfile.mkdtemp(dir=pool_dir))
+            for source in agent_files():
+                shutil.copyfile(source, staging / source.name)
+                (staging / source.name).chmod(0o644)
+            staging.chmod(0o755)
+            lib.mkdir(mode=0o755, exist_ok=True)
+            try:
+                staging.rename(lib / "agent")
+            except OSError:  # another start got there first
+                shutil.rmtree(staging, ignore_errors=True)
         if os.geteuid() == 0:
             os.chown(socket_dir, uid, uid)
 
@@ -219,10 +236,10 @@ class BwrapBackend(_ProcessBackend):
         args += ["--size", str(64 << 20), "--tmpfs", "/tmp"]
         args += ["--size", str(cfg.work_mb << 20), "--tmpfs", IN_SANDBOX_WORK]
         args += ["--bind", str(socket_dir), IN_SANDBOX_SOCKETS]
-        args += ["--ro-bind", str(socket_dir.parent / "agent.py"), "/opt/agent/agent.py"]
+        args += ["--ro-bind", str(socket_dir.parent / "lib" / "agent"), "/opt/agent/agent"]
         args += ["--remount-ro", "/"]
         args += ["--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--chdir", IN_SANDBOX_WORK]
-        args += ["/usr/bin/python3", "-I", "-S", "/opt/agent/agent.py"]
+        args += ["/usr/bin/python3", "-I", "-S", "/opt/agent/agent"]
         args += ["--socket-dir", IN_SANDBOX_SOCKETS, "--work-dir", IN_SANDBOX_WORK]
         return args
 
@@ -232,16 +249,17 @@ class UnsafeBackend(_ProcessBackend):
 
     async def prepare(self) -> None:
         log.warning(
-            "SANDBOX BACKEND unsafe-no-isolation: untrusted code runs on this host with "
-            "rlimits only (as a throw-away uid when started as root, else as uid %d); "
-            "never use it for model-generated code in production",
+            "SANDBOX BACKEND unsafe-no-isolation: NO ISOLATION AT ALL. Untrusted code runs "
+            "on this host with rlimits only (as a throw-away uid when started as root, else "
+            "as uid %d), and sessions sharing a sandbox can read, overwrite and kill each "
+            "other; never use it for model-generated code in production",
             os.getuid(),
         )
 
     def argv(self, uid: int, socket_dir: Path) -> list[str]:
         work = socket_dir.with_name(socket_dir.name + "-work")
         python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
-        return [python, "-I", str(socket_dir.parent / "agent.py"),
+        return [python, "-I", str(socket_dir.parent / "lib" / "agent"),
                 "--socket-dir", str(socket_dir), "--work-dir", str(work)]  # fmt: skip
 
     def _prepare_dirs(self, uid: int, socket_dir: Path) -> None:

@@ -1,6 +1,6 @@
 """The host side of the agent protocol: one asyncio connection to one agent socket.
 
-Frames are those of `sandbox.agent` (4-byte length, JSON object), imported from there
+Frames are those of `sandbox.agent.wire` (4-byte length, JSON object), imported from there
 so both sides share one definition. Every await is bounded by a timeout; any failure
 of the exchange closes the connection, because a half-read frame cannot be resumed.
 """
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sandbox.agent import HEADER, MAX_FRAME, encode_frame
+from sandbox.agent.wire import HEADER, MAX_FRAME, encode_frame
 from sandbox.errors import AgentProtocolError
 
 

@@ -1,8 +1,9 @@
 """The Docker backend: one hardened container per sandbox, through the Docker SDK.
 
-Containers get no network, a read-only root, tmpfs work and /tmp, all capabilities
-dropped, no-new-privileges, a distinct non-root uid, memory/CPU/pids limits and the
-optional runtime (runsc for gVisor). The agent is PID 1, so the code it runs cannot
+Containers get no network, a read-only root, one tmpfs per session slot, all
+capabilities dropped but the four the agent needs to start sessions as their own uids
+(every session slot of every container has a distinct uid), no-new-privileges,
+memory/CPU/pids limits and the optional runtime (runsc for gVisor). The agent is PID 1, so the code it runs cannot
 signal it. Every container carries labels naming its owner process; `prepare()`
 removes containers whose owner on this host is gone (an earlier crash), `stop()`
 removes one. The SDK is blocking, so every call runs in a worker thread.
@@ -24,6 +25,9 @@ log = logging.getLogger(__name__)
 
 LABEL = "rollout-farm.sandbox"
 OWNER_LABEL = "rollout-farm.owner"
+# what the agent needs to create sessions (own their tmpfs, become their uid) and to
+# end their process trees; sessions themselves run with none
+AGENT_CAPS = ("SETUID", "SETGID", "CHOWN", "KILL")
 
 
 class DockerBackend:
@@ -92,34 +96,58 @@ class DockerBackend:
     async def start(self, name: str, uid: int, socket_dir: Path) -> Handle:
         from docker.errors import DockerException
 
-        if os.geteuid() == 0:
-            os.chown(socket_dir, uid, uid)
-        else:
-            socket_dir.chmod(0o777)  # noqa: ASYNC240 -- the container uid must create sockets here
         try:
             container = await asyncio.to_thread(self._run, name, uid, socket_dir)
         except DockerException as exc:
             raise SandboxUnavailable(f"cannot start sandbox container: {exc}") from exc
         return Handle(name, socket_dir, uid, container)
 
+    def _tmpfs(self, uid: int) -> dict[str, str]:
+        """A tmpfs per session slot (its disk limit, owned by its uid). /tmp stays on the
+        read-only root (the engine would make a tmpfs there 1777) and /dev/shm is root's:
+        no session can write either, so neither is a channel or a trap."""
+        cfg = self.config
+        mounts = {
+            IN_SANDBOX_WORK: "size=1m,mode=0711,uid=0,gid=0",
+            "/dev/shm": "size=1m,mode=0755,uid=0,gid=0",
+        }
+        for slot in range(cfg.sessions_per_sandbox):
+            owner = uid + 1 + slot
+            mounts[f"{IN_SANDBOX_WORK}/{slot}"] = (
+                f"size={cfg.work_mb}m,mode=0700,uid={owner},gid={owner}"
+            )
+        return mounts
+
     def _run(self, name: str, uid: int, socket_dir: Path):
         cfg = self.config
-        tmpfs_opts = f"mode=0700,uid={uid},gid={uid}"
+        uids = f"{uid + 1}:{cfg.sessions_per_sandbox}"
         return self.client.containers.run(
             self.image,
-            command=["python3", "-I", "-S", "/opt/agent/agent.py",
-                     "--socket-dir", IN_SANDBOX_SOCKETS, "--work-dir", IN_SANDBOX_WORK],
+            command=[
+                "python3",
+                "-I",
+                "-S",
+                "/opt/agent/agent",
+                "--socket-dir",
+                IN_SANDBOX_SOCKETS,
+                "--work-dir",
+                IN_SANDBOX_WORK,
+                "--session-uids",
+                uids,
+                "--host-gid",
+                str(os.getegid()),
+            ],
             name=name,
             detach=True,
-            user=f"{uid}:{uid}",
+            # root in the container only to switch each session to its own uid; it
+            # keeps just the capabilities for that (see SESSION_CAPS)
+            user="0:0",
             network_mode="none",
             read_only=True,
-            tmpfs={
-                IN_SANDBOX_WORK: f"size={cfg.work_mb}m,{tmpfs_opts}",
-                "/tmp": "size=64m,mode=1777",
-            },
+            tmpfs=self._tmpfs(uid),
             volumes={str(socket_dir): {"bind": IN_SANDBOX_SOCKETS, "mode": "rw"}},
             cap_drop=["ALL"],
+            cap_add=list(AGENT_CAPS),
             security_opt=["no-new-privileges"],
             mem_limit=f"{cfg.memory_mb}m",
             memswap_limit=f"{cfg.memory_mb}m",
@@ -131,7 +159,7 @@ class DockerBackend:
             environment={"PATH": "/usr/local/bin:/usr/bin:/bin"},
             ipc_mode="private",
             log_config={"type": "json-file", "config": {"max-size": "1m"}},
-        )  # fmt: skip
+        )
 
     async def alive(self, handle: Handle) -> bool:
         from docker.errors import DockerException

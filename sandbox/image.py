@@ -27,7 +27,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from sandbox.backends import AGENT_SOURCE
+from sandbox.backends import agent_files
 from sandbox.errors import ImageBuildError
 
 log = logging.getLogger(__name__)
@@ -37,10 +37,10 @@ BASE_REPOSITORY = "rollout-farm/sandbox-base"
 INCLUDE = "python3"
 DEFAULT_MIRROR = ("http://deb.debian.org/debian", "bookworm")
 DOCKERFILE = """FROM {base}
-COPY agent.py /opt/agent/agent.py
+COPY agent /opt/agent/agent
 USER 65534:65534
 WORKDIR /work
-CMD ["python3", "-I", "-S", "/opt/agent/agent.py", "--socket-dir", "/run/agent", "--work-dir", "/work"]
+CMD ["python3", "-I", "-S", "/opt/agent/agent", "--socket-dir", "/run/agent", "--work-dir", "/work"]
 """
 
 
@@ -101,7 +101,8 @@ def base_tag() -> str:
 
 def image_tag() -> str:
     """The content tag of the sandbox image: agent source + recipe + Dockerfile."""
-    parts = (AGENT_SOURCE.read_bytes(), recipe().encode(), DOCKERFILE.encode())
+    agent = [f.name.encode() + b"\0" + f.read_bytes() for f in agent_files()]
+    parts = (*agent, recipe().encode(), DOCKERFILE.encode())
     return f"{REPOSITORY}:{_digest(*parts)}"
 
 
@@ -189,10 +190,8 @@ def build(quiet: bool = False, force: bool = False) -> str:
 def _context(base: str) -> io.BytesIO:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in (
-            ("Dockerfile", DOCKERFILE.format(base=base).encode()),
-            ("agent.py", AGENT_SOURCE.read_bytes()),
-        ):
+        files = [(f"agent/{f.name}", f.read_bytes()) for f in agent_files()]
+        for name, data in (("Dockerfile", DOCKERFILE.format(base=base).encode()), *files):
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))

@@ -82,6 +82,9 @@ class SandboxPool:
         # pools on one host (worker processes, test runs) draw uids from one range; a
         # random start keeps their RLIMIT_NPROC counts and signals apart
         self._uid_offset = secrets.randbelow(UID_RANGE)
+        # bwrap cannot map several uids into its user namespace unprivileged: one jail
+        # (and one uid) per session there; elsewhere one uid per session slot
+        self.capacity = 1 if config.backend == "bwrap" else config.sessions_per_sandbox
         self._started = False
         self._closed = False
         _POOLS.add(self)
@@ -282,18 +285,20 @@ class SandboxPool:
 
     def _pick(self, starting: bool = False) -> Sandbox | None:
         """The fullest ready (or starting) sandbox with room: packing keeps others idle."""
-        cap = self.config.sessions_per_sandbox
+        cap = self.capacity
         states = ("starting",) if starting else ("idle", "busy")
         ready = [
-            sb for sb in self._sandboxes
-            if sb.state in states and not sb.draining and sb.load < cap
-        ]  # fmt: skip
+            sb for sb in self._sandboxes if sb.state in states and not sb.draining and sb.load < cap
+        ]
         return max(ready, key=lambda sb: sb.load, default=None)
 
     def _new_sandbox(self) -> Sandbox:
         self._counter += 1
         name = f"rf-{self.pool_id}-{self._counter}"
-        uid = self.config.uid_base + (self._uid_offset + self._counter) % UID_RANGE
+        # a block of uids per sandbox: its own, then one per session slot
+        stride = self.config.sessions_per_sandbox + 1
+        block = (self._uid_offset + self._counter) % (UID_RANGE // stride)
+        uid = self.config.uid_base + block * stride
         sandbox = Sandbox(Handle(name, self.dir / str(self._counter), uid))
         self._sandboxes.append(sandbox)
         self._publish()
@@ -395,9 +400,10 @@ class SandboxPool:
             self._wake.clear()
             await self._health_check()
             spare = sum(
-                1 for sb in self._sandboxes
+                1
+                for sb in self._sandboxes
                 if not sb.draining and (sb.state == "starting" or sb.load == 0)
-            )  # fmt: skip
+            )
             for _ in range(self.config.warm - spare):
                 try:
                     await self._launch_warm()

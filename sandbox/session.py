@@ -14,25 +14,38 @@ import os
 import posixpath
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sandbox import metrics
 from sandbox.client import AgentConnection
+from sandbox.config import SandboxConfig
 from sandbox.errors import AgentProtocolError, PoolClosed, SandboxError, SessionLost
 from sandbox.result import RunResult, Violation
 
-if TYPE_CHECKING:
-    from sandbox.pool import Sandbox, SandboxPool
-
 REPLY_MARGIN_S = 15.0  # past the call's own timeout: killing, sweeping and the reply
+
+
+class SessionOwner(Protocol):
+    """What a session needs from the pool that handed it out (the pool imports this
+    module, never the other way round)."""
+
+    config: SandboxConfig
+
+    @property
+    def closed(self) -> bool: ...
+
+    def taint(self, session: Session, why: str) -> None: ...
+
+    async def reopen(self, session: Session) -> AgentConnection: ...
 
 
 class Session:
     """Handed out by `SandboxPool.session()`; not shared between concurrent tasks."""
 
     def __init__(
-        self, pool: SandboxPool, sandbox: Sandbox, sid: str, connection: AgentConnection
+        self, pool: SessionOwner, sandbox: Any, sid: str, connection: AgentConnection
     ) -> None:
+        # ``sandbox`` is the owner's record of where this session lives, opaque here
         self.pool, self.sandbox, self.id, self.connection = pool, sandbox, sid, connection
         self._lost = False
         self.closed = False  # set by the pool on release: a closed session refuses calls

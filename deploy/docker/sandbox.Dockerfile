@@ -2,7 +2,8 @@
 # build the equivalent image offline with `python -m sandbox.image build` (a
 # debootstrap rootfs plus the same agent layer); point the workers at this one with
 # the sandbox config's `image` field.
-# The container runs the stdlib-only agent (sandbox/agent.py) as nobody; the pool
+# The container runs the stdlib-only agent package (sandbox/agent/); the pool runs it
+# as root with four capabilities so each session gets its own uid; the pool
 # starts it with network_mode=none, a read-only root, tmpfs /work, cap_drop=ALL and
 # no-new-privileges, so nothing here needs privileges.
 # Build from the repository root:
@@ -13,7 +14,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 \
  && rm -rf /var/lib/apt/lists/* \
  && mkdir -p /work /run/agent
-COPY sandbox/agent.py /opt/agent/agent.py
+COPY sandbox/agent /opt/agent/agent
 USER 65534:65534
 WORKDIR /work
-CMD ["python3", "-I", "-S", "/opt/agent/agent.py", "--socket-dir", "/run/agent", "--work-dir", "/work"]
+CMD ["python3", "-I", "-S", "/opt/agent/agent", "--socket-dir", "/run/agent", "--work-dir", "/work"]

@@ -10,7 +10,7 @@ import struct
 from pathlib import Path
 
 from sandbox import SandboxPool
-from sandbox.agent import encode_frame
+from sandbox.agent.wire import encode_frame
 
 HEADER = struct.Struct(">I")
 

@@ -97,7 +97,7 @@ async def test_network_is_unreachable(pool: SandboxPool) -> None:
 
 async def test_writing_outside_the_work_dir_fails(pool: SandboxPool) -> None:
     marker = f"rf-escape-{secrets.token_hex(4)}"
-    targets = [f"/{marker}", f"/etc/{marker}", f"/usr/bin/{marker}", "/opt/agent/agent.py",
+    targets = [f"/{marker}", f"/etc/{marker}", f"/usr/bin/{marker}", "/opt/agent/agent/control.py",
                f"/var/{marker}"]  # fmt: skip
     code = (
         f"import os\nfor t in {targets!r}:\n"
@@ -142,8 +142,13 @@ async def test_killing_the_parent_loses_only_that_call(pool: SandboxPool) -> Non
         assert r.violation is Violation.SESSION_LOST
         again = await s.run_python("print(open('state').read())")
         assert again.ok and again.stdout == "kept\n", again
-        pid1 = await s.run_python("import os, signal\nos.kill(1, signal.SIGKILL)\nprint('alive')")
-        assert pid1.stdout == "alive\n"  # PID 1 (the agent) ignores signals from inside
+        pid1 = await s.run_python(
+            "import os, signal\ntry:\n    os.kill(1, signal.SIGKILL)\n"
+            "except PermissionError:\n    print('refused')\nprint('alive')"
+        )
+        # PID 1 (the agent) ignores signals from inside; on docker it is another uid
+        refused = "refused\n" if pool.config.backend == "docker" else ""
+        assert pid1.stdout == refused + "alive\n", pid1
         everyone = await s.run_python("import os, signal\nos.kill(-1, signal.SIGKILL)")
         assert everyone.violation is Violation.SESSION_LOST
         last = await s.run_python("print('back')")

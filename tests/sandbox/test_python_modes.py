@@ -54,8 +54,11 @@ async def test_fork_mode_contains_hostile_code(
     pool_factory: Factory, code: str, violation: Violation
 ) -> None:
     pool = await pool_factory(python_mode="fork")
+    # filling 512 MiB took 2.5 s on the loaded 2-core VM: the memory case must be ended
+    # by the memory limit, not raced against the clock
+    timeout = 10.0 if violation is Violation.MEMORY else 2.0
     async with pool.session() as s:
-        r = await s.run_python(code, timeout=2.0)
+        r = await s.run_python(code, timeout=timeout)
         assert r.violation is violation, r
         listing = await s.run_python(LIST_PROCS)
     assert len(listing.stdout.splitlines()) <= 4, listing.stdout

@@ -40,14 +40,16 @@ async def test_completion_and_error_bodies_validate_as_vllm_models(
     broken = dict(data["choices"][0], weight_versions=[{"version": 7, "start": "x"}])
     assert vllm_contract.validate("CompletionResponseChoice", broken)["ok"] is False
     errors = [
-        await post(server.url + "/v1/completions", {"prompt": "text"}),
+        await post(server.url + "/v1/completions", {"max_tokens": 5}),  # no prompt
         await post(server.url + "/v1/completions", completion([1], model="nope")),
         await post(server.url + "/v1/completions", raw=b"{not json"),
     ]
     await post(server.url + "/pause?mode=abort")
     errors.append(await post(server.url + "/v1/completions", completion([1])))
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    errors.append(await post(server.url + "/v1/chat/completions", chat))  # every route refuses
     await post(server.url + "/resume")
-    assert [s for s, _ in errors] == [400, 404, 400, 503]
+    assert [s for s, _ in errors] == [400, 404, 400, 503, 503]
     for _, err in errors:
         assert vllm_contract.validate("ErrorResponse", err) == {"ok": True, "extra": []}
 
