@@ -103,8 +103,8 @@ def compute_ceiling(model_dir: Path, groups: list[TrajectoryGroup], steps: int) 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from learner.algorithms import Aggregation, Algorithm
     from learner.batch import BatchRules, prepare_batch
+    from learner.config import Aggregation, Algorithm
     from learner.distributed import DistContext
     from learner.trainer import OptimConfig, Trainer
 

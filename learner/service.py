@@ -18,6 +18,7 @@ spoiled by infrastructure errors, or every task comes back dead-lettered.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -43,11 +44,14 @@ from learner.checkpoint import (
     load_state,
     save_checkpoint,
 )
-from learner.config import LearnerConfig
+from learner.components import critic_for, dynamic_sampling, reference_for
+from learner.config import KLMode, LearnerConfig
+from learner.critic import Critic, restore_critic, save_critic
 from learner.distributed import DistContext
 from learner.errors import RunFailedError
 from learner.health import DeadLetterWatch, FailureWatch
 from learner.record import SkipRecord, StepRecord, emit, emit_skip
+from learner.reference import Reference, kl_turn_penalties
 from learner.source import LiveSource
 from learner.tasks import (
     TaskFeeder,
@@ -78,20 +82,46 @@ class Core:
     trainer: Trainer
     state: LearnerState
     checkpoint: Path | None  # the checkpoint resumed from
+    reference: Reference | None = None  # KL as a reward penalty (the trainer holds the loss one)
+    critic: Critic | None = None  # --algorithm ppo
+
+    def prepare(self, groups: list[TrajectoryGroup], replay: bool) -> PreparedBatch:
+        """The batch's sequences; with a KL reward penalty, rewards shaped by the reference.
+
+        A replay trains what was recorded: its versions are not this run's."""
+        rules, version, judge = self.cfg.batch, self.state.step, not replay
+        if self.reference is None:
+            return prepare_batch(groups, rules, version, judge_staleness=judge)
+        # every group's sequences, as the penalty may give a zero-variance group variance
+        every = prepare_batch(groups, dataclasses.replace(rules, skip_zero_variance=False),
+                              version, judge_staleness=judge)  # fmt: skip
+        loss = self.cfg.loss
+        penalties = kl_turn_penalties(self.reference, every.samples, self.trainer.scoring,
+                                      loss.kl_estimator, loss.kl_coef)  # fmt: skip
+        return prepare_batch(groups, rules, version, penalties, judge_staleness=judge)
+
+    def _update(self, prepared: PreparedBatch) -> StepStats:
+        """Optimizer steps on the batch (and the critic's, with --algorithm ppo)."""
+        samples = prepared.samples
+        if self.critic is not None:
+            samples = self.critic.annotate(samples)
+            prepared.advantages = [float(a) for s in samples for a in s.advantages[s.loss_mask > 0]]
+        stats = self.trainer.update(samples)
+        if self.critic is not None:
+            loss = self.cfg.loss
+            value_loss = self.critic.update(samples, loss.ppo_epochs, loss.mini_batches)
+            stats = dataclasses.replace(stats, value_loss=value_loss)
+        return stats
 
     def train(
         self, groups: list[TrajectoryGroup], replay: bool
     ) -> tuple[PreparedBatch, StepStats | None]:
         """Prepare and train one batch. A batch with no trainable sample is not a step:
         the step, the policy version and --max-steps stay where they are (stats None)."""
-        # a replay trains what was recorded; its versions are not this run's
-        prepared = prepare_batch(
-            groups, self.cfg.batch, version=self.state.step, judge_staleness=not replay
-        )
+        prepared = self.prepare(groups, replay)
         stats = None
         if prepared.samples:
-            local = self.dist.shard(prepared.samples)
-            stats = self.trainer.step(local, prepared.num_tokens, len(prepared.samples))
+            stats = self._update(prepared)
             self.state.step += 1
             self.state.record_step([g.group_id for g in groups])
         else:
@@ -99,6 +129,8 @@ class Core:
         self.state.count("groups", len(groups))
         self.state.count("trained_groups", len(prepared.trained_groups))
         self.state.count("infra_failed", len(prepared.infra_failed))
+        self.state.count("no_action_timeouts", len(prepared.no_action_timeouts))
+        self.state.count("overlong", prepared.overlong)
         self.state.count("zero_variance", len(prepared.zero_variance))
         self.state.count("stale_dropped", len(prepared.dropped_stale))
         self.state.count("stale_corrected", len(prepared.corrected_stale))
@@ -107,6 +139,9 @@ class Core:
     def save(self) -> Path | None:
         if self.cfg.checkpoint_dir is None or not self.dist.is_main:
             return None
+        if self.critic is not None:  # first, so that no checkpoint exists without its critic
+            save_critic(self.critic, self.cfg.checkpoint_dir, self.state.step,
+                        self.cfg.keep_checkpoints)  # fmt: skip
         return save_checkpoint(
             self.cfg.checkpoint_dir,
             self.trainer.model,
@@ -131,14 +166,20 @@ def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> C
         checkpoint = latest_checkpoint(cfg.checkpoint_dir)
     source = checkpoint or cfg.model
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-    trainer = Trainer(model, cfg.optim, device, dist)
+    reference = reference_for(cfg, device)
+    kl_loss = cfg.loss.kl_mode is KLMode.LOSS
+    trainer = Trainer(model, cfg.optim, device, dist, cfg.loss,
+                      reference=reference if kl_loss else None)  # fmt: skip
+    critic = critic_for(cfg, device, dist)
     state = LearnerState()
     if checkpoint is not None:
         state = load_state(checkpoint)
         load_optimizer(checkpoint, trainer.optimizer)
+        if critic is not None and cfg.checkpoint_dir is not None:
+            restore_critic(critic, cfg.checkpoint_dir, state.step)
         log.info("resumed from %s at step %d", checkpoint, state.step)
     dist.broadcast_model(trainer.model)
-    return Core(cfg, dist, trainer, state, checkpoint)
+    return Core(cfg, dist, trainer, state, checkpoint, None if kl_loss else reference, critic)
 
 
 def step_record(
@@ -227,7 +268,10 @@ async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Deli
         push_s = 0.0
         if live.pusher is not None and state.step % cfg.push_interval == 0:
             push_s = await _push(core, live.pusher, live.redis, live.keys, stop)
-        emit(step_record(core, prepared, stats, batch.wait_s, push_s), prepared)
+        record = step_record(core, prepared, stats, batch.wait_s, push_s)
+        if live.source.sampling is not None:
+            record = dataclasses.replace(record, filter_rate=round(live.source.sampling.rate, 4))
+        emit(record, prepared)
         last = cfg.max_steps and state.step >= cfg.max_steps
         if cfg.checkpoint_dir is None or state.step % cfg.checkpoint_interval == 0 or last:
             await _make_durable(core, live.source, unacked, stop)
@@ -267,9 +311,8 @@ async def _make_source(
     consumer = LiveSource.consumer_config(cfg.consumer_name, cfg.consumer)
     dead = DeadLetterWatch(redis, keys, cfg.max_failed_batches * cfg.groups_per_batch)
     await retry_while_unavailable(dead.start, "reading the dead letters", stop)
-    source = LiveSource(
-        redis, keys, consumer, feeder, vocab, already_trained=recent, dead_letters=dead
-    )
+    source = LiveSource(redis, keys, consumer, feeder, vocab, already_trained=recent,
+                        sampling=dynamic_sampling(cfg), dead_letters=dead)  # fmt: skip
     await retry_while_unavailable(source.start, "creating the learner group", stop)
     return source
 

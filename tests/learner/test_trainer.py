@@ -9,23 +9,30 @@ import pytest
 import torch
 
 from broker.messages import Trajectory, TrajectoryGroup, Turn
-from learner.algorithms import Aggregation, Algorithm
+from learner.algorithms import Algorithm
 from learner.batch import BatchRules, Sample, prepare_batch
+from learner.config import Aggregation, LossConfig
 from learner.distributed import DistContext
 from learner.trainer import OptimConfig, Trainer, collate, token_logprobs
 from tests.learner.factories import make_group
 
 RULES = BatchRules(Algorithm.GRPO, 1.0, max_staleness=4, skip_zero_variance=True)
+PLAIN = LossConfig()
 
 
-def _trainer(model_dir: Path, micro: int = 8, lr: float = 1e-2) -> Trainer:
+def optim(lr: float = 1e-2, micro: int = 8) -> OptimConfig:
+    return OptimConfig(learning_rate=lr, weight_decay=0.0, clip_low=0.2, clip_high=0.2,
+                       tis_cap=2.0, max_grad_norm=100.0, micro_batch_size=micro,
+                       aggregation=Aggregation.TOKEN_MEAN)  # fmt: skip
+
+
+def _trainer(model_dir: Path, micro: int = 8, lr: float = 1e-2, terms: LossConfig = PLAIN,
+             reference: object = None) -> Trainer:  # fmt: skip
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    cfg = OptimConfig(learning_rate=lr, weight_decay=0.0, clip_low=0.2, clip_high=0.2,
-                      tis_cap=2.0, max_grad_norm=100.0, micro_batch_size=micro,
-                      aggregation=Aggregation.TOKEN_MEAN)  # fmt: skip
-    return Trainer(model, cfg, torch.device("cpu"), DistContext())
+    return Trainer(model, optim(lr, micro), torch.device("cpu"), DistContext(), terms,
+                   reference=reference)  # type: ignore[arg-type]  # fmt: skip
 
 
 def _with_behaviour(
@@ -54,6 +61,9 @@ def test_importance_ratio_is_exactly_one_on_policy(tiny_model_dir: Path) -> None
     stats = trainer.step(on_policy, sum(int(s.loss_mask.sum()) for s in on_policy), len(on_policy))
     assert stats.ratio_mean == 1.0 and stats.ratio_min == 1.0 and stats.ratio_max == 1.0
     assert stats.clip_fraction == 0.0
+    # pi_prox/mu, the inference-vs-learner gap, is 1 as well: the behaviour is the model's own
+    assert stats.behaviour_ratio_mean == 1.0 and stats.behaviour_ratio_max == 1.0
+    assert stats.correction_fraction == 0.0
 
 
 def _completion_logp(trainer: Trainer, samples: list[Sample]) -> np.ndarray:
