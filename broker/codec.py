@@ -76,13 +76,14 @@ def _turn_to(t: Turn) -> list[Any]:
         t.reward,
         t.terminated,
         t.truncated,
+        t.segment_start,
     ]
 
 
 def _turn_from(v: list[Any]) -> Turn:
     # Hot path of every consumer: build the frozen Turn without __post_init__'s
     # asarray round trips, keeping its checks (frombuffer already gives int32/float32).
-    prompt, completion, logprobs, weight_version, reward, terminated, truncated = v
+    prompt, completion, logprobs, weight_version, reward, terminated, truncated = v[:7]
     completion_ids = np.frombuffer(completion, dtype="<i4")
     lp = np.frombuffer(logprobs, dtype="<f4")
     if len(lp) != len(completion_ids):
@@ -96,6 +97,7 @@ def _turn_from(v: list[Any]) -> Turn:
         reward=float(reward),
         terminated=bool(terminated),
         truncated=bool(truncated),
+        segment_start=bool(v[7]) if len(v) > 7 else False,  # older producers: one segment
     )
     return turn
 

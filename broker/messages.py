@@ -51,6 +51,7 @@ class Truncation(enum.StrEnum):
     CONTEXT = "context"  # --max-context-tokens
     WALL_TIME = "wall_time"  # --episode-timeout-s, after at least one turn
     ENV = "env"  # the environment reported truncated=True
+    TOKENS = "tokens"  # an agent episode's completion-token budget (agent env kind)
 
 
 def _as_i32(values: Any) -> np.ndarray:
@@ -101,6 +102,9 @@ class Turn:
     reward: float  # reward the environment gave for this turn's action
     terminated: bool  # the environment reached a terminal state
     truncated: bool  # a limit cut the episode short after this turn
+    # True: prompt_ids is a whole new prompt that does not extend the turns before it (an
+    # agent rewrote its history); the learner trains it as a separate sequence.
+    segment_start: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", _as_i32(self.prompt_ids))
@@ -122,6 +126,7 @@ class Turn:
             and self.reward == other.reward
             and self.terminated == other.terminated
             and self.truncated == other.truncated
+            and self.segment_start == other.segment_start
         )
 
     __hash__ = None  # type: ignore[assignment]

@@ -39,6 +39,7 @@ _BUILTINS: dict[str, str] = {
     "code": "envs.code:make_code_env",
     "codegym": "envs.codegym:make_codegym_env",
     "stateful": "envs.stateful:make_stateful_env",
+    "agent": "envs.agent:make_agent_env",
 }
 _registry: dict[str, Factory | str] = dict(_BUILTINS)
 

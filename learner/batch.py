@@ -11,7 +11,9 @@ shaped (DAPO's soft overlong punishment, a KL reward penalty) before the
 advantages. It then turns each kept trajectory into one sequence: for every
 turn, ``prompt_ids`` (loss mask 0) followed by ``completion_ids`` (loss mask 1,
 with the behaviour logprobs and the turn's advantage), as broker/messages.py
-documents. No torch here: sequences are numpy arrays, collated by the trainer."""
+documents; a trajectory with ``segment_start`` turns (an agent that rewrote its
+history) becomes one sequence per segment, since such a turn's prompt does not
+extend the tokens before it. No torch here: sequences are numpy arrays, collated by the trainer."""
 
 from __future__ import annotations
 
@@ -195,26 +197,51 @@ def prepare_batch(
         for trajectory, turn_rewards, turn_adv in zip(
             group.trajectories, group_rewards, group_adv, strict=True
         ):
-            sample = _sample(trajectory, turn_rewards, turn_adv, stale, group.group_id, rules, out)
-            if sample is not None:
+            samples = _samples(
+                trajectory, turn_rewards, turn_adv, stale, group.group_id, rules, out
+            )
+            if samples:
                 out.advantages += [float(a) for a in turn_adv]
-                out.samples.append(sample)
+                out.samples += samples
     return out
 
 
-def _sample(trajectory: Trajectory, turn_rewards: np.ndarray, turn_adv: np.ndarray, stale: bool,
-            group_id: str, rules: BatchRules, out: PreparedBatch) -> Sample | None:  # fmt: skip
+def _samples(trajectory: Trajectory, turn_rewards: np.ndarray, turn_adv: np.ndarray, stale: bool,
+             group_id: str, rules: BatchRules, out: PreparedBatch) -> list[Sample]:  # fmt: skip
     if not trajectory.turns:
-        return None
-    ids, mask, logp, adv, turn_index = assemble(trajectory, turn_adv)
+        return []
+    arrays = assemble(trajectory, turn_adv)
     if overlong(trajectory):
         out.overlong += 1
         if rules.overlong is Overlong.MASK:
-            return None  # overlong filtering: its reward still counted in the baseline
-    if mask.sum() == 0:
-        return None
-    return Sample(ids, mask, logp, adv, stale, group_id, trajectory.sample_index, turn_index,
-                  turn_rewards)  # fmt: skip
+            return []  # overlong filtering: its reward still counted in the baseline
+    samples = []
+    for ids, mask, logp, adv, turn_index in split_segments(trajectory, arrays):
+        if mask.sum() > 0:
+            samples.append(Sample(ids, mask, logp, adv, stale, group_id, trajectory.sample_index,
+                                  turn_index, turn_rewards))  # fmt: skip
+    return samples
+
+
+def split_segments(
+    trajectory: Trajectory, arrays: tuple[np.ndarray, ...]
+) -> list[tuple[np.ndarray, ...]]:
+    """`assemble`'s arrays cut before every `segment_start` turn: each segment is a sequence
+    of its own (its first token has no loss, as any sequence's); turn indices stay the
+    trajectory's."""
+    cuts, offset = [0], 0
+    for turn in trajectory.turns:
+        if turn.segment_start and offset:
+            cuts.append(offset)
+        offset += len(turn.prompt_ids) + len(turn.completion_ids)
+    if len(cuts) == 1:
+        return [arrays]
+    parts = []
+    for a, b in zip(cuts, [*cuts[1:], offset], strict=True):
+        ids, mask, logp, adv, turn_index = (x[a:b].copy() for x in arrays)
+        mask[:1], turn_index[:1] = 0.0, -1
+        parts.append((ids, mask, logp, adv, turn_index))
+    return parts
 
 
 def filter_reason(group: TrajectoryGroup, rules: BatchRules) -> str | None:

@@ -74,5 +74,6 @@ def kl_turn_penalties(
         turns = len(sample.turn_rewards)
         on = sample.turn_index >= 0
         sums = np.bincount(sample.turn_index[on], weights=kl[on], minlength=turns)
-        out[(sample.group_id, sample.episode)] = coef * sums
+        key = (sample.group_id, sample.episode)  # an agent episode's segments add up
+        out[key] = out.get(key, 0.0) + coef * sums
     return out
