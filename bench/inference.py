@@ -7,6 +7,9 @@ saved safetensors directory, and a full `FileWeightSync.push` (save + pause + re
 resume + verify), each against a safetensors save of the same model plus fsync in the same run
 (the floor of any file-based sync). The full run's model has >= 100 MB of float32 weights (hidden
 512, 12 layers, ~114 MB); target: push <= 1.5x the save + fsync. Medians over repeats.
+Multi-turn (see `_multiturn.py`): concurrent episodes whose prompts grow turn by turn over a
+shared system prompt, on a server with the prefix cache on against one with it off; one run
+each (it is long), on the small model of `--quick` so the cache-off side finishes on a laptop.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from bench._multiturn import MultiTurn, compare, table_rows
 
 
 def _median(values: list[float]) -> float:
@@ -106,6 +111,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        if args.multi_turn_only:
+            return await compare(build_tiny_model(work / "mt", seed=0), args.load, args.kv_cache_mb)
         heads = max(4, args.hidden // 64)
         model_dir = build_tiny_model(work / "model", seed=0, hidden_size=args.hidden, num_layers=args.layers,
                                      num_heads=heads, num_kv_heads=max(1, heads // 2))  # fmt: skip
@@ -113,6 +120,9 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         async with PolicyServer(config) as server:
             result = await _throughput(server.url, args.concurrency, args.tokens, args.repeats)
             result |= await _weight_sync(server, model_dir, work, args.repeats)
+        if args.load.episodes:
+            mt_model = build_tiny_model(work / "mt", seed=0)
+            result |= await compare(mt_model, args.load, args.kv_cache_mb)
     result |= {"hidden": args.hidden, "layers": args.layers, "concurrency": args.concurrency,
                "tokens": args.tokens, "threads": args.threads}  # fmt: skip
     result["batching_ratio"] = result["batched_tok_s"] / result["single_tok_s"]
@@ -121,7 +131,9 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _table(r: dict[str, Any]) -> str:
+def _table(r: dict[str, Any], load: MultiTurn) -> str:
+    if "weight_bytes" not in r:  # --multi-turn-only
+        return "\n".join(["model: the tiny test model (hidden 64, 2 layers)", *table_rows(r, load)])
     mb = r["weight_bytes"] / 1e6
     label = f"tokens/s, {r['concurrency']} concurrent x {r['tokens']} tok"
     return "\n".join([
@@ -133,6 +145,7 @@ def _table(r: dict[str, Any]) -> str:
         f"{r['reload_over_write']:>7.1f}x   (baseline: safetensors save + fsync, same model)",
         f"{'FileWeightSync.push: save+reload+verify (s)':<44}{r['push_s']:>12.4f}{r['save_fsync_s']:>12.4f}"
         f"{r['push_over_write']:>7.1f}x   (target <= 1.5x)",
+        *(table_rows(r, load) if load.episodes else []),
     ])  # fmt: skip
 
 
@@ -143,14 +156,26 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
+    parser.add_argument(
+        "--multi-turn-only", action="store_true", help="run only the multi-turn row"
+    )
+    parser.add_argument(
+        "--kv-cache-mb", type=float, default=512.0, help="prefix cache budget (on side)"
+    )
     args = parser.parse_args(argv)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one bar per weight push would bury the table
     if args.quick:
         args.hidden, args.layers, args.concurrency, args.tokens, args.repeats = 64, 2, 16, 32, 3
+        args.load = MultiTurn(
+            episodes=16, turns=4, system_tokens=256, new_tokens=32, user_tokens=16
+        )
     else:
         args.hidden, args.layers, args.concurrency, args.tokens, args.repeats = 512, 12, 32, 64, 5
+        args.load = MultiTurn(
+            episodes=64, turns=8, system_tokens=1024, new_tokens=32, user_tokens=16
+        )
     result = asyncio.run(_run(args))
-    print(json.dumps(result, indent=2) if args.json else _table(result))
+    print(json.dumps(result, indent=2) if args.json else _table(result, args.load))
     return 0

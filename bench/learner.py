@@ -10,6 +10,7 @@
    the same weights with `safetensors.save_file` plus fsync (the disk write alone).
 
 Medians are quoted. `--quick` runs fewer steps and pushes (under a minute).
+`--memory` runs the long-sequence memory benchmark instead (`bench/_learner_memory.py`).
 """
 
 from __future__ import annotations
@@ -103,8 +104,8 @@ def compute_ceiling(model_dir: Path, groups: list[TrajectoryGroup], steps: int) 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from learner.algorithms import Aggregation, Algorithm
     from learner.batch import BatchRules, prepare_batch
+    from learner.config import Aggregation, Algorithm
     from learner.distributed import DistContext
     from learner.trainer import OptimConfig, Trainer
 
@@ -183,6 +184,7 @@ def push_times(model_dir: Path, tmp: Path, pushes: int) -> tuple[float, float, i
     from transformers import AutoModelForCausalLM
 
     from learner.config import LearnerConfig
+    from learner.export import export_hf_dir
     from learner.weights import WeightPusher
 
     port = _free_port()
@@ -216,11 +218,14 @@ def push_times(model_dir: Path, tmp: Path, pushes: int) -> tuple[float, float, i
         )
         pusher = WeightPusher(cfg)
 
+        def export(out: Path) -> int:
+            return export_hf_dir(model, out, True, model_dir)
+
         async def run() -> list[float]:
             times = []
             for v in range(1, pushes + 1):
                 started = time.perf_counter()
-                await pusher.push(model, v)
+                await pusher.push(export, v)
                 times.append(time.perf_counter() - started)
             return times
 
@@ -244,6 +249,10 @@ def push_times(model_dir: Path, tmp: Path, pushes: int) -> tuple[float, float, i
 
 
 def main(argv: list[str]) -> int:
+    if "--memory" in argv:  # the memory benchmark of long sequences (bench/_learner_memory.py)
+        from bench import _learner_memory
+
+        return _learner_memory.main(argv)
     parser = argparse.ArgumentParser(prog="python -m bench learner", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer steps (under a minute)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")

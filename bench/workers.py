@@ -31,6 +31,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import envs
+from bench.agent_endpoint import measure_endpoint_cpu
 from broker.messages import Task
 from envs import Env
 from workers.episode import EpisodeContext, EpisodeSettings, run_episode
@@ -202,7 +203,8 @@ async def measure_cpu_per_step(episodes: int, rounds: int) -> dict[str, float]:
             farm.append(cpu / steps * 1e6)
             rates.append(steps / wall)
             bare.append(await _bare_post_cpu(url, steps, 256))
-    return {"rounds": rounds, "episodes_per_round": episodes, "cpu_us_per_step": statistics.median(farm),
+        calls = await measure_endpoint_cpu(ctx, episodes, rounds)
+    return calls | {"rounds": rounds, "episodes_per_round": episodes, "cpu_us_per_step": statistics.median(farm),
             "steps_per_s": statistics.median(rates), "bare_post_cpu_us": statistics.median(bare)}  # fmt: skip
 
 
@@ -341,6 +343,9 @@ def _table(cpu: dict, loop: str, capped: dict, conc: dict, cmp: dict) -> str:
          f"(ratio {main['cpu_us_per_step'] / main['bare_post_cpu_us']:.2f}x)"),
         *((f"  on the {name} loop", f"{cpu[name]['cpu_us_per_step']:.0f} us", "",
            f"bare aiohttp POST: {cpu[name]['bare_post_cpu_us']:.0f} us") for name in other),
+        ("agent endpoint CPU per chat call", f"{main['endpoint_cpu_us_per_call']:.0f} us",
+         "<= 1.5x generate", f"direct generate: {main['generate_cpu_us_per_call']:.0f} us (ratio "
+         f"{main['endpoint_cpu_us_per_call'] / main['generate_cpu_us_per_call']:.2f}x)"),
         ("  of which the episode loop alone", f"{main['loop_only_cpu_us']:.0f} us", "",
          "codec, env API, bookkeeping, metrics; no HTTP (instant in-process generator)"),
         *_conc_rows(capped, f"client default pool ({capped['pool']} conns)"),

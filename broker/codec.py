@@ -76,13 +76,18 @@ def _turn_to(t: Turn) -> list[Any]:
         t.reward,
         t.terminated,
         t.truncated,
+        t.segment_start,
+        t.temperature,
     ]
 
 
 def _turn_from(v: list[Any]) -> Turn:
     # Hot path of every consumer: build the frozen Turn without __post_init__'s
     # asarray round trips, keeping its checks (frombuffer already gives int32/float32).
-    prompt, completion, logprobs, weight_version, reward, terminated, truncated = v
+    prompt, completion, logprobs, weight_version, reward, terminated, truncated = v[:7]
+    segment_start, temp = v[7:]  # schema 3 has all nine fields
+    if not float(temp) >= 0.0:
+        raise ValueError(f"temperature must be >= 0, got {temp}")
     completion_ids = np.frombuffer(completion, dtype="<i4")
     lp = np.frombuffer(logprobs, dtype="<f4")
     if len(lp) != len(completion_ids):
@@ -96,8 +101,18 @@ def _turn_from(v: list[Any]) -> Turn:
         reward=float(reward),
         terminated=bool(terminated),
         truncated=bool(truncated),
+        segment_start=bool(segment_start),
+        temperature=float(temp),
     )
     return turn
+
+
+def _turn_from_v2(v: list[Any]) -> Turn:
+    # Schemas 1 and 2 had no temperature: their logprobs were the raw model's (temperature 1);
+    # segment_start came later in schema 2 as an optional eighth field.
+    if len(v) not in (7, 8):
+        raise ValueError(f"a schema-1/2 turn has 7 or 8 fields, got {len(v)}")
+    return _turn_from([*v[:7], v[7] if len(v) > 7 else False, 1.0])
 
 
 _CATEGORIES = {c.value: c for c in ErrorCategory}
@@ -115,10 +130,10 @@ def _traj_to(t: Trajectory) -> list[Any]:
     ]
 
 
-def _traj_from(v: list[Any]) -> Trajectory:
+def _traj_from(v: list[Any], turn_from: Any = _turn_from) -> Trajectory:
     turns, finish_reason, truncation, error, error_detail, sample_index, timings = v
     return Trajectory(
-        turns=tuple(_turn_from(t) for t in turns),
+        turns=tuple(turn_from(t) for t in turns),
         finish_reason=FinishReason(finish_reason),
         error=_CATEGORIES[error],
         error_detail=error_detail,
@@ -132,7 +147,8 @@ def _traj_from_v1(v: list[Any]) -> Trajectory:
     """Group schema 1 spelled the cause inside the reason: "truncated:context"."""
     turns, reason, error, error_detail, sample_index, timings = v
     finish, _, cause = str(reason).partition(":")
-    return _traj_from([turns, finish, cause or None, error, error_detail, sample_index, timings])
+    row = [turns, finish, cause or None, error, error_detail, sample_index, timings]
+    return _traj_from(row, _turn_from_v2)
 
 
 def _group_to(g: TrajectoryGroup) -> list[Any]:
@@ -210,7 +226,10 @@ _CODECS: dict[str, tuple[type, int, Any, Any]] = {
 
 
 # (kind, older schema version) -> decoder: entries written before a bump still decode.
-_OLDER: dict[tuple[str, int], Any] = {(TrajectoryGroup.KIND, 1): _group_from_v1}
+_OLDER: dict[tuple[str, int], Any] = {
+    (TrajectoryGroup.KIND, 1): _group_from_v1,
+    (TrajectoryGroup.KIND, 2): lambda v: _group_from(v, lambda t: _traj_from(t, _turn_from_v2)),
+}
 
 
 def encode(message: Message) -> dict[bytes, bytes]:

@@ -23,7 +23,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import pydantic
 import redis.asyncio as aioredis
+from pydantic import Field
 from redis.exceptions import ResponseError
 
 from broker.codec import FIELD_BODY, FIELD_KIND, FIELD_VERSION, decode, encode
@@ -76,6 +78,16 @@ _COMMIT = string.Template(_COMMIT_LUA).substitute(
 )
 
 
+@pydantic.dataclasses.dataclass(frozen=True, config=pydantic.ConfigDict(extra="forbid"))
+class ConsumerSettings:
+    """Reclaim and dead letters: the consumer-group settings a role exposes."""
+
+    reclaim_idle_s: float = Field(
+        60.0, gt=0.0, description="idle seconds before a dead consumer's entries are taken over"
+    )
+    max_deliveries: int = Field(5, ge=1, description="deliveries before an entry is dead-lettered")
+
+
 @dataclass(frozen=True)
 class ConsumerConfig:
     """How a consumer reads, reclaims and gives up."""
@@ -89,6 +101,19 @@ class ConsumerConfig:
     max_deliveries: int = 5  # more deliveries than this: dead letter
     seen_ttl_s: float = 7 * 86_400.0  # how long committed message ids are remembered
     publish_maxlen: int = 100_000  # approximate MAXLEN for streams commit() publishes to
+
+    @classmethod
+    def of(
+        cls, group: str, consumer: str, settings: ConsumerSettings, **rest: float
+    ) -> ConsumerConfig:
+        """The config of consumer `consumer` in `group`, with a role's settings."""
+        return cls(
+            group=group,
+            consumer=consumer,
+            reclaim_idle_ms=int(settings.reclaim_idle_s * 1000),
+            max_deliveries=settings.max_deliveries,
+            **rest,  # type: ignore[arg-type]
+        )
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ class Truncation(enum.StrEnum):
     CONTEXT = "context"  # --max-context-tokens
     WALL_TIME = "wall_time"  # --episode-timeout-s, after at least one turn
     ENV = "env"  # the environment reported truncated=True
+    TOKENS = "tokens"  # an agent episode's completion-token budget (agent env kind)
 
 
 def _as_i32(values: Any) -> np.ndarray:
@@ -101,8 +102,16 @@ class Turn:
     reward: float  # reward the environment gave for this turn's action
     terminated: bool  # the environment reached a terminal state
     truncated: bool  # a limit cut the episode short after this turn
+    # True: prompt_ids is a whole new prompt that does not extend the turns before it (an
+    # agent rewrote its history); the learner trains it as a separate sequence.
+    segment_start: bool = False
+    # sampling temperature of the completion (0: greedy); `logprobs` are under
+    # softmax(logits / temperature), raw logits when 0 (schema 3; older entries decode as 1.0)
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         object.__setattr__(self, "prompt_ids", _as_i32(self.prompt_ids))
         object.__setattr__(self, "completion_ids", _as_i32(self.completion_ids))
         object.__setattr__(self, "logprobs", _as_f32(self.logprobs))
@@ -122,6 +131,8 @@ class Turn:
             and self.reward == other.reward
             and self.terminated == other.terminated
             and self.truncated == other.truncated
+            and self.segment_start == other.segment_start
+            and self.temperature == other.temperature
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -159,7 +170,7 @@ class TrajectoryGroup:
     """Every episode of one task; the learner only ever sees whole groups."""
 
     KIND: ClassVar[str] = "group"
-    VERSION: ClassVar[int] = 2  # 2: finish reason as an enum plus a truncation cause
+    VERSION: ClassVar[int] = 3  # 2: finish reason enum + truncation cause; 3: Turn.temperature
 
     group_id: str  # equals the task's task_id; consumers dedup on it
     task: Task  # the task this group answers

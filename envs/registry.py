@@ -34,10 +34,12 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")
 # Built-ins resolve on first use: "module:attribute" of the factory.
 _BUILTINS: dict[str, str] = {
     "toy": "envs.toy:make_toy",
+    "lookup": "envs.lookup:make_lookup",
     "http": "envs.http:make_http_env",
     "code": "envs.code:make_code_env",
     "codegym": "envs.codegym:make_codegym_env",
     "stateful": "envs.stateful:make_stateful_env",
+    "agent": "envs.agent:make_agent_env",
 }
 _registry: dict[str, Factory | str] = dict(_BUILTINS)
 

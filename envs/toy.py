@@ -26,7 +26,7 @@ from envs.errors import EnvStateError
 from envs.registry import spec_config
 
 # A worker that decodes without skipping special tokens sends "7<|im_end|>".
-_TRAILING_SPECIALS = re.compile(r"(?:<\|[A-Za-z_]+\|>\s*)+$")
+TRAILING_SPECIALS = re.compile(r"(?:<\|[A-Za-z_]+\|>\s*)+$")
 
 DIGITS: tuple[str, ...] = tuple(str(d) for d in range(10))
 
@@ -91,7 +91,7 @@ class ToyEnv(Env):
         if self._answer is None:
             raise EnvStateError("toy: step() called before reset() or after the episode ended")
         answer, self._answer = self._answer, None
-        correct = _TRAILING_SPECIALS.sub("", str(action)).strip() == str(answer)
+        correct = TRAILING_SPECIALS.sub("", str(action)).strip() == str(answer)
         info = {"correct": correct, "answer": str(answer)}
         return "", 1.0 if correct else 0.0, True, False, info
 

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,12 @@ def _stack_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, help="worker processes (default 2)")
     p.add_argument("--worker-concurrency", type=int, help="tasks per worker at once")
     p.add_argument("--sandbox-backend", choices=["docker", "bwrap"], help="workers' sandbox")
-    p.add_argument("--env-spec", help='environment of the tasks (default toy@{"difficulty": 0})')
+    p.add_argument(
+        "--env-spec",
+        "--env",
+        dest="env_spec",
+        help='environment of the tasks (default toy@{"difficulty": 0})',
+    )
     p.add_argument("--tasks", type=Path, help="learner's JSONL dataset (default: from env-spec)")
     p.add_argument("--max-steps", type=int, help="stop after this many learner steps")
     p.add_argument("--work-dir", type=Path, help="run directory (default .farm)")
@@ -63,7 +69,7 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--quiet", action="store_true", help="children's logs to files only")
     demo = sub.add_parser("demo", help="train the toy environment and plot the reward")
     _stack_flags(demo)
-    demo.add_argument("--time-limit-s", type=float, default=210.0, help="stop training after (s)")
+    demo.add_argument("--time-limit-s", type=float, help="stop training after (s; default 270)")
     demo.add_argument("--verbose", action="store_true", help="show the children's logs")
     status = sub.add_parser("status", help="a running farm's state from Redis")
     status.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="Redis URL")
@@ -129,16 +135,16 @@ async def _demo(args: argparse.Namespace) -> int:
 
     kwargs = _config_kwargs(args)
     kwargs["work_dir"] = kwargs["work_dir"] or demo.default_output_dir()
-    kwargs["max_steps"] = kwargs["max_steps"] or 150
+    kwargs["max_steps"] = kwargs["max_steps"] or demo.DEMO_MAX_STEPS
     kwargs["learner_args"] = [*demo.DEMO_LEARNER_ARGS, *(kwargs["learner_args"] or [])]
     kwargs["worker_args"] = [*demo.DEMO_WORKER_ARGS, *(kwargs["worker_args"] or [])]
     cfg = load_config(args.config, **kwargs)
     console = Console(log_dir=cfg.work_dir / "logs", echo_children=args.verbose)
     console.line("farm", f"demo in {cfg.work_dir} (logs in {cfg.work_dir / 'logs'})")
-    started = time.monotonic()
-    outcome = await run_farm(cfg, console, time_limit_s=args.time_limit_s)
+    started, began = time.monotonic(), datetime.now()
+    outcome = await run_farm(cfg, console, time_limit_s=args.time_limit_s or demo.DEMO_TIME_LIMIT_S)
     log = cfg.work_dir / "logs" / "learner.log"
-    summary = demo.summarize(outcome, time.monotonic() - started, log)
+    summary = demo.summarize(outcome, time.monotonic() - started, log, began)
     paths = demo.write_outputs(cfg.work_dir, summary)
     print((cfg.work_dir / "summary.txt").read_text(), end="")
     print("wrote " + ", ".join(str(p) for p in paths))

@@ -1,4 +1,4 @@
-"""The generation client: token ids in, token ids + raw logprobs + weight versions out, over many servers.
+"""The generation client: token ids in, token ids + logprobs + weight versions out, over many servers.
 
 Routing: a request with a `session_id` goes to the server that served that session before
 (sticky, so a multi-turn episode reuses its server's prefix cache) while that server is healthy;
@@ -72,7 +72,7 @@ class Generation:
     """One finished generation."""
 
     token_ids: list[int]  # sampled tokens, including a final stop/EOS token
-    logprobs: list[float]  # raw-model logprob of each token (temperature 1, no filtering)
+    logprobs: list[float]  # logprob of each token under softmax(logits / temperature), no filtering
     weight_versions: list[int]  # weight version that sampled each token (-1: non-integer label)
     finish_reason: str  # "stop", "length" or "abort" (abort only once resumes are exhausted)
     server: str  # base URL of the server that produced the last part

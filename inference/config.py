@@ -50,6 +50,12 @@ class ServerConfig(RoleConfig):
     max_model_len: int | None = Field(
         None, ge=2, description="context limit (default: the model's max_position_embeddings)"
     )
+    kv_cache_mb: float = Field(
+        512.0,
+        ge=0,
+        description="memory budget of the prefix cache of KV blocks shared across requests, "
+        "in MiB (least recently used blocks evicted; 0 disables it)",
+    )
     max_n: int = Field(64, ge=1, le=1024, description="largest accepted `n` per request")
     torch_threads: int | None = Field(
         None, ge=1, le=256, description="torch intra-op threads (default: min(4, CPU count))"

@@ -5,7 +5,10 @@ short collection window when the engine was idle), then runs one forward pass fo
 sequences that need a prefill and one for those decoding, so concurrent requests share
 forward passes. Each sequence keeps its own KV tensors; a step left-pads them into one
 `DynamicCache`, with an attention mask and explicit position ids, so sequences of any length
-batch together and each row computes exactly what a lone forward pass would. Forward passes run
+batch together and each row computes exactly what a lone forward pass would. A new sequence
+first takes the KV of its prompt's longest cached prefix from the `PrefixCache` and prefills
+only the rest; prefilled and finished sequences give their full blocks back to the cache, which
+is cleared whenever the weights change. Forward passes run
 in a worker thread under `_lock`, which is also what pause and weight reload take, so weights
 never change in the middle of a step. Invariants: every submitted request's future resolves
 exactly once (tokens, an abort, or an error); tokens carry the weight version that sampled them.
@@ -28,6 +31,7 @@ from transformers import DynamicCache
 
 from inference import metrics
 from inference.errors import EngineError
+from inference.prefix_cache import PrefixCache
 from inference.sampling import SampleSpec, sample_rows
 
 log = logging.getLogger(__name__)
@@ -48,7 +52,7 @@ class GenParams:
 
 
 class Sequence:
-    """One choice being generated: its tokens, raw logprobs, versions and KV cache."""
+    """One choice being generated: its tokens, reported logprobs, versions and KV cache."""
 
     def __init__(self, prompt: list[int], params: GenParams, index: int) -> None:
         self.prompt = prompt
@@ -59,6 +63,9 @@ class Sequence:
         self.versions: list[str] = []
         self.pending: list[int] = list(prompt)  # tokens not yet in the KV cache
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._buffers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.cache_epoch = -1  # the prefix cache's epoch when this sequence's KV began
+        self.prompt_keys: list[bytes] = []  # prefix-cache keys of the full blocks prefilled first
         self.finish_reason: str | None = None
         self.stop_reason: int | None = None
         self.generator: torch.Generator | None = None
@@ -69,6 +76,28 @@ class Sequence:
     @property
     def past_len(self) -> int:
         return 0 if self.kv is None else self.kv[0][0].shape[1]
+
+    def extend_kv(self, new: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Append per-layer (keys, values) of new tokens; `kv` stays a view of a buffer that
+        grows geometrically, so a decode step copies its one new token, not the whole past."""
+        old, added = self.past_len, new[0][0].shape[1]
+        size = old + added
+        if self._buffers is None or self._buffers[0][0].shape[1] < size:
+            capacity = max(size, 2 * old, 64)
+            buffers = []
+            for layer, (k, v) in enumerate(new):
+                kb = k.new_empty((k.shape[0], capacity, k.shape[2]))
+                vb = v.new_empty((v.shape[0], capacity, v.shape[2]))
+                if self.kv is not None:
+                    kb[:, :old], vb[:, :old] = self.kv[layer]
+                buffers.append((kb, vb))
+            self._buffers = buffers
+        for (kb, vb), (k, v) in zip(self._buffers, new, strict=True):
+            kb[:, old:size], vb[:, old:size] = k, v
+        self.kv = [(kb[:, :size], vb[:, :size]) for kb, vb in self._buffers]
+
+    def drop_kv(self) -> None:
+        self.kv = self._buffers = None
 
 
 class GenRequest:
@@ -115,8 +144,10 @@ class Engine:
         max_batch: int,
         batch_window_s: float,
         version: str,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.model = model.eval()
+        self.prefix_cache = prefix_cache or PrefixCache(0)
         self.eos_ids = eos_ids
         self.pad_id = pad_id
         self.max_model_len = max_model_len
@@ -183,10 +214,11 @@ class Engine:
         self._update_gauges()
 
     def _drop_caches(self) -> None:
+        self.prefix_cache.clear()
         for request in self._running:
             for seq in request.seqs:
                 if seq.finish_reason is None and seq.kv is not None:
-                    seq.kv = None  # the next step re-prefills everything seen so far
+                    seq.drop_kv()  # the next step re-prefills everything seen so far
                     seq.pending = [*seq.prompt, *seq.tokens]
 
     def resume(self) -> None:
@@ -209,7 +241,13 @@ class Engine:
         tensors = await asyncio.to_thread(_read_weights, path)
         async with self._lock:
             await asyncio.to_thread(_copy_weights, self.model, tensors)
+            self.prefix_cache.clear()  # its KV came from the old weights
         metrics.RELOAD_SECONDS.observe(time.perf_counter() - started)
+
+    async def reset_prefix_cache(self) -> None:
+        """Drop every cached block; between steps, so no forward pass is using the cache."""
+        async with self._lock:
+            self.prefix_cache.clear()
 
     # --- the loop --------------------------------------------------------------------------
     async def run(self) -> None:
@@ -236,10 +274,9 @@ class Engine:
 
     async def _step(self) -> None:
         live = [s for r in self._running for s in r.seqs if s.finish_reason is None]
-        groups = [g for g in ([s for s in live if s.kv is None], [s for s in live if s.kv]) if g]
         version = self.version
         try:
-            results = await asyncio.to_thread(self._forward_and_sample, groups)
+            results = await asyncio.to_thread(self._forward_and_sample, live)
         except Exception as exc:  # a failed forward fails its requests, never the loop
             log.exception("forward pass failed")
             for request in self._running:
@@ -273,6 +310,8 @@ class Engine:
             request.stepped()
         for request in [r for r in self._running if r.finished()]:
             self._running.remove(request)
+            for seq in request.seqs:
+                self._cache_finished(seq)
             request.resolve()
         if not self._running and not self._waiting:
             self._drained.set()
@@ -285,15 +324,65 @@ class Engine:
         metrics.RUNNING.set(sum(len(r.seqs) for r in self._running))
         metrics.WAITING.set(len(self._waiting) + len(self._held))
 
+    def _cache_finished(self, seq: Sequence) -> None:
+        """Give a finished sequence's KV (prompt and completion) to the prefix cache; free it."""
+        if seq.kv is not None:
+            cache = self.prefix_cache
+            past = seq.past_len
+            keys = cache.keys(seq.prompt + seq.tokens[: past - len(seq.prompt)], past)
+            cache.insert(keys, seq.kv, seq.cache_epoch)
+        seq.drop_kv()
+
     # --- worker-thread side ----------------------------------------------------------------
+    def _plan(self, live: list[Sequence]) -> list[list[Sequence]]:
+        """Attach cached prefixes to new sequences and split prefills from decodes.
+
+        A new sequence whose next uncached block another sequence prefills in this very step
+        waits one step and then takes that block from the cache (a shared system prompt is
+        prefilled once, not once per concurrent request).
+        """
+        computing: set[bytes] = set()
+        prefill, decode = [], []
+        for seq in live:
+            if seq.kv is None and not self._attach_prefix(seq, computing):
+                continue
+            (prefill if seq.kv is None or len(seq.pending) > 1 else decode).append(seq)
+        return [group for group in (prefill, decode) if group]
+
+    def _attach_prefix(self, seq: Sequence, computing: set[bytes]) -> bool:
+        """Give `seq` the KV of its longest cached prefix; False to defer it a step.
+
+        Without KV, `pending` is everything the sequence has seen: its prompt, plus its tokens
+        when a pause dropped its KV.
+        """
+        cache = self.prefix_cache
+        seq.cache_epoch = cache.epoch
+        if not cache.enabled:
+            return True
+        history = seq.pending
+        seq.prompt_keys = cache.keys(history, len(history))
+        usable = seq.prompt_keys[: (len(history) - 1) // cache.block_size]  # >= 1 to prefill
+        hit, kv = cache.match(usable)
+        if hit < len(usable) and usable[hit] in computing:
+            return False
+        computing.update(usable[hit:])
+        cache.count_query(len(history), hit * cache.block_size)
+        if kv is not None:
+            seq.kv = kv
+            seq.pending = history[hit * cache.block_size :]
+        return True
+
     def _forward_and_sample(
-        self, groups: list[list[Sequence]]
+        self, live: list[Sequence]
     ) -> list[tuple[Sequence, tuple[int, float, list[tuple[int, float]]]]]:
         out = []
         with torch.inference_mode():
-            for group in groups:
+            for group in self._plan(live):
                 metrics.BATCH_SIZE.observe(len(group))
+                prefilling = [seq for seq in group if len(seq.pending) > 1]
                 logits = self._forward(group)
+                for seq in prefilling:  # concurrent sharers of this prompt find it next step
+                    self.prefix_cache.insert(seq.prompt_keys, seq.kv or [], seq.cache_epoch)
                 specs = [seq.params.spec for seq in group]
                 tokens, logprobs, tops = sample_rows(
                     logits, specs, [seq.generator for seq in group]
@@ -326,14 +415,9 @@ class Engine:
         )
         for i, seq in enumerate(group):
             n = len(seq.pending)
-            new = [(layer.keys[i, :, -n:], layer.values[i, :, -n:]) for layer in cache.layers]
-            if seq.kv is None:
-                seq.kv = [(k.clone(), v.clone()) for k, v in new]
-            else:
-                seq.kv = [
-                    (torch.cat([ok, k], dim=1), torch.cat([ov, v], dim=1))
-                    for (ok, ov), (k, v) in zip(seq.kv, new, strict=True)
-                ]
+            seq.extend_kv(
+                [(layer.keys[i, :, -n:], layer.values[i, :, -n:]) for layer in cache.layers]
+            )
         return out.logits[:, -1, :]
 
     def _padded_cache(self, group: list[Sequence], past: int) -> DynamicCache:

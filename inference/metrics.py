@@ -2,7 +2,8 @@
 
 Names follow HELPERS.md's canonical list; the deploy/ dashboards reference exactly these.
 Additions beyond the list: `farm_inference_running_sequences`, `farm_inference_waiting_requests`,
-`farm_inference_weight_reload_seconds`.
+`farm_inference_weight_reload_seconds`, and the prefix cache's `farm_inference_prefix_cache_*`
+(hit rate: `rate(..._hit_tokens_total) / rate(..._queried_tokens_total)`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,22 @@ RELOAD_SECONDS = Histogram(
     "Time to load new weights from disk into the model",
     buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60),
 )
+PREFIX_QUERIED = Counter(
+    "farm_inference_prefix_cache_queried_tokens",
+    "Prompt tokens looked up in the prefix cache",
+)
+PREFIX_HITS = Counter(
+    "farm_inference_prefix_cache_hit_tokens",
+    "Prompt tokens whose KV came from the prefix cache (not prefilled)",
+)
+PREFIX_EVICTED = Counter(
+    "farm_inference_prefix_cache_evicted_blocks",
+    "KV blocks evicted from the prefix cache to stay within --kv-cache-mb",
+)
+PREFIX_BYTES = Gauge(
+    "farm_inference_prefix_cache_size_bytes", "Bytes of KV held by the prefix cache"
+)
+PREFIX_BLOCKS = Gauge("farm_inference_prefix_cache_blocks", "KV blocks held by the prefix cache")
 
 # --- generation client -------------------------------------------------------------------------
 CLIENT_REQUESTS = Counter(

@@ -1,11 +1,13 @@
 """Per-sequence sampling and the logprobs the server reports, as pure functions of one logits row.
 
 Invariant (the contract with the learner): the reported logprob of a token is
-`log_softmax(raw_logits)[token]`: the model's own distribution at temperature 1, before
-temperature, top-p or `allowed_token_ids` are applied. That is vLLM's default
-`logprobs_mode="raw_logprobs"`, and it is what a plain teacher-forced forward pass
-recomputes. The distribution actually sampled from applies, in order: the allowed-token mask,
-temperature (0 means greedy), then top-p (nucleus) filtering.
+`log_softmax(raw_logits / t)[token]`, the full-vocabulary distribution at the request's
+sampling temperature `t` (`t = 0`, greedy, reports `t = 1`), before top-p or
+`allowed_token_ids` are applied. It is what the learner recomputes from the temperature the
+worker records on each turn (`learner.logprobs`), and what vLLM's
+`--logprobs-mode processed_logprobs` reports whenever no top-k/top-p truncation or token
+restriction is in effect. The distribution actually sampled from applies, in order: the
+allowed-token mask, temperature (0 means greedy), then top-p (nucleus) filtering.
 """
 
 from __future__ import annotations
@@ -25,9 +27,13 @@ class SampleSpec:
     top_logprobs: int  # how many most likely tokens to report besides the sampled one (0 = none)
 
 
-def raw_logprobs(logits: torch.Tensor) -> torch.Tensor:
-    """The reported distribution: log_softmax of the raw float32 logits (vLLM raw_logprobs)."""
-    return torch.log_softmax(logits.float(), dim=-1)
+def reported_logprobs(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """The reported distribution: log_softmax of the float32 logits over each row's temperature.
+
+    A row at temperature 0 (greedy) reports the raw distribution, temperature 1.
+    """
+    scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    return torch.log_softmax(logits.float() / scale[:, None], dim=-1)
 
 
 def _top_p_filter(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -43,19 +49,19 @@ def _top_p_filter(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 def sample_rows(
     logits: torch.Tensor, specs: list[SampleSpec], generators: list[torch.Generator | None]
 ) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
-    """Sample one token per row; return (tokens, raw logprobs of them, top raw logprobs per row).
+    """Sample one token per row; return (tokens, their reported logprobs, top reported logprobs).
 
     Work is batched over rows; only rows with their own seeded generator draw one by one.
     """
     logits = logits.float()
-    logprobs = raw_logprobs(logits)
+    temps = torch.tensor([s.temperature for s in specs], dtype=logits.dtype)
+    logprobs = reported_logprobs(logits, temps)
     work = logits.clone()
     for i, spec in enumerate(specs):
         if spec.allowed is not None:
             row = torch.full_like(work[i], float("-inf"))
             row[spec.allowed] = work[i, spec.allowed]
             work[i] = row
-    temps = torch.tensor([s.temperature for s in specs], dtype=work.dtype)
     greedy = temps == 0
     work = work / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
     top_p = torch.tensor([s.top_p for s in specs], dtype=work.dtype)

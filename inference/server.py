@@ -32,6 +32,7 @@ from inference.engine import Engine, GenRequest
 from inference.errors import EngineError
 from inference.openai_completions import text_completions, wants_openai_path
 from inference.openai_routes import add_openai_routes
+from inference.prefix_cache import PrefixCache
 from inference.protocol import (
     Limits,
     ProtocolError,
@@ -81,6 +82,7 @@ def load_engine(config: ServerConfig) -> tuple[Engine, Any, int]:
         max_batch=config.max_batch_size,
         batch_window_s=config.batch_window_ms / 1000,
         version=config.weight_version,
+        prefix_cache=PrefixCache(int(config.kv_cache_mb * 2**20)),
     )
     return engine, tokenizer, model.config.vocab_size
 
@@ -236,8 +238,8 @@ async def weight_info(request: web.Request) -> web.Response:
 
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:
-    # KV is per request here; there is no cross-request prefix cache to drop. vLLM 0.33's body.
-    return web.json_response({"success": True})
+    await request.app[STATE].engine.reset_prefix_cache()
+    return web.json_response({"success": True})  # vLLM 0.33's body
 
 
 def build_app(state: ServerState) -> web.Application:

@@ -92,7 +92,7 @@ class RoleConfig(BaseModel):
 
 def section(component: type, *, prefix: str = "", **defaults: Any) -> Any:
     """A role field holding `component`'s config; `defaults` are this role's own."""
-    doc = (component.__doc__ or component.__name__).strip().splitlines()[0]
+    doc = (component.__doc__ or component.__name__).strip().splitlines()[0].rstrip(".")
     return Field(
         default_factory=lambda: component(**defaults),
         description=doc,

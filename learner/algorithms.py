@@ -1,25 +1,23 @@
-"""The learner's maths as pure functions: returns, advantages, the policy loss.
+"""The learner's maths as pure functions: returns, advantages, GAE, reward shaping.
 
 Nothing here touches Redis, files or a model; every function maps arrays to
-arrays so that each one can be checked against hand-computed numbers.
+arrays so that each one can be checked against hand-computed numbers. The loss
+terms (decoupled PPO, KL, value loss, aggregation) are in `learner.losses`.
 
-Conventions (documented in docs/learner.md):
+Conventions (documented in docs/learner.md, with the peers that use each):
 
 * Per-turn return ``G_t = r_t + gamma*G_{t+1}``; an episode's return is ``G_0``.
-* ``grpo``: ``A_i = (R_i - mean_g R) / (std_g R + eps)`` with the population
-  std of the group's episode returns; every turn of episode ``i`` gets ``A_i``.
+* ``grpo``: ``A_i = (R_i - mean_g R) / (std_g R + eps)``; the std is the
+  population one by default (``GroupStd``), and dividing by it can be switched
+  off (Dr. GRPO). Every turn of episode ``i`` gets ``A_i``.
 * ``rloo``: ``A_i = R_i - mean_{j!=i} R_j`` (leave-one-out baseline).
 * ``reinforce``: ``A_{i,t} = G_{i,t}``, no baseline.
 * ``rebn`` (GEM's Return Batch Normalisation): ``A_{i,t} = (G_{i,t} - mean_B G) /
   (std_B G + eps)`` over every turn of every episode in the batch.
-* A group whose episode returns are all equal carries no learning signal for
-  the group-relative estimators; it is reported as zero-variance, whatever the
-  algorithm, so the caller can count and (by default) skip it.
-* Loss: token-level PPO-clip on ``r = exp(logpi_theta - logmu)`` against the behaviour
-  logprobs mu recorded at rollout. Tokens of stale groups the config chose to
-  correct use the truncated-importance-sampling policy gradient
-  ``-min(r, rho_bar)*A*logpi_theta`` (``r`` detached, as in IMPALA/V-trace).
-"""
+* ``ppo``: per-token GAE from a critic (`gae`), computed by `learner.critic`.
+* Only the group-relative estimators (grpo, rloo) flag a group whose episode
+  returns are all equal as zero-variance: their advantages there are all 0.
+  The other estimators keep the signal of such a group."""
 
 from __future__ import annotations
 
@@ -29,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from learner.config import Aggregation, Algorithm
+from learner.config import Algorithm, GroupStd
 
 EPS = 1e-6
 
@@ -62,104 +60,95 @@ def episode_return(rewards: Sequence[float], gamma: float) -> float:
     return float(returns[0]) if len(returns) else 0.0
 
 
-def _normalise(values: np.ndarray) -> np.ndarray:
-    return (values - values.mean()) / (values.std() + EPS)
+def _normalise(values: np.ndarray, scale: bool = True, ddof: int = 0) -> np.ndarray:
+    centred = values - values.mean()
+    if not scale:
+        return centred
+    if len(values) <= ddof:  # one sample: no spread to divide by, and no signal
+        return np.zeros_like(values)
+    return centred / (values.std(ddof=ddof) + EPS)
 
 
-def _group_episode_advantages(algorithm: Algorithm, returns: np.ndarray) -> np.ndarray:
+@dataclass(frozen=True)
+class AdvantageRules:
+    """How returns become advantages."""
+
+    algorithm: Algorithm
+    gamma: float
+    scale_by_std: bool = True  # grpo: divide by the group std
+    std: GroupStd = GroupStd.POPULATION  # grpo: which std
+
+
+def _group_episode_advantages(rules: AdvantageRules, returns: np.ndarray) -> np.ndarray:
     """Episode-level advantage for each episode of one group."""
     n = len(returns)
-    if algorithm is Algorithm.GRPO:
-        return _normalise(returns)
-    if algorithm is Algorithm.RLOO:
+    if rules.algorithm is Algorithm.GRPO:
+        ddof = 1 if rules.std is GroupStd.UNBIASED else 0
+        return _normalise(returns, rules.scale_by_std, ddof)
+    if rules.algorithm is Algorithm.RLOO:
         if n < 2:
             return np.zeros(n)
         return returns - (returns.sum() - returns) / (n - 1)
-    raise ValueError(f"{algorithm} is not an episode-level estimator")
+    raise ValueError(f"{rules.algorithm} is not an episode-level estimator")
 
 
-def compute_advantages(rewards: BatchRewards, algorithm: Algorithm, gamma: float) -> Advantages:
-    """Advantages for every turn of a batch of groups."""
-    per_turn = [[discounted_returns(ep, gamma) for ep in group] for group in rewards]
+def compute_advantages(rewards: BatchRewards, rules: AdvantageRules) -> Advantages:
+    """Advantages for every turn of a batch of groups (``ppo``: zeros, the critic fills them)."""
+    per_turn = [[discounted_returns(ep, rules.gamma) for ep in group] for group in rewards]
     episode = [np.array([r[0] if len(r) else 0.0 for r in g], dtype=np.float64) for g in per_turn]
-    zero_var = [bool(len(e) == 0 or np.all(e == e[0])) for e in episode]
+    zero_var = [
+        rules.algorithm.group_relative and bool(len(e) == 0 or np.all(e == e[0])) for e in episode
+    ]
     values: list[list[np.ndarray]] = []
-    if algorithm in (Algorithm.GRPO, Algorithm.RLOO):
+    if rules.algorithm.group_relative:
         for g_turns, g_ret in zip(per_turn, episode, strict=True):
-            adv = _group_episode_advantages(algorithm, g_ret)
+            adv = _group_episode_advantages(rules, g_ret)
             values.append([np.full(len(t), a) for t, a in zip(g_turns, adv, strict=True)])
-    elif algorithm is Algorithm.REINFORCE:
+    elif rules.algorithm is Algorithm.REINFORCE:
         values = [[t.copy() for t in g] for g in per_turn]
-    else:  # REBN: normalise over the turns of the groups that will be trained
-        kept = [t for g, z in zip(per_turn, zero_var, strict=True) if not z for t in g]
-        flat = np.concatenate(kept) if kept else np.zeros(0)
+    elif rules.algorithm is Algorithm.PPO:
+        values = [[np.zeros_like(t) for t in g] for g in per_turn]
+    else:  # REBN: normalise over every turn of the batch
+        flat = np.concatenate([t for g in per_turn for t in g] or [np.zeros(0)])
         mean, std = (flat.mean(), flat.std()) if len(flat) else (0.0, 0.0)
         values = [[(t - mean) / (std + EPS) for t in g] for g in per_turn]
     return Advantages(values=values, zero_variance=zero_var)
 
 
-def importance_ratio(logp: torch.Tensor, behaviour_logp: torch.Tensor) -> torch.Tensor:
-    """``exp(logpi_theta - logmu)``, exactly 1 where the two agree."""
-    return torch.exp(logp - behaviour_logp)
+def overlong_penalty(length: int, max_tokens: int, buffer: int, penalty: float) -> float:
+    """DAPO's soft overlong punishment of an episode of ``length`` completion tokens.
 
-
-@dataclass(frozen=True)
-class TokenLoss:
-    """Per-token loss and the ratio it was computed from."""
-
-    loss: torch.Tensor  # [B, T], differentiable
-    ratio: torch.Tensor  # [B, T], detached
-    clipped: torch.Tensor  # [B, T] bool, PPO clip active (|r - 1| > eps)
-
-
-def policy_token_loss(
-    logp: torch.Tensor,
-    behaviour_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    *,
-    clip_low: float,
-    clip_high: float,
-    stale: torch.Tensor | None = None,
-    tis_cap: float = 2.0,
-) -> TokenLoss:
-    """PPO-clip per token; rows flagged ``stale`` use truncated importance sampling.
-
-    ``stale`` is a ``[B]`` bool tensor (``None``: nothing stale).
+    0 up to ``max_tokens - buffer``, then falling linearly to ``-penalty`` at
+    ``max_tokens``, and ``-penalty`` beyond.
     """
-    ratio = importance_ratio(logp, behaviour_logp)
-    unclipped = ratio * advantages
-    clipped_ratio = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    ppo = -torch.minimum(unclipped, clipped_ratio * advantages)
-    loss = ppo
-    if stale is not None and bool(stale.any()):
-        weight = torch.clamp(ratio.detach(), max=tis_cap)
-        tis = -weight * advantages * logp
-        loss = torch.where(stale[:, None], tis, ppo)
-    detached = ratio.detach()
-    is_clipped = (detached < 1.0 - clip_low) | (detached > 1.0 + clip_high)
-    return TokenLoss(loss=loss, ratio=detached, clipped=is_clipped)
+    start = max_tokens - buffer
+    if length <= start:
+        return 0.0
+    return -penalty * min((length - start) / buffer, 1.0)
 
 
-def aggregate(
-    token_loss: torch.Tensor,
-    mask: torch.Tensor,
-    mode: Aggregation,
-    *,
-    total_tokens: int,
-    total_sequences: int,
-) -> torch.Tensor:
-    """This micro-batch's share of the batch loss.
+def gae(
+    rewards: np.ndarray, values: np.ndarray, mask: np.ndarray, gamma: float, lam: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-token GAE over the tokens where ``mask`` is 1; (advantages, returns).
 
-    The denominators are those of the *whole* batch (all micro-batches, all
-    ranks), so summing the shares, or their gradients, gives exactly the loss
-    of the full batch: gradient accumulation and data parallelism change
-    nothing but rounding.
+    ``delta_t = r_t + gamma V_next - V_t`` and ``A_t = delta_t + gamma lam A_next``,
+    where "next" is the next *masked-in* token: prompt-side tokens of later turns
+    (mask 0) are skipped, so the recursion runs across turns as if they were not
+    there; after the last token ``V_next = A_next = 0``. Returns ``A + V``; both
+    outputs are 0 where the mask is 0.
     """
-    masked = token_loss * mask
-    if mode is Aggregation.TOKEN_MEAN:
-        return masked.sum() / max(total_tokens, 1)
-    per_seq = masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
-    return per_seq.sum() / max(total_sequences, 1)
+    adv = np.zeros(len(rewards), dtype=np.float64)
+    next_value, next_adv = 0.0, 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        if mask[t] <= 0:
+            continue
+        delta = float(rewards[t]) + gamma * next_value - float(values[t])
+        next_adv = delta + gamma * lam * next_adv
+        next_value = float(values[t])
+        adv[t] = next_adv
+    returns = np.where(np.asarray(mask) > 0, adv + np.asarray(values, dtype=np.float64), 0.0)
+    return adv, returns
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:

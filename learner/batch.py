@@ -1,25 +1,38 @@
-"""From trajectory groups to training sequences: filtering, advantages, assembly.
+"""From trajectory groups to training sequences: filtering, shaping, advantages, assembly.
 
 `prepare_batch` decides which groups of a batch are trained: groups whose
-infrastructure failed are not (counted), groups older than `max_staleness` are
-trained with truncated importance sampling or dropped (counted either way), and
-zero-variance groups are skipped by default (counted). It then turns each kept
-trajectory into one sequence: for every turn, ``prompt_ids`` (loss mask 0)
-followed by ``completion_ids`` (loss mask 1, with the behaviour logprobs and the
-turn's advantage), as broker/messages.py documents. No torch here: sequences
-are numpy arrays, collated into tensors by the trainer.
-"""
+infrastructure failed are not (counted), nor groups with an episode that timed
+out before its first action (a hung reset or first inference call is not the
+model's failure: counted apart); groups older than `max_staleness`, or sampled
+by weights newer than the learner's (discarded by a resume), are trained with
+the behaviour correction or dropped (counted either way); zero-variance groups
+of the group-relative estimators are skipped by default (counted). Rewards are
+shaped (DAPO's soft overlong punishment, a KL reward penalty) before the
+advantages. It then turns each kept trajectory into one sequence: for every
+turn, ``prompt_ids`` (loss mask 0) followed by ``completion_ids`` (loss mask 1,
+with the behaviour logprobs and the turn's advantage), as broker/messages.py
+documents; a trajectory with ``segment_start`` turns (an agent that rewrote its
+history) becomes one sequence per segment, since such a turn's prompt does not
+extend the tokens before it. No torch here: sequences are numpy arrays, collated by the trainer."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from broker.messages import Trajectory, TrajectoryGroup
-from learner.algorithms import compute_advantages, episode_return
-from learner.config import BatchRules
+from broker.messages import ErrorCategory, Trajectory, TrajectoryGroup, Truncation
+from learner.algorithms import (
+    AdvantageRules,
+    compute_advantages,
+    episode_return,
+    overlong_penalty,
+)
+from learner.config import BatchRules, Overlong
+
+# (group_id, sample_index) -> per-turn amounts subtracted from the rewards (KL reward penalty)
+TurnPenalties = Mapping[tuple[str, int], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -30,8 +43,26 @@ class Sample:
     loss_mask: np.ndarray  # float32, 1 on completion tokens
     behaviour_logp: np.ndarray  # float32, rollout logprob on completion tokens, 0 elsewhere
     advantages: np.ndarray  # float32, the token's turn advantage on completion tokens
-    stale: bool  # train with truncated importance sampling
+    temperature: np.ndarray  # float32, the token's sampling temperature (1 on prompt tokens)
+    stale: bool  # older than max_staleness (or from discarded weights), trained corrected
     group_id: str
+    episode: int = 0  # the trajectory's sample_index in its group
+    turn_index: np.ndarray | None = None  # int32: the turn of each completion token, -1 elsewhere
+    turn_rewards: np.ndarray | None = None  # float64, each turn's reward after shaping
+    prox_logp: np.ndarray | None = None  # proximal logprobs, set by the trainer before updating
+    ref_logp: np.ndarray | None = None  # reference-model logprobs (KL loss), set by the trainer
+    old_values: np.ndarray | None = None  # critic values before the update (ppo)
+    returns: np.ndarray | None = None  # GAE returns, the critic's targets (ppo)
+
+
+def advantage_rules(rules: BatchRules) -> AdvantageRules:
+    """The part of the batch rules that turns returns into advantages."""
+    return AdvantageRules(rules.algorithm, rules.gamma, rules.grpo_scale_by_std, rules.grpo_std)
+
+
+def overlong(trajectory: Trajectory) -> bool:
+    """Whether the context limit cut the episode short."""
+    return trajectory.truncation is Truncation.CONTEXT
 
 
 @dataclass
@@ -41,10 +72,12 @@ class PreparedBatch:
     samples: list[Sample] = field(default_factory=list)
     trained_groups: list[str] = field(default_factory=list)  # ids whose samples are in `samples`
     infra_failed: list[str] = field(default_factory=list)
+    no_action_timeouts: list[str] = field(default_factory=list)  # hung before the first action
     zero_variance: list[str] = field(default_factory=list)
+    overlong: int = 0  # trajectories cut by the context limit (masked or punished by the rule)
     dropped_stale: list[str] = field(default_factory=list)
     corrected_stale: list[str] = field(default_factory=list)
-    staleness: list[int] = field(default_factory=list)  # one per group that was not infra-failed
+    staleness: list[int] = field(default_factory=list)  # per group not infra-failed; < 0: discarded
     episode_returns: list[float] = field(default_factory=list)  # every episode of those groups
     advantages: list[float] = field(default_factory=list)  # one per trained turn
 
@@ -54,53 +87,80 @@ class PreparedBatch:
 
 
 def assemble(trajectory: Trajectory, turn_advantages: Sequence[float]) -> tuple[np.ndarray, ...]:
-    """(input_ids, loss_mask, behaviour_logp, advantages) of one trajectory."""
+    """(input_ids, loss_mask, behaviour_logp, advantages, temperature, turn_index) of one
+    trajectory."""
     ids: list[np.ndarray] = []
     mask: list[np.ndarray] = []
     logp: list[np.ndarray] = []
     adv: list[np.ndarray] = []
-    for turn, a in zip(trajectory.turns, turn_advantages, strict=True):
+    temp: list[np.ndarray] = []
+    turn_index: list[np.ndarray] = []
+    for k, (turn, a) in enumerate(zip(trajectory.turns, turn_advantages, strict=True)):
         n_p, n_c = len(turn.prompt_ids), len(turn.completion_ids)
         ids += [turn.prompt_ids, turn.completion_ids]
         mask += [np.zeros(n_p, np.float32), np.ones(n_c, np.float32)]
         logp += [np.zeros(n_p, np.float32), turn.logprobs.astype(np.float32)]
         adv += [np.zeros(n_p, np.float32), np.full(n_c, a, np.float32)]
+        temp += [np.ones(n_p, np.float32), np.full(n_c, turn.temperature, np.float32)]
+        turn_index += [np.full(n_p, -1, np.int32), np.full(n_c, k, np.int32)]
     out = (
         np.concatenate(ids).astype(np.int64),
         np.concatenate(mask),
         np.concatenate(logp),
         np.concatenate(adv),
+        np.concatenate(temp),
+        np.concatenate(turn_index),
     )
     # Position 0 has no preceding token to predict it from, so it can never carry loss.
     out[1][:1] = 0.0
+    out[5][:1] = -1  # its turn index: no turn trains it
     return out
 
 
+def no_action_timeout(trajectory: Trajectory) -> bool:
+    """A timeout before the first action: the infrastructure hung, the model did nothing."""
+    return trajectory.error is ErrorCategory.TIMEOUT and not trajectory.turns
+
+
 def _stale_action(staleness: int, rules: BatchRules) -> str:
-    if staleness <= rules.max_staleness:
+    # Negative: the tokens came from weights a resume discarded; they are not fresh.
+    if 0 <= staleness <= rules.max_staleness:
         return "fresh"
     return "drop" if rules.drop_stale else "correct"
 
 
-def prepare_batch(
-    groups: Sequence[TrajectoryGroup], rules: BatchRules, version: int, judge_staleness: bool = True
-) -> PreparedBatch:
-    """Filter the groups of one batch and assemble the sequences to train.
+def shaped_rewards(
+    trajectory: Trajectory, rules: BatchRules, penalty: np.ndarray | None = None
+) -> np.ndarray:
+    """Each turn's reward after the soft overlong punishment and a KL penalty."""
+    rewards = np.array([t.reward for t in trajectory.turns], dtype=np.float64)
+    if penalty is not None:
+        rewards -= penalty
+    if rules.overlong is Overlong.SOFT and len(rewards):
+        if overlong(trajectory):
+            rewards[-1] -= rules.overlong_penalty
+        else:
+            length = sum(len(t.completion_ids) for t in trajectory.turns)
+            rewards[-1] += overlong_penalty(length, rules.overlong_max_tokens or 0,
+                                            rules.overlong_buffer, rules.overlong_penalty)  # fmt: skip
+    return rewards
 
-    `judge_staleness=False` trains every group as fresh (a replay: its versions are not
-    this run's); staleness is still measured.
-    """
-    out = PreparedBatch()
+
+def _screen(groups: Sequence[TrajectoryGroup], rules: BatchRules, version: int,
+            out: PreparedBatch, judge_staleness: bool) -> list[tuple[TrajectoryGroup, bool]]:  # fmt: skip
+    """Groups that may train, each with its stale flag; the others are counted in `out`."""
     candidates: list[tuple[TrajectoryGroup, bool]] = []
     for group in groups:
         if group.infra_failed:
             out.infra_failed.append(group.group_id)
             continue
-        staleness = max(0, version - group.min_weight_version)
+        if any(no_action_timeout(t) for t in group.trajectories):
+            out.no_action_timeouts.append(group.group_id)
+            continue
+        staleness = version - group.min_weight_version
         out.staleness.append(staleness)
-        out.episode_returns += [
-            episode_return([t.reward for t in tr.turns], rules.gamma) for tr in group.trajectories
-        ]
+        out.episode_returns += [episode_return([t.reward for t in tr.turns], rules.gamma)
+                                for tr in group.trajectories]  # fmt: skip
         action = _stale_action(staleness, rules) if judge_staleness else "fresh"
         if action == "drop":
             out.dropped_stale.append(group.group_id)
@@ -108,22 +168,102 @@ def prepare_batch(
         if action == "correct":
             out.corrected_stale.append(group.group_id)
         candidates.append((group, action == "correct"))
-    rewards = [[[t.reward for t in tr.turns] for tr in g.trajectories] for g, _ in candidates]
-    advs = compute_advantages(rewards, rules.algorithm, rules.gamma)
-    for (group, stale), group_adv, zero_var in zip(
-        candidates, advs.values, advs.zero_variance, strict=True
+    return candidates
+
+
+def prepare_batch(
+    groups: Sequence[TrajectoryGroup],
+    rules: BatchRules,
+    version: int,
+    penalties: TurnPenalties | None = None,
+    judge_staleness: bool = True,
+) -> PreparedBatch:
+    """Filter the groups of one batch, shape rewards, and assemble the sequences to train.
+
+    `judge_staleness=False` trains every group as fresh (a replay: its versions are not
+    this run's); staleness is still measured.
+    """
+    out = PreparedBatch()
+    candidates = _screen(groups, rules, version, out, judge_staleness)
+    penalties = penalties or {}
+    rewards = [
+        [shaped_rewards(tr, rules, penalties.get((g.group_id, tr.sample_index))) for tr in g.trajectories]
+        for g, _ in candidates
+    ]  # fmt: skip
+    advs = compute_advantages(rewards, advantage_rules(rules))
+    for (group, stale), group_rewards, group_adv, zero_var in zip(
+        candidates, rewards, advs.values, advs.zero_variance, strict=True
     ):
         if zero_var:
             out.zero_variance.append(group.group_id)
             if rules.skip_zero_variance:
                 continue
         out.trained_groups.append(group.group_id)
-        for trajectory, turn_adv in zip(group.trajectories, group_adv, strict=True):
-            if not trajectory.turns:
-                continue
-            ids, mask, logp, adv = assemble(trajectory, turn_adv)
-            if mask.sum() == 0:
-                continue
-            out.advantages += [float(a) for a in turn_adv]
-            out.samples.append(Sample(ids, mask, logp, adv, stale, group.group_id))
+        for trajectory, turn_rewards, turn_adv in zip(
+            group.trajectories, group_rewards, group_adv, strict=True
+        ):
+            samples = _samples(
+                trajectory, turn_rewards, turn_adv, stale, group.group_id, rules, out
+            )
+            if samples:
+                out.advantages += [float(a) for a in turn_adv]
+                out.samples += samples
     return out
+
+
+def _samples(trajectory: Trajectory, turn_rewards: np.ndarray, turn_adv: np.ndarray, stale: bool,
+             group_id: str, rules: BatchRules, out: PreparedBatch) -> list[Sample]:  # fmt: skip
+    if not trajectory.turns:
+        return []
+    arrays = assemble(trajectory, turn_adv)
+    if overlong(trajectory):
+        out.overlong += 1
+        if rules.overlong is Overlong.MASK:
+            return []  # overlong filtering: its reward still counted in the baseline
+    samples = []
+    for ids, mask, logp, adv, temp, turn_index in split_segments(trajectory, arrays):
+        if mask.sum() > 0:
+            index = trajectory.sample_index
+            sample = Sample(ids, mask, logp, adv, temp, stale, group_id, index, turn_index,
+                            turn_rewards)  # fmt: skip
+            samples.append(sample)
+    return samples
+
+
+def split_segments(
+    trajectory: Trajectory, arrays: tuple[np.ndarray, ...]
+) -> list[tuple[np.ndarray, ...]]:
+    """`assemble`'s arrays cut before every `segment_start` turn: each segment is a sequence
+    of its own (its first token has no loss, as any sequence's); turn indices stay the
+    trajectory's."""
+    cuts, offset = [0], 0
+    for turn in trajectory.turns:
+        if turn.segment_start and offset:
+            cuts.append(offset)
+        offset += len(turn.prompt_ids) + len(turn.completion_ids)
+    if len(cuts) == 1:
+        return [arrays]
+    parts = []
+    for a, b in zip(cuts, [*cuts[1:], offset], strict=True):
+        ids, mask, logp, adv, temp, turn_index = (x[a:b].copy() for x in arrays)
+        mask[:1], turn_index[:1] = 0.0, -1
+        parts.append((ids, mask, logp, adv, temp, turn_index))
+    return parts
+
+
+def filter_reason(group: TrajectoryGroup, rules: BatchRules) -> str | None:
+    """Why `group` would train nothing ("infra", "no_action", "zero_variance"), or None.
+
+    Dynamic sampling (DAPO) uses it to fill a batch with groups that carry signal;
+    staleness is left to `prepare_batch`, which knows the step that trains the group.
+    """
+    if group.infra_failed:
+        return "infra"
+    if any(no_action_timeout(t) for t in group.trajectories):
+        return "no_action"
+    if rules.algorithm.group_relative and rules.skip_zero_variance:
+        returns = {episode_return(shaped_rewards(t, rules).tolist(), rules.gamma)
+                   for t in group.trajectories}  # fmt: skip
+        if len(returns) <= 1:
+            return "zero_variance"
+    return None

@@ -1,10 +1,17 @@
-"""Crash-safe checkpoints: weights, optimizer state and the learner's own state.
+"""Crash-safe checkpoints: sharded training state, a servable export, the learner's own state.
 
-A checkpoint is a directory ``step-00000042/`` holding a complete Hugging Face
-model directory (``model.safetensors``, config, tokenizer files copied from the
-base model, so it can be served as is), ``optimizer.pt`` and ``state.json``
-(`LearnerState`: step, policy version, the group ids trained at each step, the
-last trained entry per stream, the task sampler's state, counters).
+A checkpoint is a directory ``step-00000042/`` holding
+* ``dcp/``: the model and AdamW state written by every rank with
+  ``torch.distributed.checkpoint`` (each rank its own shards; loading reshards, so a
+  checkpoint resumes exactly under FSDP, and under any world size);
+* a complete Hugging Face model directory (``model.safetensors`` streamed one gathered
+  tensor at a time, config, tokenizer files; `learner.export`): vLLM and the CPU server
+  load it as is;
+* ``state.json`` (`LearnerState`: step, policy version, the group ids trained at each step,
+  the last trained entry per stream, the task sampler's state, counters).
+
+Saving is collective: every rank calls `save_checkpoint`; rank 0 alone writes the export
+and the state and moves the directory into place.
 
 Invariant: a checkpoint directory that exists under its final name is complete.
 It is written under a temporary name, every file and the directory are fsynced,
@@ -19,23 +26,28 @@ state's recent history and acks them without training).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-import tempfile
+import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as tdist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from learner.distributed import DistContext
 from learner.errors import CheckpointError
+from learner.export import export_hf_dir
 
 LATEST = "LATEST"
 STATE = "state.json"
-OPTIMIZER = "optimizer.pt"
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                    "chat_template.jinja", "vocab.json", "merges.txt")  # fmt: skip
+SHARDS = "dcp"
 TRAINED_HISTORY_STEPS = 100_000  # bound on the per-step group-id history kept in state.json
 
 
@@ -87,36 +99,77 @@ def _write_atomic(path: Path, data: bytes) -> None:
     _fsync_file(path.parent)
 
 
+@contextlib.contextmanager
+def _quiet_single_process() -> Iterator[None]:
+    """DCP warns on every save/load without a process group: one process is intended here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _training_state(
+    policy: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, dict[str, Any]]:
+    model_sd, optim_sd = get_state_dict(policy, optimizer)
+    return {"model": model_sd, "optim": optim_sd}
+
+
 def save_checkpoint(
     root: Path,
-    model: torch.nn.Module,
+    policy: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     state: LearnerState,
+    dist: DistContext,
     *,
     tokenizer_dir: Path | None = None,
     keep: int = 2,
 ) -> Path:
-    """Write checkpoint ``step-<state.step>`` durably, point LATEST at it, prune old ones."""
+    """Write checkpoint ``step-<state.step>`` durably, point LATEST at it, prune old ones.
+
+    Collective: every rank calls it. ``policy.lm`` is the Hugging Face model exported.
+    """
     final = root / f"step-{state.step:08d}"
+    tmp = root / f".tmp-step-{state.step:08d}"  # the same name on every rank
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-step-", dir=root))
-        model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]
-        for name in _TOKENIZER_FILES:
-            if tokenizer_dir is not None and (tokenizer_dir / name).is_file():
-                shutil.copy2(tokenizer_dir / name, tmp / name)
-        torch.save(optimizer.state_dict(), tmp / OPTIMIZER)
-        (tmp / STATE).write_text(json.dumps(asdict(state)))
-        _fsync_tree(tmp)
-        if final.exists():  # a crash after the rename but before LATEST moved
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        _fsync_file(root)
-        _write_atomic(root / LATEST, final.name.encode())
+        if dist.is_main:
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        dist.barrier()
+        with _quiet_single_process():
+            dcp.save(_training_state(policy, optimizer), checkpoint_id=tmp / SHARDS,
+                     no_dist=not dist.enabled)  # fmt: skip
+        export_hf_dir(policy.lm, tmp, dist.is_main, tokenizer_dir)  # type: ignore[arg-type]
+        if dist.is_main:
+            (tmp / STATE).write_text(json.dumps(asdict(state)))
+            _fsync_tree(tmp)
+            if final.exists():  # a crash after the rename but before LATEST moved
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            _fsync_file(root)
+            _write_atomic(root / LATEST, final.name.encode())
+            _prune(root, keep)
     except OSError as exc:
         raise CheckpointError(f"cannot write checkpoint {final}: {exc}") from exc
-    _prune(root, keep)
+    finally:
+        dist.barrier()
     return final
+
+
+def load_training_state(
+    path: Path, policy: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
+    """Load the sharded model and optimizer state of checkpoint `path` (collective)."""
+    if not (path / SHARDS).is_dir():
+        raise CheckpointError(f"{path} has no {SHARDS}/ (a checkpoint from before sharded state)")
+    try:
+        target = _training_state(policy, optimizer)
+        with _quiet_single_process():
+            dcp.load(target, checkpoint_id=path / SHARDS, no_dist=not tdist.is_initialized())
+        set_state_dict(policy, optimizer, model_state_dict=target["model"],
+                       optim_state_dict=target["optim"])  # fmt: skip
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise CheckpointError(f"cannot load training state from {path}: {exc}") from exc
 
 
 def _prune(root: Path, keep: int) -> None:
@@ -143,10 +196,3 @@ def load_state(path: Path) -> LearnerState:
         return LearnerState.from_json(json.loads((path / STATE).read_text()))
     except (OSError, ValueError, TypeError) as exc:
         raise CheckpointError(f"cannot read learner state from {path}: {exc}") from exc
-
-
-def load_optimizer(path: Path, optimizer: torch.optim.Optimizer) -> None:
-    try:
-        optimizer.load_state_dict(torch.load(path / OPTIMIZER, weights_only=True))
-    except (OSError, RuntimeError, ValueError) as exc:
-        raise CheckpointError(f"cannot read optimizer state from {path}: {exc}") from exc

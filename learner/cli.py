@@ -79,7 +79,10 @@ async def _train(ctx: RoleContext[LearnerConfig]) -> None:
             run_follower(core)
             return
         run = run_replay if cfg.replay else run_live
-        state = await run(core, ctx.stop)
+        try:
+            state = await run(core, ctx.stop)
+        finally:  # however rank 0's loop ended, the other ranks must not wait forever
+            core.stop_followers()
         done = {"event": "done", "step": state.step, "version": state.version}
         log.info("%s", json.dumps({**done, "counters": state.counters}))
     finally:

@@ -2,8 +2,10 @@
 
 `LearnerConfig` holds every knob of `python -m learner`. Its sections are the
 config models the components take as they are: `OptimConfig` (the trainer),
-`BatchRules` (batch preparation), `CurriculumRules` (the task sampler) and
-`HorizonSchedule` (the task feeder). Every field has a description and bounds, and
+`ScaleConfig` (FSDP options, micro-batch layout, logprob chunks: the trainer),
+`BatchRules` (batch preparation), `CurriculumRules` (the task sampler),
+`HorizonSchedule` (the task feeder) and `LossConfig` (loss terms, epochs, critic). Every
+field has a description and bounds, and
 is a flag, a ``FARM_*`` variable and a TOML key by its flat name (``--learning-rate``,
 ``FARM_LEARNING_RATE``, ``learning_rate`` or ``[optim] learning_rate``), resolved by
 `launch.settings` (flags > environment > TOML). Unknown keys are rejected. This
@@ -20,6 +22,7 @@ from pydantic import ConfigDict, Field, SecretStr, model_validator
 from pydantic.dataclasses import dataclass
 
 from broker.connection import RedisUrl
+from broker.consumer import ConsumerSettings
 from launch.settings import CommaList, LogLevel, RoleConfig, section
 from learner.errors import ConfigError
 
@@ -33,6 +36,12 @@ class Algorithm(enum.StrEnum):
     REBN = "rebn"
     RLOO = "rloo"
     REINFORCE = "reinforce"
+    PPO = "ppo"  # critic PPO: per-token GAE from a learned value function
+
+    @property
+    def group_relative(self) -> bool:
+        """Whether the baseline comes from the group, so equal returns carry no signal."""
+        return self in (Algorithm.GRPO, Algorithm.RLOO)
 
 
 class Aggregation(enum.StrEnum):
@@ -40,13 +49,51 @@ class Aggregation(enum.StrEnum):
 
     TOKEN_MEAN = "token-mean"  # every completion token of the batch weighs the same
     SEQ_MEAN = "seq-mean"  # every sequence weighs the same, tokens averaged within it
+    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"  # Dr. GRPO: token losses summed, sequences averaged
 
 
 class StalePolicy(enum.StrEnum):
     """What to do with a group older than `max_staleness` (counted either way)."""
 
-    CORRECT = "correct"  # train it with truncated importance sampling
+    CORRECT = "correct"  # train it with the behaviour correction
     DROP = "drop"  # do not train it
+
+
+class Correction(enum.StrEnum):
+    """Behaviour correction pi_prox/mu applied to every token."""
+
+    TIS = "tis"  # truncated importance sampling: min(w, C)
+    MIS = "mis"  # masked importance sampling: w inside [1/C, C], else the token is masked
+
+
+class KLEstimator(enum.StrEnum):
+    """Per-token estimator of KL(pi_theta || pi_ref) (Schulman's k1/k2/k3)."""
+
+    K1 = "k1"  # log r
+    K2 = "k2"  # (log r)^2 / 2
+    K3 = "k3"  # exp(-log r) + log r - 1, unbiased and non-negative
+
+
+class KLMode(enum.StrEnum):
+    """Where the KL to the reference enters."""
+
+    LOSS = "loss"  # kl_coef * KL added to the loss (GRPO paper, verl use_kl_loss)
+    REWARD = "reward"  # kl_coef * KL subtracted from each turn's reward (InstructGPT, verl)
+
+
+class Overlong(enum.StrEnum):
+    """What happens to episodes cut short by the context limit (DAPO)."""
+
+    NONE = "none"  # trained like any other
+    MASK = "mask"  # overlong filtering: no loss on their tokens (still in the group baseline)
+    SOFT = "soft"  # soft linear punishment over the last overlong_buffer tokens
+
+
+class GroupStd(enum.StrEnum):
+    """The std that GRPO divides by."""
+
+    POPULATION = "population"  # sqrt(sum (R - mean)^2 / n)
+    UNBIASED = "unbiased"  # sqrt(sum (R - mean)^2 / (n - 1)), as torch.std in verl and TRL
 
 
 class Precision(enum.StrEnum):
@@ -65,7 +112,7 @@ class OptimConfig:
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay")
     clip_low: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip range below 1")
     clip_high: float = Field(0.2, gt=0.0, le=10.0, description="PPO clip range above 1")
-    tis_cap: float = Field(2.0, ge=1.0, description="truncation rho_bar of importance weights")
+    tis_cap: float = Field(2.0, ge=1.0, description="C: TIS cap, MIS band [1/C, C]")
     max_grad_norm: float = Field(1.0, gt=0.0, description="gradient clipping norm")
     micro_batch_size: int = Field(8, ge=1, description="sequences per forward/backward pass")
     aggregation: Aggregation = Field(Aggregation.TOKEN_MEAN, description="loss aggregation")
@@ -79,6 +126,23 @@ class OptimConfig:
 
 
 @dataclass(frozen=True, config=COMPONENT)
+class ScaleConfig:
+    """Memory and layout: FSDP options, micro-batch layout, logprob chunks (docs/learner.md)."""
+
+    max_tokens_per_micro_batch: int = Field(
+        0, ge=0, description="token budget per micro-batch, sequences bucketed by length (0: none)"
+    )
+    packing: bool = Field(
+        True, description="pack sequences into one row (the model must honour packed position ids)"
+    )
+    logprob_chunk_tokens: int = Field(
+        1024, ge=1, le=1_000_000, description="tokens per LM-head chunk of the logprob pass"
+    )
+    activation_checkpointing: bool = Field(False, description="recompute decoder layers")
+    cpu_offload: bool = Field(False, description="FSDP: params, grads, AdamW state on the host")
+
+
+@dataclass(frozen=True, config=COMPONENT)
 class BatchRules:
     """Advantages and staleness: what a batch trains."""
 
@@ -87,10 +151,57 @@ class BatchRules:
     max_staleness: int = Field(1, ge=0, le=1000, description="policy versions a group may lag")
     stale_policy: StalePolicy = Field(StalePolicy.CORRECT, description="stragglers: correct|drop")
     skip_zero_variance: bool = Field(True, description="skip groups whose returns are all equal")
+    # --- issue 15: normalisation, overlong shaping, dynamic sampling ---
+    grpo_scale_by_std: bool = Field(True, description="divide GRPO advantages by the group std")
+    grpo_std: GroupStd = Field(GroupStd.POPULATION, description="population|unbiased")
+    overlong: Overlong = Field(Overlong.NONE, description="context-truncated episodes")
+    overlong_max_tokens: int | None = Field(None, ge=1, description="L_max of the soft penalty")
+    overlong_buffer: int = Field(0, ge=0, description="L_cache: the soft penalty's ramp length")
+    overlong_penalty: float = Field(1.0, ge=0.0, description="soft penalty at L >= L_max")
+    dynamic_sampling: bool = Field(False, description="fill batches with informative groups")
+    dynamic_sampling_max_factor: float = Field(
+        4.0, ge=1.0, le=100.0, description="at most this x groups_per_batch groups per batch"
+    )
+
+    @model_validator(mode="after")
+    def _overlong(self) -> BatchRules:
+        if self.overlong is Overlong.SOFT and not (
+            self.overlong_max_tokens and 0 < self.overlong_buffer <= self.overlong_max_tokens
+        ):
+            raise ValueError("overlong soft needs 0 < overlong_buffer <= overlong_max_tokens")
+        return self
 
     @property
     def drop_stale(self) -> bool:
         return self.stale_policy is StalePolicy.DROP
+
+
+@dataclass(frozen=True, config=COMPONENT)
+class LossConfig:
+    """Loss terms beyond PPO-clip, PPO epochs and the critic (issue 15; docs/learner.md)."""
+
+    ppo_epochs: int = Field(1, ge=1, le=64, description="passes over each batch")
+    mini_batches: int = Field(1, ge=1, le=1024, description="optimizer steps per pass")
+    dual_clip: float = Field(3.0, gt=1.0, description="dual-clip c: loss <= -c*A for A < 0")
+    correction: Correction = Field(Correction.TIS, description="behaviour correction: tis|mis")
+    log_ratio_clamp: float = Field(20.0, gt=0.0, le=80.0, description="|log ratio| bound")
+    kl_coef: float = Field(0.0, ge=0.0, description="KL to the initial weights (0: no reference)")
+    kl_estimator: KLEstimator = Field(KLEstimator.K3, description="k1|k2|k3")
+    kl_mode: KLMode = Field(KLMode.LOSS, description="loss term or reward penalty")
+    reference_offload: bool = Field(False, description="keep the reference model on the CPU")
+    entropy_coef: float = Field(0.0, ge=0.0, description="entropy bonus: loss -= coef*H")
+    gae_lambda: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda (ppo)")
+    value_clip: float = Field(0.2, gt=0.0, description="value-loss clip range (ppo)")
+    critic_learning_rate: float = Field(1e-5, gt=0.0, le=1.0, description="critic AdamW (ppo)")
+
+    @property
+    def needs_proximal(self) -> bool:
+        """One optimizer step per batch: pi_prox is pi_theta before its update, no recompute."""
+        return self.ppo_epochs * self.mini_batches > 1
+
+    @property
+    def kl_loss(self) -> bool:
+        return self.kl_coef > 0 and self.kl_mode is KLMode.LOSS
 
 
 @dataclass(frozen=True, config=COMPONENT)
@@ -176,15 +287,16 @@ class LearnerConfig(RoleConfig):
     )
     replay: str | None = Field(None, description="archive path or stream:START..END to train from")
     # --- consumer -----------------------------------------------------------------------------
-    reclaim_idle_s: float = Field(
-        3600.0, gt=0.0, description="idle seconds before entries of a dead learner are reclaimed"
-    )
-    max_deliveries: int = Field(10, ge=1, description="deliveries before a group is dead-lettered")
+    consumer: ConsumerSettings = section(
+        ConsumerSettings, reclaim_idle_s=3600.0, max_deliveries=10
+    )  # a dead learner's groups wait long: its own stay pending until a checkpoint holds them
     # --- components ---------------------------------------------------------------------------
     optim: OptimConfig = section(OptimConfig)
+    scale: ScaleConfig = section(ScaleConfig)
     batch: BatchRules = section(BatchRules)
     curriculum: CurriculumRules = section(CurriculumRules)
     horizon: HorizonSchedule = section(HorizonSchedule)
+    loss: LossConfig = section(LossConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> LearnerConfig:
@@ -193,6 +305,16 @@ class LearnerConfig(RoleConfig):
         return self
 
     @property
+    def admission_steps(self) -> int:
+        """Steps of groups admission may hold: max_staleness + 1, less the push lag.
+
+        Weights reach the servers every push_interval steps, so a task issued now may
+        sample weights push_interval - 1 steps older than the learner's step.
+        """
+        lag = max(self.push_interval - 1, 0)
+        return max(self.batch.max_staleness + 1 - lag, 1)
+
+    @property
     def admission_limit(self) -> int:
-        """Tasks (groups) allowed in flight or buffered: (max_staleness + 1) x groups_per_batch."""
-        return (self.batch.max_staleness + 1) * self.groups_per_batch
+        """Tasks (groups) allowed in flight or buffered: admission_steps x groups_per_batch."""
+        return self.admission_steps * self.groups_per_batch

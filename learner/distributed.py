@@ -1,12 +1,13 @@
-"""Data parallelism under torchrun: process group, batch broadcast, gradient sums.
+"""The process group under torchrun: batch broadcast, control commands, stat reductions.
 
 Rank 0 is the only rank that talks to Redis, the task source, the inference
 servers and the checkpoint directory. Each step it broadcasts the batch's
-groups (msgpack through `broker.codec`, never pickle) and every rank trains a
-disjoint slice of the batch's sequences (``samples[rank::world]``). Losses are
-normalised by whole-batch denominators, so summing gradients across ranks gives
-the single-process gradient up to floating-point rounding. Gloo on CPU, NCCL on
-CUDA; one process without torchrun is the world of size one and does nothing.
+groups (msgpack through `broker.codec`, never pickle); every rank plans the same
+micro-batches from them and trains its share (`learner.trainer`), FSDP2 summing
+the gradients (`learner.sharding`). Collective work that rank 0 decides on
+(save a checkpoint, export weights for a push) is announced with `broadcast_command`
+so the other ranks join it. Gloo on CPU, NCCL on CUDA; one process without
+torchrun is the world of size one and does nothing here.
 """
 
 from __future__ import annotations
@@ -40,9 +41,12 @@ class DistContext:
         return self.rank == 0
 
     def shard(self, items: Sequence) -> list:
+        """This rank's share of `items` (the replicated critic trains on it)."""
         return list(items[self.rank :: self.world])
 
     def all_reduce_grads(self, model: torch.nn.Module) -> None:
+        """Sum the gradients of a replicated (unsharded) module across ranks: the critic's.
+        The policy is FSDP-sharded, and FSDP reduces its gradients itself."""
         if not self.enabled:
             return
         for p in model.parameters():
@@ -60,6 +64,14 @@ class DistContext:
         dist.all_reduce(head, op=dist.ReduceOp.SUM)
         dist.all_reduce(tail, op=dist.ReduceOp.MIN)
         return torch.cat([head, tail])
+
+    def broadcast_command(self, command: str | None, arg: str = "") -> tuple[str, str]:
+        """Rank 0's (command, argument) on every rank (other ranks pass None)."""
+        if not self.enabled:
+            return command or "", arg
+        payload = msgpack.packb([command, arg]) if self.is_main else b""
+        got = msgpack.unpackb(self._broadcast_bytes(payload), raw=False)
+        return str(got[0]), str(got[1])
 
     def broadcast_groups(self, groups: Sequence[TrajectoryGroup] | None) -> list[TrajectoryGroup]:
         """Rank 0's groups on every rank; an empty list means stop."""
@@ -88,13 +100,6 @@ class DistContext:
             dist.broadcast(buf, src=0)
         return buf.numpy().tobytes()
 
-    def broadcast_model(self, model: torch.nn.Module) -> None:
-        """Start every rank from rank 0's weights (resume loads them on rank 0 only)."""
-        if not self.enabled:
-            return
-        for tensor in model.state_dict().values():
-            dist.broadcast(tensor, src=0)
-
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
@@ -111,6 +116,9 @@ def init_distributed(device: torch.device) -> DistContext:
         return DistContext()
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = "gloo"
+    if device.type == "cuda":  # NCCL for the model; gloo for the small host-side broadcasts
+        torch.cuda.set_device(device)
+        backend = "cpu:gloo,cuda:nccl"
     dist.init_process_group(backend=backend)
     return DistContext(rank=rank, world=world, local_rank=local_rank)

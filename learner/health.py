@@ -27,12 +27,18 @@ from broker.connection import redis_errors
 from broker.errors import DecodeError
 from broker.keys import RunKeys
 from broker.messages import DeadLetter, TrajectoryGroup
+from learner.batch import no_action_timeout
 from learner.errors import RunFailedError
 
 
 def spoiled(groups: Sequence[TrajectoryGroup], trained_samples: int) -> bool:
     """Whether a batch trained nothing only because the infrastructure failed it."""
-    return bool(groups) and trained_samples == 0 and all(g.infra_failed for g in groups)
+    return bool(groups) and trained_samples == 0 and all(_infra(g) for g in groups)
+
+
+def _infra(group: TrajectoryGroup) -> bool:
+    # a timeout before the first action is the infrastructure's failure too (issue 15, B)
+    return group.infra_failed or any(no_action_timeout(t) for t in group.trajectories)
 
 
 @dataclass
@@ -53,7 +59,7 @@ class FailureWatch:
             return
         self.streak += 1
         for trajectory in (t for g in groups for t in g.trajectories):
-            if trajectory.error.is_infrastructure:
+            if trajectory.error.is_infrastructure or no_action_timeout(trajectory):
                 category = trajectory.error.value
                 self.categories[category] += 1
                 self.examples.setdefault(category, trajectory.error_detail or "(no detail)")

@@ -3,7 +3,8 @@
 Names are the canonical ones of HELPERS.md (the deploy/ dashboards use them);
 the ``farm_learner_advantage_*``, ``farm_learner_ratio_*``, ``farm_learner_grad_norm``,
 ``farm_learner_dropped_groups_total`` and ``farm_learner_skipped_batches_total`` are
-additions.
+additions, as are the loss-term gauges and the dynamic-sampling and no-action-timeout
+counters of issue 15.
 """
 
 from __future__ import annotations
@@ -35,6 +36,19 @@ ADVANTAGE_STD = Gauge("farm_learner_advantage_std", "Std of per-turn advantages 
 RATIO_MEAN = Gauge("farm_learner_ratio_mean", "Mean importance ratio to the behaviour policy")
 RATIO_MAX = Gauge("farm_learner_ratio_max", "Largest importance ratio of the last step")
 GRAD_NORM = Gauge("farm_learner_grad_norm", "Gradient norm before clipping")
+NO_ACTION_TIMEOUTS = Counter("farm_learner_no_action_timeout_groups",
+                             "Groups not trained: an episode timed out before its first action")  # fmt: skip
+OVERLONG = Counter("farm_learner_overlong_episodes", "Episodes cut by the context limit")
+FILTERED_GROUPS = Counter("farm_learner_filtered_groups",
+                          "Groups dynamic sampling kept out of a batch's count", ["reason"])  # fmt: skip
+FILTER_RATE = Gauge("farm_learner_filter_rate", "Measured fraction of groups filtered out")
+DUAL_CLIP_FRACTION = Gauge("farm_learner_dual_clip_fraction", "Tokens with the dual clip active")
+CORRECTION_FRACTION = Gauge("farm_learner_correction_fraction",
+                            "Tokens whose pi_prox/mu was capped (TIS) or masked (MIS)")  # fmt: skip
+KL = Gauge("farm_learner_kl", "Mean per-token KL estimate to the reference")
+VALUE_LOSS = Gauge("farm_learner_value_loss", "Clipped value loss of the critic (ppo)")
+BEHAVIOUR_RATIO_MAX = Gauge("farm_learner_behaviour_ratio_max",
+                            "Largest pi_prox/mu of the last step, before the cap")  # fmt: skip
 SKIPPED_BATCHES = Counter(
     "farm_learner_skipped_batches", "Batches with no trainable sample (not steps: no push)"
 )

@@ -23,7 +23,9 @@ from learner.trainer import StepStats
 
 log = logging.getLogger("learner")
 
-LOSS_FIELDS = ("loss", "clip_fraction", "entropy", "ratio_mean", "ratio_max", "grad_norm")
+LOSS_FIELDS = ("loss", "clip_fraction", "entropy", "ratio_mean", "ratio_max", "grad_norm",
+               "dual_clip_fraction", "correction_fraction", "kl", "behaviour_ratio_mean",
+               "behaviour_ratio_max", "optimizer_steps", "value_loss")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,8 @@ class StepRecord:
     staleness_max: int  # largest policy lag among the batch's groups
     zero_variance: int  # groups whose returns were all equal
     infra_failed: int  # groups failed by the infrastructure (not trained)
+    no_action_timeouts: int  # groups with an episode that timed out before acting (not trained)
+    overlong: int  # trajectories cut by the context limit
     stale_dropped: int
     stale_corrected: int
     wait_s: float  # waiting for the batch
@@ -54,6 +58,14 @@ class StepRecord:
     ratio_mean: float | None = None
     ratio_max: float | None = None
     grad_norm: float | None = None
+    dual_clip_fraction: float | None = None  # tokens whose dual clip was active
+    correction_fraction: float | None = None  # tokens whose pi_prox/mu was capped or masked
+    kl: float | None = None  # mean per-token KL estimate to the reference
+    behaviour_ratio_mean: float | None = None  # pi_prox/mu before the cap
+    behaviour_ratio_max: float | None = None
+    optimizer_steps: int | None = None  # ppo_epochs x mini_batches
+    value_loss: float | None = None  # the critic's clipped value loss (ppo)
+    filter_rate: float | None = None  # dynamic sampling's measured filter rate
 
     @classmethod
     def measure(
@@ -84,6 +96,8 @@ class StepRecord:
             staleness_max=max(prepared.staleness, default=0),
             zero_variance=len(prepared.zero_variance),
             infra_failed=len(prepared.infra_failed),
+            no_action_timeouts=len(prepared.no_action_timeouts),
+            overlong=prepared.overlong,
             stale_dropped=len(prepared.dropped_stale),
             stale_corrected=len(prepared.corrected_stale),
             wait_s=round(wait_s, 4),
@@ -117,6 +131,8 @@ def emit(record: StepRecord, prepared: PreparedBatch) -> None:
     m.STALE_GROUPS.labels(action="corrected").inc(record.stale_corrected)
     m.ZERO_VARIANCE.inc(record.zero_variance)
     m.INFRA_FAILED.inc(record.infra_failed)
+    m.NO_ACTION_TIMEOUTS.inc(record.no_action_timeouts)
+    m.OVERLONG.inc(record.overlong)
     gauges = {
         "loss": m.LOSS,
         "clip_fraction": m.CLIP_FRACTION,
@@ -124,6 +140,11 @@ def emit(record: StepRecord, prepared: PreparedBatch) -> None:
         "ratio_mean": m.RATIO_MEAN,
         "ratio_max": m.RATIO_MAX,
         "grad_norm": m.GRAD_NORM,
+        "dual_clip_fraction": m.DUAL_CLIP_FRACTION,
+        "correction_fraction": m.CORRECTION_FRACTION,
+        "kl": m.KL,
+        "behaviour_ratio_max": m.BEHAVIOUR_RATIO_MAX,
+        "value_loss": m.VALUE_LOSS,
     }
     for name, gauge in gauges.items():
         value = getattr(record, name)
@@ -141,6 +162,7 @@ class SkipRecord:
     reward_mean: float  # mean episode return over the batch's non-failed groups
     zero_variance: int
     infra_failed: int
+    no_action_timeouts: int
     stale_dropped: int
     wait_s: float
 
@@ -157,6 +179,7 @@ class SkipRecord:
             reward_mean=float(returns.mean()),
             zero_variance=len(prepared.zero_variance),
             infra_failed=len(prepared.infra_failed),
+            no_action_timeouts=len(prepared.no_action_timeouts),
             stale_dropped=len(prepared.dropped_stale),
             wait_s=round(wait_s, 4),
         )
@@ -174,3 +197,4 @@ def emit_skip(record: SkipRecord, prepared: PreparedBatch) -> None:
     m.STALE_GROUPS.labels(action="dropped").inc(record.stale_dropped)
     m.ZERO_VARIANCE.inc(record.zero_variance)
     m.INFRA_FAILED.inc(record.infra_failed)
+    m.NO_ACTION_TIMEOUTS.inc(record.no_action_timeouts)

@@ -104,20 +104,14 @@ async def run_replay(core: Core, stop: asyncio.Event) -> LearnerState:
     assert cfg.replay is not None
     keys = RunKeys(cfg.run, cfg.partitions)
     vocab = int(core.trainer.model.config.vocab_size)  # type: ignore[union-attr]
-    try:
-        groups = replay_groups(cfg.replay, keys, cfg.redis_url)
-        async for batch in batches_of(
-            groups, cfg.groups_per_batch, lambda g: problem_with(g, vocab)
-        ):
-            core.dist.broadcast_groups(batch)
-            prepared, stats = core.train(batch, replay=True)
-            if stats is None:  # nothing trainable: not a step
-                emit_skip(skip_record(core, prepared, len(batch), 0.0), prepared)
-            else:
-                emit(step_record(core, prepared, stats, 0.0, 0.0), prepared)
-            if stop.is_set() or (cfg.max_steps and state.step >= cfg.max_steps):
-                break
-    finally:
-        core.dist.broadcast_groups([])
+    groups = replay_groups(cfg.replay, keys, cfg.redis_url)
+    async for batch in batches_of(groups, cfg.groups_per_batch, lambda g: problem_with(g, vocab)):
+        prepared, stats = core.train(batch, replay=True)
+        if stats is None:  # nothing trainable: not a step
+            emit_skip(skip_record(core, prepared, len(batch), 0.0), prepared)
+        else:
+            emit(step_record(core, prepared, stats, 0.0, 0.0), prepared)
+        if stop.is_set() or (cfg.max_steps and state.step >= cfg.max_steps):
+            break
     core.save()
     return state

@@ -18,6 +18,7 @@ spoiled by infrastructure errors, or every task comes back dead-lettered.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -39,15 +40,19 @@ from learner.batch import PreparedBatch, prepare_batch
 from learner.checkpoint import (
     LearnerState,
     latest_checkpoint,
-    load_optimizer,
     load_state,
+    load_training_state,
     save_checkpoint,
 )
-from learner.config import LearnerConfig
+from learner.components import critic_for, dynamic_sampling, reference_for
+from learner.config import KLMode, LearnerConfig
+from learner.critic import Critic, restore_critic, save_critic
 from learner.distributed import DistContext
 from learner.errors import RunFailedError
+from learner.export import export_hf_dir
 from learner.health import DeadLetterWatch, FailureWatch
 from learner.record import SkipRecord, StepRecord, emit, emit_skip
+from learner.reference import Reference, kl_turn_penalties
 from learner.source import LiveSource
 from learner.tasks import (
     TaskFeeder,
@@ -69,6 +74,9 @@ def resolve_device(cfg: LearnerConfig, local_rank: int) -> torch.device:
     return torch.device(cfg.device)
 
 
+TRAIN, SAVE, EXPORT, STOP = "train", "save", "export", "stop"  # rank 0's commands
+
+
 @dataclass
 class Core:
     """Model, optimizer and learner state, identical on every rank."""
@@ -78,20 +86,51 @@ class Core:
     trainer: Trainer
     state: LearnerState
     checkpoint: Path | None  # the checkpoint resumed from
+    reference: Reference | None = None  # KL as a reward penalty (the trainer holds the loss one)
+    critic: Critic | None = None  # --algorithm ppo
+    stopped: bool = False  # rank 0 has released the other ranks
+
+    def prepare(self, groups: list[TrajectoryGroup], replay: bool) -> PreparedBatch:
+        """The batch's sequences; with a KL reward penalty, rewards shaped by the reference.
+
+        A replay trains what was recorded: its versions are not this run's."""
+        rules, version, judge = self.cfg.batch, self.state.step, not replay
+        if self.reference is None:
+            return prepare_batch(groups, rules, version, judge_staleness=judge)
+        # every group's sequences, as the penalty may give a zero-variance group variance
+        every = prepare_batch(groups, dataclasses.replace(rules, skip_zero_variance=False),
+                              version, judge_staleness=judge)  # fmt: skip
+        loss = self.cfg.loss
+        penalties = kl_turn_penalties(self.reference, every.samples, self.trainer.scoring,
+                                      loss.kl_estimator, loss.kl_coef)  # fmt: skip
+        return prepare_batch(groups, rules, version, penalties, judge_staleness=judge)
+
+    def _update(self, prepared: PreparedBatch) -> StepStats:
+        """Optimizer steps on the batch (and the critic's, with --algorithm ppo)."""
+        samples = prepared.samples
+        if self.critic is not None:
+            samples = self.critic.annotate(samples)
+            prepared.advantages = [float(a) for s in samples for a in s.advantages[s.loss_mask > 0]]
+        stats = self.trainer.update(samples)
+        if self.critic is not None:
+            loss = self.cfg.loss
+            value_loss = self.critic.update(samples, loss.ppo_epochs, loss.mini_batches)
+            stats = dataclasses.replace(stats, value_loss=value_loss)
+        return stats
 
     def train(
         self, groups: list[TrajectoryGroup], replay: bool
     ) -> tuple[PreparedBatch, StepStats | None]:
-        """Prepare and train one batch. A batch with no trainable sample is not a step:
-        the step, the policy version and --max-steps stay where they are (stats None)."""
-        # a replay trains what was recorded; its versions are not this run's
-        prepared = prepare_batch(
-            groups, self.cfg.batch, version=self.state.step, judge_staleness=not replay
-        )
+        """Prepare and train one batch (rank 0 announces and broadcasts it; every rank trains
+        its share). A batch with no trainable sample is not a step: the step, the policy
+        version and --max-steps stay where they are (stats None)."""
+        if self.dist.is_main:
+            self.dist.broadcast_command(TRAIN)
+            self.dist.broadcast_groups(groups)
+        prepared = self.prepare(groups, replay)
         stats = None
         if prepared.samples:
-            local = self.dist.shard(prepared.samples)
-            stats = self.trainer.step(local, prepared.num_tokens, len(prepared.samples))
+            stats = self._update(prepared)
             self.state.step += 1
             self.state.record_step([g.group_id for g in groups])
         else:
@@ -99,22 +138,38 @@ class Core:
         self.state.count("groups", len(groups))
         self.state.count("trained_groups", len(prepared.trained_groups))
         self.state.count("infra_failed", len(prepared.infra_failed))
+        self.state.count("no_action_timeouts", len(prepared.no_action_timeouts))
+        self.state.count("overlong", prepared.overlong)
         self.state.count("zero_variance", len(prepared.zero_variance))
         self.state.count("stale_dropped", len(prepared.dropped_stale))
         self.state.count("stale_corrected", len(prepared.corrected_stale))
         return prepared, stats
 
     def save(self) -> Path | None:
-        if self.cfg.checkpoint_dir is None or not self.dist.is_main:
+        """Write a checkpoint (collective: rank 0 announces it to the others)."""
+        if self.cfg.checkpoint_dir is None:
             return None
-        return save_checkpoint(
-            self.cfg.checkpoint_dir,
-            self.trainer.model,
-            self.trainer.optimizer,
-            self.state,
-            tokenizer_dir=self.cfg.model,
-            keep=self.cfg.keep_checkpoints,
-        )
+        if self.critic is not None and self.dist.is_main:  # first: no checkpoint without it
+            save_critic(self.critic, self.cfg.checkpoint_dir, self.state.step,
+                        self.cfg.keep_checkpoints)  # fmt: skip
+        if self.dist.is_main:
+            self.dist.broadcast_command(SAVE)
+        return save_checkpoint(self.cfg.checkpoint_dir, self.trainer.policy,
+                               self.trainer.optimizer, self.state, self.dist,
+                               tokenizer_dir=self.cfg.model,
+                               keep=self.cfg.keep_checkpoints)  # fmt: skip
+
+    def export(self, out_dir: Path) -> int:
+        """Stream the full weights into a servable directory (collective, as `save`)."""
+        if self.dist.is_main:
+            self.dist.broadcast_command(EXPORT, str(out_dir))
+        return export_hf_dir(self.trainer.model, out_dir, self.dist.is_main, self.cfg.model)
+
+    def stop_followers(self) -> None:
+        """Release the other ranks (once; rank 0 calls it however its loop ended)."""
+        if self.dist.is_main and self.dist.enabled and not self.stopped:
+            self.stopped = True
+            self.dist.broadcast_command(STOP)
 
 
 def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> Core:
@@ -129,16 +184,22 @@ def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> C
     checkpoint = None
     if cfg.resume and cfg.checkpoint_dir is not None:
         checkpoint = latest_checkpoint(cfg.checkpoint_dir)
-    source = checkpoint or cfg.model
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-    trainer = Trainer(model, cfg.optim, device, dist)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
+    reference = reference_for(cfg, device)
+    kl_loss = cfg.loss.kl_mode is KLMode.LOSS
+    trainer = Trainer(model, cfg.optim, device, dist, cfg.scale, cfg.loss,
+                      reference=reference if kl_loss else None)  # fmt: skip
+    log.info("training on %s, world %d (%s)", device, dist.world,
+             "FSDP2" if dist.enabled else "one process")  # fmt: skip
+    critic = critic_for(cfg, device, dist)
     state = LearnerState()
     if checkpoint is not None:
         state = load_state(checkpoint)
-        load_optimizer(checkpoint, trainer.optimizer)
+        load_training_state(checkpoint, trainer.policy, trainer.optimizer)
+        if critic is not None and cfg.checkpoint_dir is not None:
+            restore_critic(critic, cfg.checkpoint_dir, state.step)
         log.info("resumed from %s at step %d", checkpoint, state.step)
-    dist.broadcast_model(trainer.model)
-    return Core(cfg, dist, trainer, state, checkpoint)
+    return Core(cfg, dist, trainer, state, checkpoint, None if kl_loss else reference, critic)
 
 
 def step_record(
@@ -181,7 +242,6 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
         await _make_durable(core, source, unacked, stop, final=True)
         return state
     finally:
-        core.dist.broadcast_groups([])
         if gauges is not None:
             gauges.cancel()
             await asyncio.gather(gauges, return_exceptions=True)
@@ -210,7 +270,6 @@ async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Deli
         batch = await live.source.next_batch(cfg.groups_per_batch, state.version, state.step, stop)
         if batch is None:
             return
-        core.dist.broadcast_groups(batch.groups)
         prepared, stats = core.train(batch.groups, replay=False)
         if live.feeder is not None:
             live.feeder.sampler.observe(prepared.episode_returns)
@@ -227,7 +286,10 @@ async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Deli
         push_s = 0.0
         if live.pusher is not None and state.step % cfg.push_interval == 0:
             push_s = await _push(core, live.pusher, live.redis, live.keys, stop)
-        emit(step_record(core, prepared, stats, batch.wait_s, push_s), prepared)
+        record = step_record(core, prepared, stats, batch.wait_s, push_s)
+        if live.source.sampling is not None:
+            record = dataclasses.replace(record, filter_rate=round(live.source.sampling.rate, 4))
+        emit(record, prepared)
         last = cfg.max_steps and state.step >= cfg.max_steps
         if cfg.checkpoint_dir is None or state.step % cfg.checkpoint_interval == 0 or last:
             await _make_durable(core, live.source, unacked, stop)
@@ -264,12 +326,11 @@ async def _make_source(
     cfg = core.cfg
     vocab = int(core.trainer.model.config.vocab_size)  # type: ignore[union-attr]
     recent = {g for step in core.state.trained[-cfg.checkpoint_interval :] for g in step}
-    consumer = LiveSource.consumer_config(cfg.consumer_name, cfg.reclaim_idle_s, cfg.max_deliveries)
+    consumer = LiveSource.consumer_config(cfg.consumer_name, cfg.consumer)
     dead = DeadLetterWatch(redis, keys, cfg.max_failed_batches * cfg.groups_per_batch)
     await retry_while_unavailable(dead.start, "reading the dead letters", stop)
-    source = LiveSource(
-        redis, keys, consumer, feeder, vocab, already_trained=recent, dead_letters=dead
-    )
+    source = LiveSource(redis, keys, consumer, feeder, vocab, already_trained=recent,
+                        sampling=dynamic_sampling(cfg), dead_letters=dead)  # fmt: skip
     await retry_while_unavailable(source.start, "creating the learner group", stop)
     return source
 
@@ -306,7 +367,7 @@ async def _push(
 ) -> float:
     started = time.perf_counter()
     version = core.state.step
-    result = await pusher.push(core.trainer.model, version)
+    result = await pusher.push(core.export, version)
     core.state.version = version
     policy = PolicyVersion(
         version=version,
@@ -323,7 +384,15 @@ async def _push(
 
 
 def run_follower(core: Core) -> None:
-    """Ranks other than 0: train whatever rank 0 broadcasts until it sends an empty batch."""
+    """Ranks other than 0: join whatever rank 0 announces (train, save, export) until stop."""
     replay = core.cfg.replay is not None
-    while groups := core.dist.broadcast_groups(None):
-        core.train(groups, replay=replay)
+    while True:
+        command, arg = core.dist.broadcast_command(None)
+        if command == TRAIN:
+            core.train(core.dist.broadcast_groups(None), replay=replay)
+        elif command == SAVE:
+            core.save()
+        elif command == EXPORT:
+            core.export(Path(arg))
+        else:
+            return

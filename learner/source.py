@@ -23,12 +23,13 @@ from dataclasses import dataclass
 import numpy as np
 import redis.asyncio as aioredis
 
-from broker.consumer import Consumer, ConsumerConfig, Delivery
+from broker.consumer import Consumer, ConsumerConfig, ConsumerSettings, Delivery
 from broker.errors import BudgetError, RedisUnavailable
 from broker.keys import LEARNER_GROUP, RunKeys
 from broker.messages import TrajectoryGroup
 from broker.outage import Backoff, retry_while_unavailable
 from learner.health import DeadLetterWatch
+from learner.sampling import DynamicSampling
 from learner.tasks import TaskFeeder
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class LiveSource:
         feeder: TaskFeeder | None,
         vocab_size: int,
         already_trained: set[str] | None = None,
+        sampling: DynamicSampling | None = None,
         dead_letters: DeadLetterWatch | None = None,
     ) -> None:
         self.redis = redis
@@ -81,6 +83,7 @@ class LiveSource:
             redis, keys, keys.all_trajectories, consumer_config, expect=TrajectoryGroup
         )
         self.feeder = feeder
+        self.sampling = sampling  # None: every group counts toward a batch
         self.vocab_size = vocab_size
         # Group ids the resumed checkpoint already holds: a crash between writing a
         # checkpoint and acking its entries redelivers them, and they must not train twice.
@@ -93,14 +96,8 @@ class LiveSource:
         self.dead_letters = dead_letters  # tasks the workers gave up on: slots back, streak
 
     @staticmethod
-    def consumer_config(name: str, reclaim_idle_s: float, max_deliveries: int) -> ConsumerConfig:
-        return ConsumerConfig(
-            group=LEARNER_GROUP,
-            consumer=name,
-            block_ms=500,
-            reclaim_idle_ms=int(reclaim_idle_s * 1000),
-            max_deliveries=max_deliveries,
-        )
+    def consumer_config(name: str, settings: ConsumerSettings) -> ConsumerConfig:
+        return ConsumerConfig.of(LEARNER_GROUP, name, settings, block_ms=500)
 
     async def start(self) -> None:
         await self.consumer.ensure_groups()
@@ -123,7 +120,7 @@ class LiveSource:
         started = time.perf_counter()
         self.training = 0
         backoff = Backoff("reading groups")
-        while len(self.buffer) < size:
+        while (take := self._batch_length(size)) is None:
             if stop.is_set():
                 return None
             try:
@@ -133,8 +130,14 @@ class LiveSource:
                 continue
             backoff.reset()
         wait_s = time.perf_counter() - started
-        batch, self.buffer = self.buffer[:size], self.buffer[size:]
+        batch, self.buffer = self.buffer[:take], self.buffer[take:]
         self.training = len(batch)
+        if self.sampling is not None:
+            self.sampling.observe([d.message for d in batch])  # type: ignore[misc]
+            if self.feeder is not None:
+                limit = self.sampling.admission_limit()
+                await retry_while_unavailable(lambda: self.feeder.set_limit(limit),  # type: ignore[union-attr]
+                                              "moving the admission limit", stop)  # fmt: skip
         await retry_while_unavailable(lambda: self.top_up(version, step), "issuing tasks", stop)
         return Batch(batch, wait_s)
 
@@ -151,10 +154,17 @@ class LiveSource:
                 log.warning("admission release for dead-lettered tasks: %s", exc)
         self.dead_letters.check()
 
+    def _batch_length(self, size: int) -> int | None:
+        """How many buffered groups make the next batch, or None while too few."""
+        if self.sampling is not None:
+            return self.sampling.batch_length([d.message for d in self.buffer], size)  # type: ignore[misc]
+        return size if len(self.buffer) >= size else None
+
     async def _fill(self, size: int, version: int, step: int) -> None:
         await self._watch_dead_letters()
         await self.top_up(version, step)
-        got = await self.consumer.read(count=size - len(self.buffer))
+        wanted = size if self.sampling is not None else size - len(self.buffer)
+        got = await self.consumer.read(count=wanted)
         if got and self.dead_letters is not None:
             self.dead_letters.groups_arrived()
         # A slot is freed once per entry and process: count_in_flight() at start-up

@@ -10,8 +10,9 @@ checkpoint can hold it.
 
 `TaskFeeder.top_up` is the only place tasks are issued: it takes slots from
 the broker's `AdmissionBudget` (passing the learner's buffered groups as the
-reserve), so tasks in flight plus groups buffered never exceed
-``(max_staleness + 1) x groups_per_batch`` however many workers run. The
+reserve), so tasks in flight plus groups buffered never exceed the limit
+(``LearnerConfig.admission_limit``, moved by dynamic sampling through
+`TaskFeeder.set_limit`) however many workers run. The
 horizon schedule's value is stamped on each task it issues (`Task.max_turns`): the
 task is the one place a worker reads it from.
 """
@@ -175,6 +176,12 @@ class TaskFeeder:
         await self.budget.reset()
         if in_flight:
             await self.budget.try_acquire(in_flight)
+
+    async def set_limit(self, limit: int) -> None:
+        """Move the admission limit (dynamic sampling over-issues by the filter rate)."""
+        if limit != self.limit:
+            self.limit = limit
+            await self.budget.set_limit(limit)
 
     async def top_up(self, buffered: int, version: int, step: int) -> list[Task]:
         """Issue as many tasks as the budget allows now; return them."""

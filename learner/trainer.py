@@ -1,27 +1,67 @@
-"""One optimizer step on a prepared batch: micro-batches, accumulation, clipping, AdamW.
+"""Optimizer steps on a prepared batch: epochs, mini-batches, token-budget micro-batches, AdamW.
 
-`Trainer.step` splits this rank's sequences into micro-batches, runs forward and
-backward on each with the loss share of `learner.algorithms.aggregate` (whose
-denominators are those of the whole batch, all ranks included), sums gradients
-across ranks when running distributed, clips the global norm and steps AdamW.
-The device and precision choice lives behind one seam, `autocast_context`:
-bf16 autocast on CUDA, plain fp32 on CPU. Dropout is kept off (eval mode) so
-that the recomputed logprobs are those the served model would give.
+`Trainer.update` trains one batch: it splits the batch into `mini_batches` mini-batches,
+recomputes the proximal logprobs (when more than one optimizer step uses the batch) and
+the reference logprobs (KL loss) before the first update, and takes one `Trainer.step` per
+mini-batch and epoch. `Trainer.step` takes a whole mini-batch on every rank, plans its
+micro-batches (`learner.microbatch`: length buckets under a token budget, packed rows where
+enabled) and runs this rank's share, forward and backward, with the loss share of
+`learner.losses.aggregate` (whose denominators are those of the whole mini-batch, all ranks
+included). Logprobs come from `learner.policy.PolicyModel` (chunked LM head, divided by
+each token's sampling temperature). Under torchrun the policy is sharded with FSDP2
+(`learner.sharding`), which sums gradients across ranks in backward; every rank runs the
+same number of micro-batches (empty ones are zero-loss fillers) because each forward and
+backward is collective. Then global-norm clipping and AdamW. One process without torchrun
+trains the plain module. On CUDA without FSDP the forward runs under bf16 autocast
+(`autocast_context`); with FSDP, mixed precision is FSDP's policy. Dropout stays off (eval
+mode) so that the recomputed logprobs are those the served model would give.
+
+The unsharded helpers at the end (`collate`, `token_logprobs`, `sequence_logprobs`) score
+sequences with a model that is not the trained policy: the frozen reference and the critic.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import itertools
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
-from learner.algorithms import aggregate, policy_token_loss, token_entropy
+from learner import microbatch
+from learner.algorithms import token_entropy
 from learner.batch import Sample
-from learner.config import OptimConfig
+from learner.config import LossConfig, OptimConfig, ScaleConfig
 from learner.distributed import DistContext
+from learner.logprobs import effective_temperature
+from learner.losses import (
+    PolicyLossConfig,
+    PolicyTerms,
+    aggregate,
+    decoupled_ppo_loss,
+    kl_penalty,
+)
+from learner.microbatch import assign_ranks, plan_micro_batches
+from learner.policy import PolicyModel, enable_activation_checkpointing, per_sequence
+from learner.sharding import ShardOptions, clip_grad_norm, shard_policy
+
+if TYPE_CHECKING:
+    from learner.reference import Reference
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How sequences are scored without gradient: micro-batches, precision, padding, device."""
+
+    micro_batch_size: int
+    bf16: bool
+    pad_id: int
+    device: torch.device
 
 
 @dataclass(frozen=True)
@@ -38,6 +78,13 @@ class StepStats:
     ratio_max: float
     grad_norm: float
     compute_s: float
+    dual_clip_fraction: float = 0.0  # tokens whose dual clip was active
+    correction_fraction: float = 0.0  # tokens whose pi_prox/mu was capped (TIS) or masked (MIS)
+    kl: float = 0.0  # mean per-token KL estimate to the reference
+    optimizer_steps: int = 1
+    behaviour_ratio_mean: float = 1.0  # pi_prox/mu before the cap: inference vs learner
+    behaviour_ratio_max: float = 1.0
+    value_loss: float | None = None  # the critic's clipped value loss (ppo)
 
 
 def autocast_context(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager:
@@ -47,50 +94,17 @@ def autocast_context(device: torch.device, bf16: bool) -> contextlib.AbstractCon
     return contextlib.nullcontext()
 
 
-def collate(
-    samples: Sequence[Sample], pad_id: int, device: torch.device
-) -> dict[str, torch.Tensor]:
-    """Right-pad a micro-batch into [B, T] tensors."""
-    length = max(len(s.input_ids) for s in samples)
-    b = len(samples)
-    ids = torch.full((b, length), pad_id, dtype=torch.long)
-    attn = torch.zeros((b, length), dtype=torch.long)
-    mask = torch.zeros((b, length), dtype=torch.float32)
-    logp = torch.zeros((b, length), dtype=torch.float32)
-    adv = torch.zeros((b, length), dtype=torch.float32)
-    for i, s in enumerate(samples):
-        n = len(s.input_ids)
-        ids[i, :n] = torch.from_numpy(s.input_ids)
-        attn[i, :n] = 1
-        mask[i, :n] = torch.from_numpy(s.loss_mask)
-        logp[i, :n] = torch.from_numpy(s.behaviour_logp)
-        adv[i, :n] = torch.from_numpy(s.advantages)
-    stale = torch.tensor([s.stale for s in samples], dtype=torch.bool)
-    tensors = {
-        "input_ids": ids,
-        "attention_mask": attn,
-        "mask": mask,
-        "behaviour_logp": logp,
-        "advantages": adv,
-        "stale": stale,
-    }
-    return {k: v.to(device) for k, v in tensors.items()}
+def _filler(pad_id: int) -> Sample:
+    """A zero-loss micro-batch for a rank with fewer real ones (collectives need every rank)."""
+    zeros = np.zeros(2, np.float32)
+    return Sample(np.full(2, pad_id, np.int64), zeros, zeros, zeros, np.ones(2, np.float32),
+                  False, "")  # fmt: skip
 
 
-def token_logprobs(
-    model: torch.nn.Module, batch: dict[str, torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprob of each token given its prefix, and the entropy there; both [B, T-1].
-
-    Position t of the outputs scores token t+1 of the input.
-    """
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    logits = logits[:, :-1].float()
-    targets = batch["input_ids"][:, 1:]
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    with torch.no_grad():
-        entropy = token_entropy(logits)
-    return logp, entropy
+def split(samples: Sequence[Sample], parts: int) -> list[list[Sample]]:
+    """`parts` contiguous mini-batches of near-equal size (empty ones left out)."""
+    bounds = np.linspace(0, len(samples), min(parts, max(len(samples), 1)) + 1).astype(int)
+    return [list(samples[a:b]) for a, b in itertools.pairwise(bounds) if b > a]
 
 
 def micro_batches(samples: Sequence[Sample], size: int) -> Iterator[Sequence[Sample]]:
@@ -99,62 +113,159 @@ def micro_batches(samples: Sequence[Sample], size: int) -> Iterator[Sequence[Sam
 
 
 class Trainer:
-    """Holds the model and its optimizer; `step` trains one batch."""
+    """Holds the policy and its optimizer; `update` trains one batch."""
 
     def __init__(
-        self, model: torch.nn.Module, cfg: OptimConfig, device: torch.device, dist: DistContext
+        self,
+        model: torch.nn.Module,
+        cfg: OptimConfig,
+        device: torch.device,
+        dist: DistContext,
+        scale: ScaleConfig | None = None,
+        loss: LossConfig | None = None,
+        reference: Reference | None = None,
     ) -> None:
-        self.model = model.to(device)
+        self.model = model.to(device)  # the Hugging Face LM; its state dict names the weights
         self.model.eval()
-        self.cfg = cfg
-        self.device = device
-        self.dist = dist
+        scale = scale or ScaleConfig()
+        self.cfg, self.scale, self.device, self.dist = cfg, scale, device, dist
+        self.loss = loss or LossConfig()
+        self.policy_loss = PolicyLossConfig(clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                            dual_clip=self.loss.dual_clip,
+                                            correction=self.loss.correction, cap=cfg.tis_cap,
+                                            log_ratio_clamp=self.loss.log_ratio_clamp)  # fmt: skip
+        self.policy = PolicyModel(self.model, scale.logprob_chunk_tokens)
+        if scale.activation_checkpointing:
+            enable_activation_checkpointing(self.policy)
+        if dist.enabled:
+            bf16 = cfg.bf16(device.type)
+            shard_policy(self.policy, device, ShardOptions(dist.world, bf16, scale.cpu_offload))
+        self.reference = reference  # frozen initial weights; only when the KL is a loss term
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
+            self.policy.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
         )
-        config = getattr(model, "config", None)
-        pad = getattr(config, "pad_token_id", None)
+        pad = getattr(getattr(model, "config", None), "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else 0
+        self.scoring = Scoring(cfg.micro_batch_size, cfg.bf16(device.type), self.pad_id, device)
 
-    def step(self, local: Sequence[Sample], total_tokens: int, total_sequences: int) -> StepStats:
-        """Train this rank's `local` share of a batch of `total_*` tokens and sequences."""
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.dist.enabled:  # FSDP's mixed-precision policy does the casting
+            return contextlib.nullcontext()
+        return autocast_context(self.device, self.cfg.bf16(self.device.type))
+
+    def my_micro_batches(self, samples: Sequence[Sample]) -> list[list[Sample]]:
+        """This rank's micro-batches of the whole batch `samples` (same count on every rank)."""
+        lengths = [len(s.input_ids) for s in samples]
+        plan = plan_micro_batches(lengths, self.scale.max_tokens_per_micro_batch,
+                                  self.cfg.micro_batch_size, self.scale.packing)  # fmt: skip
+        mine = assign_ranks(plan, lengths, self.dist.world, self.scale.packing)[self.dist.rank]
+        return [[samples[i] for i in mb] or [_filler(self.pad_id)] for mb in mine]
+
+    def forward(self, samples: Sequence[Sample]) -> tuple[dict[str, torch.Tensor], torch.Tensor,
+                                                          torch.Tensor]:  # fmt: skip
+        """(collated batch, logprobs [B, T-1], entropy [B, T-1]) of one micro-batch."""
+        batch = microbatch.collate(samples, self.pad_id, self.device, packed=self.scale.packing)
+        with self._autocast():
+            logp, entropy = self.policy(batch)
+        return batch, per_sequence(logp, batch), per_sequence(entropy, batch)
+
+    def prepare(self, samples: Sequence[Sample]) -> list[tuple[list[Sample], int, int]]:
+        """(mini-batch, tokens, sequences) of each mini-batch, with the proximal and reference
+        logprobs of this rank's micro-batches attached before the first update."""
+        terms = self.loss
+        kl_loss = self.reference is not None and terms.kl_loss
+        shares = []
+        for mini in split(samples, terms.mini_batches):
+            if terms.needs_proximal or kl_loss:
+                mini = self._annotate(mini, terms.needs_proximal, kl_loss)
+            tokens = int(sum(s.loss_mask.sum() for s in mini))
+            shares.append((mini, tokens, len(mini)))
+        return shares
+
+    def _annotate(self, mini: list[Sample], proximal: bool, kl_loss: bool) -> list[Sample]:
+        """`mini` with this rank's samples carrying `prox_logp` and/or `ref_logp` (input
+        coordinates); the micro-batch plan depends on lengths only, so `step` meets the
+        same samples on this rank."""
+        out = list(mini)
+        where = {id(s): i for i, s in enumerate(mini)}
+        for chunk in self.my_micro_batches(mini):
+            real = [s for s in chunk if id(s) in where]
+            extra: list[dict[str, np.ndarray]] = [{} for _ in real]
+            if proximal:  # collective under FSDP: every rank runs every chunk, fillers too
+                with torch.no_grad():
+                    _, logp, _ = self.forward(chunk)
+                rows = logp.float().cpu().numpy()
+                for k, s in enumerate(real):
+                    row = np.zeros(len(s.input_ids), np.float32)
+                    row[1:] = rows[k, : len(s.input_ids) - 1]
+                    extra[k]["prox_logp"] = row
+            if kl_loss and real:
+                assert self.reference is not None
+                for k, ref in enumerate(self.reference.logprobs(real, self.scoring)):
+                    extra[k]["ref_logp"] = ref
+            for s, fields in zip(real, extra, strict=True):
+                out[where[id(s)]] = dataclasses.replace(s, **fields)
+        return out
+
+    def update(self, samples: Sequence[Sample]) -> StepStats:
+        """`ppo_epochs` passes over the batch, one optimizer step per mini-batch."""
+        shares = self.prepare(samples)
+        stats = [
+            self.step(mini, tokens, sequences)
+            for _ in range(self.loss.ppo_epochs)
+            for mini, tokens, sequences in shares
+        ]
+        return merge_stats(stats)
+
+    def _token_loss(
+        self, batch: dict[str, torch.Tensor], logp: torch.Tensor, entropy: torch.Tensor
+    ) -> tuple[torch.Tensor, PolicyTerms, torch.Tensor | None]:
+        """Per-token loss of one micro-batch ([B, T-1]): policy, KL and entropy terms."""
+        terms = self.loss
+        prox = batch["prox_logp"] if "prox_logp" in batch else logp.detach()
+        policy = decoupled_ppo_loss(logp, prox, batch["behaviour_logp"], batch["advantages"],
+                                    self.policy_loss)  # fmt: skip
+        loss = policy.loss
+        kl = None
+        if "ref_logp" in batch:
+            kl = kl_penalty(logp, batch["ref_logp"], terms.kl_estimator)
+            loss = loss + terms.kl_coef * kl
+        if terms.entropy_coef > 0:
+            loss = loss - terms.entropy_coef * entropy
+        return loss, policy, kl
+
+    def step(self, samples: Sequence[Sample], total_tokens: int, total_sequences: int) -> StepStats:
+        """Train this rank's share of the mini-batch `samples` (`total_*`: its whole counts)."""
         started = time.perf_counter()
-        self.optimizer.zero_grad(set_to_none=False)
+        self.optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(6, dtype=torch.float64)  # loss, clipped, entropy, ratio, ratio_min, -max
         sums[4], sums[5] = float("inf"), float("inf")
-        for chunk in micro_batches(local, self.cfg.micro_batch_size):
-            batch = collate(chunk, self.pad_id, self.device)
-            with autocast_context(self.device, self.cfg.bf16(self.device.type)):
-                logp, entropy = token_logprobs(self.model, batch)
-            mask = batch["mask"][:, 1:]
-            out = policy_token_loss(
-                logp,
-                batch["behaviour_logp"][:, 1:],
-                batch["advantages"][:, 1:],
-                clip_low=self.cfg.clip_low,
-                clip_high=self.cfg.clip_high,
-                stale=batch["stale"],
-                tis_cap=self.cfg.tis_cap,
-            )
-            share = aggregate(
-                out.loss,
-                mask,
-                self.cfg.aggregation,
-                total_tokens=total_tokens,
-                total_sequences=total_sequences,
-            )
+        # dual-clipped, corrected, kl, sum and -max of pi_prox/mu
+        extra = torch.zeros(5, dtype=torch.float64)
+        extra[4] = float("inf")
+        for chunk in self.my_micro_batches(samples):
+            batch, logp, entropy = self.forward(chunk)
+            mask = batch["mask"]
+            token_loss, out, kl = self._token_loss(batch, logp, entropy)
+            share = aggregate(token_loss, mask, self.cfg.aggregation,
+                              total_tokens=total_tokens, total_sequences=total_sequences)  # fmt: skip
             share.backward()
             on = mask > 0
             sums[0] += float(share.detach())
             sums[1] += float(out.clipped[on].sum())
-            sums[2] += float(entropy[on].sum())
+            sums[2] += float(entropy.detach()[on].sum())
             sums[3] += float(out.ratio[on].sum())
+            extra[0] += float(out.dual_clipped[on].sum())
+            extra[1] += float(out.corrected[on].sum())
+            extra[2] += float(kl.detach()[on].sum()) if kl is not None else 0.0
+            extra[3] += float(out.behaviour_ratio[on].sum())
             if bool(on.any()):
                 sums[4] = min(float(sums[4]), float(out.ratio[on].min()))
                 sums[5] = min(float(sums[5]), -float(out.ratio[on].max()))
-        self.dist.all_reduce_grads(self.model)
+                extra[4] = min(float(extra[4]), -float(out.behaviour_ratio[on].max()))
         sums = self.dist.reduce_stats(sums)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        extra = self.dist.reduce_stats(extra)
+        grad_norm = clip_grad_norm(list(self.policy.parameters()), self.cfg.max_grad_norm)
         self.optimizer.step()
         tokens = max(total_tokens, 1)
         return StepStats(
@@ -168,4 +279,90 @@ class Trainer:
             ratio_max=-float(sums[5]) if total_tokens else 1.0,
             grad_norm=float(grad_norm),
             compute_s=time.perf_counter() - started,
+            dual_clip_fraction=float(extra[0]) / tokens,
+            correction_fraction=float(extra[1]) / tokens,
+            kl=float(extra[2]) / tokens,
+            behaviour_ratio_mean=float(extra[3]) / tokens if total_tokens else 1.0,
+            behaviour_ratio_max=-float(extra[4]) if total_tokens else 1.0,
         )
+
+
+def merge_stats(stats: Sequence[StepStats]) -> StepStats:
+    """One record for several optimizer steps on one batch: means, extremes, total time."""
+    if len(stats) == 1:
+        return stats[0]
+    mean = lambda name: float(np.mean([getattr(s, name) for s in stats]))  # noqa: E731
+    return StepStats(
+        loss=mean("loss"),
+        tokens=sum(s.tokens for s in stats) // max(len(stats), 1),
+        sequences=sum(s.sequences for s in stats) // max(len(stats), 1),
+        clip_fraction=mean("clip_fraction"),
+        entropy=mean("entropy"),
+        ratio_mean=mean("ratio_mean"),
+        ratio_min=min(s.ratio_min for s in stats),
+        ratio_max=max(s.ratio_max for s in stats),
+        grad_norm=mean("grad_norm"),
+        compute_s=sum(s.compute_s for s in stats),
+        dual_clip_fraction=mean("dual_clip_fraction"),
+        correction_fraction=mean("correction_fraction"),
+        kl=mean("kl"),
+        behaviour_ratio_mean=mean("behaviour_ratio_mean"),
+        behaviour_ratio_max=max(s.behaviour_ratio_max for s in stats),
+        optimizer_steps=len(stats),
+    )
+
+
+def collate(
+    samples: Sequence[Sample], pad_id: int, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Right-pad a micro-batch into unshifted [B, T] tensors (for the reference and critic)."""
+    length = max(len(s.input_ids) for s in samples)
+    b = len(samples)
+    ids = torch.full((b, length), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, length), dtype=torch.long)
+    names = ("loss_mask", "behaviour_logp", "advantages", "temperature")
+    rows = {name: torch.zeros((b, length), dtype=torch.float32) for name in names}
+    rows["temperature"].fill_(1.0)
+    for i, s in enumerate(samples):
+        n = len(s.input_ids)
+        ids[i, :n] = torch.from_numpy(s.input_ids)
+        attn[i, :n] = 1
+        for name in names:
+            rows[name][i, :n] = torch.from_numpy(getattr(s, name))
+    tensors = {"input_ids": ids, "attention_mask": attn, "mask": rows["loss_mask"],
+               "behaviour_logp": rows["behaviour_logp"], "advantages": rows["advantages"],
+               "temperature": rows["temperature"]}  # fmt: skip
+    return {k: v.to(device) for k, v in tensors.items()}
+
+
+def token_logprobs(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprob of each token given its prefix under its sampling temperature, and the entropy
+    there; both [B, T-1]. Position t of the outputs scores token t+1 of the input."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    temperature = effective_temperature(batch["temperature"][:, 1:]).unsqueeze(-1)
+    logits = logits[:, :-1].float() / temperature
+    targets = batch["input_ids"][:, 1:]
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return logp, token_entropy(logits)
+
+
+def sequence_logprobs(
+    model: torch.nn.Module, samples: Sequence[Sample], scoring: Scoring
+) -> list[np.ndarray]:
+    """Each sample's token logprobs under `model`, no gradient, in input coordinates.
+
+    Entry t scores token t (entry 0, which nothing predicts, is 0), like `behaviour_logp`.
+    """
+    out: list[np.ndarray] = []
+    with torch.no_grad():
+        for chunk in micro_batches(samples, scoring.micro_batch_size):
+            with autocast_context(scoring.device, scoring.bf16):
+                logp, _ = token_logprobs(model, collate(chunk, scoring.pad_id, scoring.device))
+            logp = logp.float().cpu().numpy()
+            for i, s in enumerate(chunk):
+                row = np.zeros(len(s.input_ids), np.float32)
+                row[1:] = logp[i, : len(s.input_ids) - 1]
+                out.append(row)
+    return out

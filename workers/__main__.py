@@ -29,6 +29,7 @@ async def serve(ctx: RoleContext[WorkerConfig]) -> int:
     """Build the worker's parts, run until the stop event, close everything."""
     from broker.connection import RedisSettings, connect
     from inference.client import GenerationClient, SamplingParams
+    from workers.agent_endpoint import AgentEndpoint
     from workers.episode import EpisodeContext
     from workers.resources import import_env_modules, open_sandbox, tune_gc
     from workers.tokens import load_codec
@@ -39,15 +40,18 @@ async def serve(ctx: RoleContext[WorkerConfig]) -> int:
     codec = load_codec(str(cfg.model))
     redis = await connect(RedisSettings.from_url(cfg.redis_url))
     client = GenerationClient(cfg.inference_urls, cfg.inference)
+    agents = AgentEndpoint(codec, client)
     try:
         await client.start()
+        await agents.start()  # localhost, any free port: agent envs' OpenAI endpoint
         async with open_sandbox(cfg.sandbox_backend) as pool:
             episode = EpisodeContext(
-                codec=codec, client=client, sampling=SamplingParams, sandbox=pool
+                codec=codec, client=client, sampling=SamplingParams, sandbox=pool, agents=agents
             )
             tune_gc()
             await Worker(cfg, redis, episode).run(ctx.stop)
     finally:
+        await agents.close()
         await client.close()
         await redis.aclose()
     return 0

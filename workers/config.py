@@ -20,6 +20,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
 from broker.connection import RedisUrl
+from broker.consumer import ConsumerSettings
 from inference.config import ClientConfig
 from launch.settings import CommaList, LogLevel, RoleConfig, section
 from workers.errors import ConfigError
@@ -103,10 +104,6 @@ class WorkerConfig(RoleConfig):
         "none", description="sandbox pool handed to envs that need one (none: no pool)"
     )
     # --- broker and lifecycle --------------------------------------------------------------
-    reclaim_idle_s: float = Field(
-        60.0, gt=0.0, description="idle seconds before a dead worker's tasks are taken over"
-    )
-    max_deliveries: int = Field(5, ge=1, description="deliveries before a task is dead-lettered")
     shutdown_grace_s: float = Field(
         30.0, ge=0.0, description="on SIGTERM, time allowed for in-flight groups to finish"
     )
@@ -117,6 +114,7 @@ class WorkerConfig(RoleConfig):
     log_level: LogLevel = Field("INFO", description="log level")
     # --- components ------------------------------------------------------------------------
     episode: EpisodeSettings = section(EpisodeSettings)
+    consumer: ConsumerSettings = section(ConsumerSettings)
     inference: ClientConfig = section(
         ClientConfig, prefix="inference_", request_timeout_s=60.0, retry_budget_s=120.0
     )

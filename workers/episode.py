@@ -33,6 +33,7 @@ from workers.tokens import ChatCodec
 
 if TYPE_CHECKING:
     from sandbox import SandboxPool
+    from workers.agent_endpoint import AgentEndpoint
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -78,6 +79,7 @@ class EpisodeContext:
     client: Generator
     sampling: type[SamplingParams]  # kept injectable for benchmarks
     sandbox: SandboxPool | None = None  # for envs that take one
+    agents: AgentEndpoint | None = None  # the process's endpoint for `agent` envs
 
 
 @dataclass
@@ -111,6 +113,11 @@ async def run_episode(
 ) -> Trajectory:
     """Run episode `index` of `task` (seed task.seed + index); return its trajectory."""
     ep = _Episode(ctx, cfg, task, index, max_turns, task.env_spec.split("@", 1)[0])
+    if ep.env_name == "agent":  # a user's agent program: it drives, the endpoint records
+        from workers.agent_episode import run_agent_episode
+
+        env = envs.make(task.env_spec)
+        return await run_agent_episode(ctx.agents, ctx.sandbox, cfg, task, index, env)
     state = ep.state
     started = time.monotonic()
     ending: Ending = (FinishReason.ERROR, None)
@@ -217,6 +224,7 @@ async def _turns(ep: _Episode, prompt: list[int], params: SamplingParams) -> End
                 reward=reward,
                 terminated=terminated,
                 truncated=False,
+                temperature=params.temperature,  # what the logprobs were computed under
             )
         )
         if terminated:

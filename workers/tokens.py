@@ -93,6 +93,31 @@ class ChatCodec:
             self._allowed_cache[key] = tuple(sorted(ids | set(self.stop_token_ids)))
         return self._allowed_cache[key]
 
+    def render_messages(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """A whole chat request rendered by the template (`inference.openai.render.ChatRenderer`,
+        used by the agent endpoint); a template failure is a 400 `ApiError`."""
+        from inference.openai.errors import ApiError
+
+        try:
+            ids = self._tok.apply_chat_template(
+                messages,
+                tools=tools or None,
+                tokenize=True,
+                add_generation_prompt=add_generation_prompt,
+                return_dict=False,
+                **(template_kwargs or {}),
+            )
+        except Exception as exc:  # jinja errors, raise_exception() in templates, bad kwargs
+            raise ApiError(f"chat template failed: {exc}", "messages") from None
+        return list(ids)
+
     # --- template rendering ------------------------------------------------------------------
     def _render(self, messages: list[dict[str, Any]], tools: Any, generation: bool) -> list[int]:
         ids = self._tok.apply_chat_template(

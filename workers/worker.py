@@ -54,12 +54,7 @@ class Worker:
             redis,
             self.keys,
             streams=[self.keys.tasks],
-            config=ConsumerConfig(
-                group=WORKERS_GROUP,
-                consumer=cfg.worker_id,
-                reclaim_idle_ms=int(cfg.reclaim_idle_s * 1000),
-                max_deliveries=cfg.max_deliveries,
-            ),
+            config=ConsumerConfig.of(WORKERS_GROUP, cfg.worker_id, cfg.consumer),
             expect=Task,
         )
         self._reserved = 0  # episodes of tasks read and not yet finished
@@ -170,7 +165,7 @@ class Worker:
         task_id = group.task.task_id
         stream = self.keys.trajectories(zlib.crc32(task_id.encode()) % self.cfg.partitions)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.cfg.reclaim_idle_s / 2
+        deadline = loop.time() + self.cfg.consumer.reclaim_idle_s / 2
         backoff = Backoff(f"committing {task_id}")
         while True:
             try:
@@ -203,7 +198,7 @@ class Worker:
 
     async def _keep_alive(self) -> None:
         """Reset the idle time of running tasks so live work is never reclaimed."""
-        interval = max(0.5, self.cfg.reclaim_idle_s / 3)
+        interval = max(0.5, self.cfg.consumer.reclaim_idle_s / 3)
         while True:
             await asyncio.sleep(interval)
             ids = list(self._running)

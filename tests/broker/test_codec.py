@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgpack
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -54,6 +55,7 @@ def turns(draw: st.DrawFn) -> Turn:
         reward=draw(floats),
         terminated=draw(st.booleans()),
         truncated=draw(st.booleans()),
+        temperature=draw(st.floats(0, 10, width=32)),
     )
 
 
@@ -132,6 +134,32 @@ def test_logprob_count_must_match_tokens():
         Turn([1], [2, 3], [-1.0], 0, 0.0, False, False)
 
 
+def test_schema_2_groups_decode_with_temperature_one_and_bad_temperatures_fail() -> None:
+    """Schema 3 added Turn.temperature; entries written as schema 2 still decode."""
+    turn = Turn([1, 2], [3], [-0.5], 4, 1.0, True, False, temperature=0.7)
+    group = TrajectoryGroup(
+        "g", Task("g", "toy@{}", 1, 0, 0), (Trajectory((turn,), FinishReason.TERMINATED),), "w"
+    )
+    fields = encode(group)
+    assert fields[b"v"] == b"3"
+    assert decode(fields).trajectories[0].turns[0].temperature == 0.7  # type: ignore[union-attr]
+    body = msgpack.unpackb(fields[b"b"], raw=False)
+    old_turn = body[2][0][0][0][:7]  # a schema-2 writer wrote 7 turn fields
+    body[2][0][0][0] = old_turn
+    old = {b"k": b"group", b"v": b"2", b"b": msgpack.packb(body, use_bin_type=True)}
+    decoded = decode(old)
+    assert isinstance(decoded, TrajectoryGroup)
+    assert decoded.trajectories[0].turns[0].temperature == 1.0
+    assert np.array_equal(decoded.trajectories[0].turns[0].completion_ids, [3])
+    with pytest.raises(DecodeError, match="7 or 8 fields"):  # a schema-3 body under a 2 tag
+        decode({**fields, b"v": b"2"})
+    body[2][0][0][0] = [*old_turn, False, -1.0]  # segment_start, then a bad temperature
+    with pytest.raises(DecodeError, match="temperature"):
+        decode({**fields, b"b": msgpack.packb(body, use_bin_type=True)})
+    with pytest.raises(DecodeError, match="unsupported schema version 4"):
+        decode({**fields, b"v": b"4"})
+
+
 def test_group_schema_1_entries_still_decode() -> None:
     """Schema 1 spelled the truncation cause inside the reason ("truncated:context")."""
     import msgpack
@@ -150,9 +178,9 @@ def test_group_schema_1_entries_still_decode() -> None:
     assert cut.outcome == "truncated:context" and cut.turns[0].truncated
     assert (failed.finish_reason, failed.truncation) == (FinishReason.ERROR, None)
     assert failed.error is ErrorCategory.INFERENCE
-    assert encode(group)[b"v"] == b"2"  # re-encoded in the current schema
-    with pytest.raises(DecodeError, match="unsupported schema version 3"):
-        decode({b"k": b"group", b"v": b"3", b"b": body})
+    assert encode(group)[b"v"] == b"3"  # re-encoded in the current schema
+    with pytest.raises(DecodeError, match="unsupported schema version 4"):
+        decode({b"k": b"group", b"v": b"4", b"b": body})
 
 
 def test_a_truncation_cause_goes_only_with_truncated() -> None:

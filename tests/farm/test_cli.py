@@ -116,3 +116,13 @@ def test_status_rejects_a_bad_url() -> None:
     result = _farm("status", "--redis-url", "http://127.0.0.1:1")
     assert result.returncode == 1
     assert "unsupported Redis URL scheme" in result.stderr
+
+
+def test_env_is_an_alias_of_env_spec_for_up_and_demo() -> None:
+    from farm.cli import _config_kwargs, parser
+
+    for command in ("up", "demo"):
+        args = parser().parse_args([command, "--env", 'lookup@{"max_turns": 2}'])
+        assert load_config(None, **_config_kwargs(args)).env_spec == 'lookup@{"max_turns": 2}'
+    with pytest.raises(ConfigError):
+        load_config(None, env_spec="lookup@[1]")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -58,8 +59,10 @@ def test_summary_and_outputs(tmp_path: Path) -> None:
     assert [p.name for p in paths] == ["reward_curve.png", "summary.json", "summary.txt"]
     assert paths[0].read_bytes().startswith(PNG_MAGIC)
     assert json.loads(paths[1].read_text())["history"][-1] == {
-        "step": 6, "reward": 0.6, "elapsed_s": 5.0,
-    }  # fmt: skip
+        "step": 6,
+        "reward": 0.6,
+        "elapsed_s": 5.0,
+    }
     assert "rise               0.500" in paths[2].read_text()
 
 
@@ -70,12 +73,27 @@ def test_demo_runs_the_stack_to_the_last_step_and_writes_its_outputs(
     out = tmp_path / "demo"
     result = subprocess.run(
         [
-            sys.executable, "-m", "farm", "demo", "--work-dir", str(out), "--workers", "1",
-            "--max-steps", "2", "--time-limit-s", "200", "--metrics-port", "0",
-            "--model", str(tiny_model),
+            sys.executable,
+            "-m",
+            "farm",
+            "demo",
+            "--work-dir",
+            str(out),
+            "--workers",
+            "1",
+            "--max-steps",
+            "2",
+            "--time-limit-s",
+            "200",
+            "--metrics-port",
+            "0",
+            "--model",
+            str(tiny_model),
         ],
-        capture_output=True, text=True, timeout=280,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stop_reason"] == "learner finished"
@@ -83,3 +101,27 @@ def test_demo_runs_the_stack_to_the_last_step_and_writes_its_outputs(
     assert (out / "reward_curve.png").read_bytes().startswith(PNG_MAGIC)
     assert f"wrote {out / 'reward_curve.png'}" in result.stdout
     assert "steps trained      2" in result.stdout
+
+
+def test_summary_says_when_the_ten_step_mean_first_reached_the_target(tmp_path: Path) -> None:
+    log = tmp_path / "learner.log"
+    # steps 1-10 at 0.5, then 0.7, 0.7, 1.0: the 10-step mean is 0.52, 0.54, 0.59 (steps
+    # 11-13), so it first reaches 0.6 at step 14 (0.64), the 14th line, 13 s after the first.
+    rewards = [0.5] * 10 + [0.7, 0.7, 1.0, 1.0]
+    log.write_text(
+        "".join(
+            f"2026-11-21 23:31:{10 + i:02d},000 INFO learner "
+            f'{{"event": "step", "step": {i + 1}, "reward_mean": {r}}}\n'
+            for i, r in enumerate(rewards)
+        )
+    )
+    started = datetime(2026, 11, 21, 23, 30, 30)  # 40 s before the first step
+    summary = summarize(_outcome("learner finished"), 60.0, log, started)
+    assert (summary["target_reward"], summary["target_step"]) == (0.6, 14)
+    assert summary["target_s"] == pytest.approx(40 + 13)
+    assert (
+        "reached at step 14, 53.0 s after start" in write_outputs(tmp_path, summary)[2].read_text()
+    )
+    log.write_text(log.read_text().replace('"reward_mean": 1.0', '"reward_mean": 0.6'))
+    short = summarize(_outcome("learner finished"), 60.0, log, started)
+    assert short["target_step"] is None and short["target_s"] is None

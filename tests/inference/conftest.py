@@ -33,13 +33,15 @@ def other_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def teacher_forced_logprobs(
-    model_path: Path, prompt: list[int], completion: list[int]
+    model_path: Path, prompt: list[int], completion: list[int], temperature: float = 1.0
 ) -> torch.Tensor:
-    """What the learner recomputes: one plain forward pass, log_softmax of the raw logits."""
+    """What the learner recomputes: one plain forward pass, log_softmax(logits / temperature)."""
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     with torch.no_grad():
         logits = model(torch.tensor([prompt + completion])).logits[0].float()
-    lp = torch.log_softmax(logits, dim=-1)[len(prompt) - 1 : len(prompt) - 1 + len(completion)]
+    lp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)[
+        len(prompt) - 1 : len(prompt) - 1 + len(completion)
+    ]
     return lp.gather(1, torch.tensor(completion)[:, None])[:, 0]
 
 

@@ -45,7 +45,8 @@ async def test_pause_abort_ends_in_flight_and_refuses_new_requests(server_factor
     assert refused[1]["error"]["type"] == "ServiceUnavailableError"
     assert "paused" in refused[1]["error"]["message"]
     await post(url + "/resume")
-    status, data = await post(url + "/v1/completions", completion([3], max_tokens=3))
+    body = completion([3], max_tokens=3, ignore_eos=True)
+    status, data = await post(url + "/v1/completions", body)
     assert status == 200 and data["choices"][0]["finish_reason"] == "length"
 
 

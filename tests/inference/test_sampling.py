@@ -29,6 +29,14 @@ def test_greedy_allowed_and_raw_logprobs() -> None:
     assert tops[0] == [] and [t for t, _ in tops[1]] == [0, 1]
 
 
+def test_logprobs_are_at_the_sampling_temperature() -> None:
+    _, logprobs, tops = sample_rows(LOGITS[None], [spec(2.0, top_p=0.5, k=1)], [None])
+    tempered = torch.log_softmax(LOGITS / 2.0, dim=-1)
+    # at temperature 2, not renormalised over the top-p nucleus
+    assert math.isclose(tops[0][0][1], float(tempered[0]), rel_tol=1e-6)
+    assert math.isclose(logprobs[0], float(tempered[0]), rel_tol=1e-6)
+
+
 def test_top_p_keeps_only_the_nucleus() -> None:
     # top_p 0.7: {0.5, 0.3} reaches 0.8 >= 0.7, so only tokens 0 and 1 can be drawn.
     rows = LOGITS.repeat(400, 1)

@@ -65,11 +65,11 @@ async def test_logprobs_equal_teacher_forced_recomputation(server_factory, model
             assert choice["prompt_token_ids"] == body["prompt"]
             assert choice["weight_versions"] == [{"version": "0", "start": 0, "end": len(tokens)}]
             got = torch.tensor(choice["logprobs"]["token_logprobs"])
-            ref = teacher_forced_logprobs(model_dir, body["prompt"], tokens)
+            ref = teacher_forced_logprobs(model_dir, body["prompt"], tokens, body["temperature"])
             worst = max(worst, float((got - ref).abs().max()))
             if "allowed_token_ids" in body:
                 assert set(tokens) <= set(allowed)
-                # raw logprobs: NOT renormalised over the allowed set (which would be > log(1/26)-ish)
+                # full-vocabulary logprobs: NOT renormalised over the allowed set (which would be > log(1/26)-ish)
                 assert float(torch.logsumexp(ref, 0)) < 0
     assert worst < 1e-4
     assert data["usage"]["completion_tokens"] == 9

@@ -17,6 +17,7 @@ def make_group(
     turns: int = 1,
     vocab: int = 256,
     error: ErrorCategory = ErrorCategory.NONE,
+    temperature: float = 1.0,
 ) -> TrajectoryGroup:
     """A group whose tokens and behaviour logprobs depend only on `group_id`."""
     rewards = [0.0, 1.0, 0.0, 1.0] if rewards is None else rewards
@@ -35,6 +36,7 @@ def make_group(
                 reward=reward if t == turns - 1 else 0.0,
                 terminated=t == turns - 1,
                 truncated=False,
+                temperature=temperature,
             )
             for t in range(turns)
         )

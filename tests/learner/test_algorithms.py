@@ -6,18 +6,22 @@ import math
 
 import numpy as np
 import pytest
-import torch
 
 from learner.algorithms import (
-    Aggregation,
+    AdvantageRules,
+    Advantages,
     Algorithm,
-    aggregate,
     compute_advantages,
     discounted_returns,
     episode_return,
-    importance_ratio,
-    policy_token_loss,
+    gae,
+    overlong_penalty,
 )
+from learner.config import GroupStd
+
+
+def _adv(rewards: list, algorithm: Algorithm, gamma: float = 1.0, **kw: object) -> Advantages:
+    return compute_advantages(rewards, AdvantageRules(algorithm, gamma, **kw))  # type: ignore[arg-type]
 
 
 def test_discounted_returns_by_hand() -> None:
@@ -29,7 +33,7 @@ def test_discounted_returns_by_hand() -> None:
 
 
 def test_grpo_group_normalisation() -> None:
-    adv = compute_advantages([[[0.0], [1.0], [2.0]]], Algorithm.GRPO, 1.0)
+    adv = _adv([[[0.0], [1.0], [2.0]]], Algorithm.GRPO, 1.0)
     # mean 1, population std sqrt(2/3): +/-1/sqrt(2/3) = +/-1.224744...
     expected = [-1.0 / math.sqrt(2 / 3), 0.0, 1.0 / math.sqrt(2 / 3)]
     got = [a[0] for a in adv.values[0]]
@@ -39,18 +43,18 @@ def test_grpo_group_normalisation() -> None:
 
 def test_grpo_uses_discounted_episode_return_on_every_turn() -> None:
     # episode returns with gamma=0.5: [1, 1] -> 1.5 ; [0, 0] -> 0 ; advantages +/-1 (pop std 0.75)
-    adv = compute_advantages([[[1.0, 1.0], [0.0, 0.0]]], Algorithm.GRPO, 0.5)
+    adv = _adv([[[1.0, 1.0], [0.0, 0.0]]], Algorithm.GRPO, 0.5)
     np.testing.assert_allclose(adv.values[0][0], [1.0, 1.0], rtol=1e-5)
     np.testing.assert_allclose(adv.values[0][1], [-1.0, -1.0], rtol=1e-5)
 
 
 def test_rloo_leave_one_out() -> None:
-    adv = compute_advantages([[[0.0], [1.0], [2.0]]], Algorithm.RLOO, 1.0)
+    adv = _adv([[[0.0], [1.0], [2.0]]], Algorithm.RLOO, 1.0)
     assert [float(a[0]) for a in adv.values[0]] == [-1.5, 0.0, 1.5]
 
 
 def test_reinforce_is_the_per_turn_return() -> None:
-    adv = compute_advantages([[[1.0, 0.0, 2.0], [0.0]]], Algorithm.REINFORCE, 0.5)
+    adv = _adv([[[1.0, 0.0, 2.0], [0.0]]], Algorithm.REINFORCE, 0.5)
     assert adv.values[0][0].tolist() == [1.5, 1.0, 2.0]
     assert adv.values[0][1].tolist() == [0.0]
 
@@ -58,8 +62,8 @@ def test_reinforce_is_the_per_turn_return() -> None:
 def test_rebn_normalises_per_turn_returns_over_the_batch() -> None:
     # GEM's ReBN: per-turn returns of the whole batch, (G - mean) / std.
     # returns: group 1 -> [2, 1] and [0]; group 2 -> [3] and [1]; flat [2, 1, 0, 3, 1]
-    rewards = [[[1.0, 1.0], [0.0]], [[3.0], [1.0]]]
-    adv = compute_advantages(rewards, Algorithm.REBN, 1.0)
+    rewards: list = [[[1.0, 1.0], [0.0]], [[3.0], [1.0]]]
+    adv = _adv(rewards, Algorithm.REBN, 1.0)
     std = math.sqrt(1.04)  # mean 1.4, population variance 5.2 / 5
     np.testing.assert_allclose(adv.values[0][0], [0.6 / std, -0.4 / std], rtol=1e-5)
     np.testing.assert_allclose(adv.values[0][1], [-1.4 / std], rtol=1e-5)
@@ -67,70 +71,67 @@ def test_rebn_normalises_per_turn_returns_over_the_batch() -> None:
     np.testing.assert_allclose(adv.values[1][1], [-0.4 / std], rtol=1e-5)
 
 
-def test_zero_variance_groups_are_flagged_for_every_algorithm() -> None:
+def test_zero_variance_is_flagged_only_for_group_relative_estimators() -> None:
+    # Defect A: equal returns leave no signal only where the baseline is the group's mean.
     for algorithm in Algorithm:
-        adv = compute_advantages([[[1.0], [1.0]], [[0.0], [1.0]]], algorithm, 1.0)
-        assert adv.zero_variance == [True, False], algorithm
-    grpo = compute_advantages([[[1.0], [1.0]]], Algorithm.GRPO, 1.0)
+        adv = _adv([[[1.0], [1.0]], [[0.0], [1.0]]], algorithm, 1.0)
+        relative = algorithm in (Algorithm.GRPO, Algorithm.RLOO)
+        assert adv.zero_variance == [relative, False], algorithm
+    # REINFORCE with group size 1, natural for it, keeps its signal: A = G = 1.
+    single = _adv([[[1.0]], [[0.5]]], Algorithm.REINFORCE)
+    assert single.zero_variance == [False, False]
+    assert [float(g[0][0]) for g in single.values] == [1.0, 0.5]
+    grpo = _adv([[[1.0], [1.0]]], Algorithm.GRPO, 1.0)
     assert [float(a[0]) for a in grpo.values[0]] == [0.0, 0.0]
 
 
-def _loss_and_grad(ratio: float, advantage: float, stale: bool = False) -> tuple[float, float]:
-    logp = torch.tensor([[math.log(ratio)]], dtype=torch.float64, requires_grad=True)
-    out = policy_token_loss(
-        logp,
-        torch.zeros(1, 1, dtype=torch.float64),
-        torch.tensor([[advantage]], dtype=torch.float64),
-        clip_low=0.2,
-        clip_high=0.2,
-        stale=torch.tensor([stale]),
-        tis_cap=2.0,
+def test_grpo_std_choices_and_the_switch_off() -> None:
+    # returns [0, 0, 3]: mean 1, centred [-1, -1, 2]; squared deviations sum to 6
+    rewards = [[[0.0], [0.0], [3.0]]]
+    pop = [float(a[0]) for a in _adv(rewards, Algorithm.GRPO).values[0]]
+    np.testing.assert_allclose(pop, np.array([-1, -1, 2]) / math.sqrt(6 / 3), rtol=1e-5)
+    unbiased = _adv(rewards, Algorithm.GRPO, std=GroupStd.UNBIASED).values[0]
+    np.testing.assert_allclose([float(a[0]) for a in unbiased],
+                               np.array([-1, -1, 2]) / math.sqrt(6 / 2), rtol=1e-5)  # fmt: skip
+    centred = _adv(rewards, Algorithm.GRPO, scale_by_std=False).values[0]
+    assert [float(a[0]) for a in centred] == [-1.0, -1.0, 2.0]
+    # one episode: no spread to divide by; advantage 0, not NaN
+    assert float(_adv([[[1.0]]], Algorithm.GRPO, std=GroupStd.UNBIASED).values[0][0][0]) == 0.0
+
+
+def test_soft_overlong_penalty_by_hand() -> None:
+    # L_max 10, buffer 4: free up to 6 tokens, then -(L - 6)/4, and -1 from 10 on
+    assert overlong_penalty(6, 10, 4, 1.0) == 0.0
+    assert overlong_penalty(8, 10, 4, 1.0) == -0.5
+    assert overlong_penalty(10, 10, 4, 1.0) == -1.0
+    assert overlong_penalty(15, 10, 4, 1.0) == -1.0
+    assert overlong_penalty(9, 10, 4, 0.5) == pytest.approx(-0.375)
+
+
+def test_gae_across_three_turns_by_hand() -> None:
+    # A 3-turn episode in input coordinates: prompt tokens (mask 0) precede each turn's
+    # completion tokens (mask 1); each turn's reward sits on its last completion token.
+    #   index   0    1    2    3    4    5    6    7    8
+    #   mask    0    0    1    1    0    1    0    1    1
+    #   reward            0   .5         0         0    1
+    #   value   0    0   .2   .4    9   .3    9   .6   .8   (9s on prompt tokens are skipped)
+    mask = np.array([0, 0, 1, 1, 0, 1, 0, 1, 1], np.float32)
+    rewards = np.array([0, 0, 0, 0.5, 0, 0, 0, 0, 1.0])
+    values = np.array([0, 0, 0.2, 0.4, 9, 0.3, 9, 0.6, 0.8])
+    gamma, lam = 0.9, 0.8
+    # delta_t = r_t + gamma V_next - V_t ; A_t = delta_t + gamma lam A_next (gamma lam = 0.72)
+    a8 = 1.0 + 0.9 * 0.0 - 0.8  # 0.2, last token: V_next = 0
+    a7 = (0.0 + 0.9 * 0.8 - 0.6) + 0.72 * a8  # 0.12 + 0.144 = 0.264
+    a5 = (0.0 + 0.9 * 0.6 - 0.3) + 0.72 * a7  # next masked-in token is 7, not prompt 6
+    a3 = (0.5 + 0.9 * 0.3 - 0.4) + 0.72 * a5  # crosses the prompt token 4
+    a2 = (0.0 + 0.9 * 0.4 - 0.2) + 0.72 * a3
+    adv, ret = gae(rewards, values, mask, gamma, lam)
+    expected = np.array([0, 0, a2, a3, 0, a5, 0, a7, a8])
+    np.testing.assert_allclose(adv, expected, atol=1e-12)
+    np.testing.assert_allclose(adv[[2, 3, 5, 7, 8]], [0.649353472, 0.6796576, 0.43008, 0.264, 0.2])
+    np.testing.assert_allclose(ret, np.where(mask > 0, expected + values, 0.0), atol=1e-12)
+    # gamma = lam = 1: A_t is the sum of the rewards still to come minus V_t (Monte Carlo)
+    mc, _ = gae(rewards, values, mask, 1.0, 1.0)
+    np.testing.assert_allclose(
+        mc[[2, 3, 5, 7, 8]], [1.5 - 0.2, 1.5 - 0.4, 1 - 0.3, 1 - 0.6, 1 - 0.8]
     )
-    out.loss.sum().backward()
-    assert logp.grad is not None
-    return float(out.loss.detach()), float(logp.grad)
-
-
-@pytest.mark.parametrize(
-    ("ratio", "advantage", "loss", "grad"),
-    [
-        (1.0, 1.0, -1.0, -1.0),  # on-policy: plain policy gradient, descent raises logp
-        (1.0, -1.0, 1.0, 1.0),  # negative advantage: descent lowers logp
-        (1.5, 1.0, -1.2, 0.0),  # above 1+eps with A>0: clipped, no gradient
-        (1.5, -1.0, 1.5, 1.5),  # above 1+eps with A<0: unclipped (pessimistic), grad r*(-A)
-        (0.5, 1.0, -0.5, -0.5),  # below 1-eps with A>0: unclipped
-        (0.5, -1.0, 0.8, 0.0),  # below 1-eps with A<0: clipped, no gradient
-    ],
-)
-def test_ppo_clip_values_and_gradient_signs(
-    ratio: float, advantage: float, loss: float, grad: float
-) -> None:
-    got_loss, got_grad = _loss_and_grad(ratio, advantage)
-    assert got_loss == pytest.approx(loss)
-    assert got_grad == pytest.approx(grad, abs=1e-12)
-
-
-def test_truncated_importance_sampling_for_stale_rows() -> None:
-    # loss = -min(r, rho_bar)*A*logpi with r detached: gradient -min(r, 2)*A
-    _, grad = _loss_and_grad(3.0, 1.0, stale=True)
-    assert grad == pytest.approx(-2.0)
-    _, grad = _loss_and_grad(0.5, -1.0, stale=True)
-    assert grad == pytest.approx(0.5)
-
-
-def test_importance_ratio_exactly_one_when_policies_agree() -> None:
-    logp = torch.log_softmax(torch.randn(3, 7, generator=torch.Generator().manual_seed(0)), -1)
-    assert torch.equal(importance_ratio(logp, logp.clone()), torch.ones_like(logp))
-
-
-def test_aggregation_token_and_sequence_means() -> None:
-    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
-    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
-    token = aggregate(loss, mask, Aggregation.TOKEN_MEAN, total_tokens=4, total_sequences=2)
-    assert float(token) == pytest.approx((1 + 2 + 3 + 4) / 4)
-    seq = aggregate(loss, mask, Aggregation.SEQ_MEAN, total_tokens=4, total_sequences=2)
-    assert float(seq) == pytest.approx((2.0 + 4.0) / 2)
-    # shares of micro-batches add up to the loss of the whole batch
-    first = aggregate(loss[:1], mask[:1], Aggregation.SEQ_MEAN, total_tokens=4, total_sequences=2)
-    second = aggregate(loss[1:], mask[1:], Aggregation.SEQ_MEAN, total_tokens=4, total_sequences=2)
-    assert float(first + second) == pytest.approx(float(seq))

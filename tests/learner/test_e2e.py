@@ -9,6 +9,8 @@ the toy environment.
   a second: tasks issued minus groups the learner consumed never exceed
   (max_staleness + 1) x groups_per_batch, although the three workers could hold far more,
   and the bound is reached (so it did bind). Every group trained is within max_staleness.
+* The same loop, shortened, with the learner as two FSDP ranks under torchrun (gloo):
+  the reward rises with push, and not without.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from tests.learner.farm import farm, step_records, toy_tasks
 # the last window sat 0.1-0.25 above the first after 36 steps (lr 1e-2 rose faster but could
 # collapse); the control's windows differ by ~0.02 (one sigma).
 STEPS, CONTROL_STEPS, WINDOW, RISE, LR = 44, 16, 8, 0.07, "5e-3"
+FSDP_STEPS = 32  # the torchrun variant, shortened
 GROUPS_PER_BATCH, MAX_STALENESS = 8, 0
 LIMIT = (MAX_STALENESS + 1) * GROUPS_PER_BATCH
 
@@ -76,14 +79,20 @@ async def group_producers(url: str, keys: RunKeys) -> set[str]:
 
 
 def run_farm(redis_url: str, run: str, model: Path, logs: Path, *, push_interval: int, steps: int,
-             workers: int) -> tuple[list[dict[str, object]], list[int]]:  # fmt: skip
+             workers: int, ranks: int = 1) -> tuple[list[dict[str, object]], list[int]]:  # fmt: skip
+    """`ranks` > 1 runs the learner under torchrun (FSDP, gloo); the caller sets FARM_RUN=run,
+    because torchrun's parser takes `--run` for its own `--run-path`."""
     logs.mkdir()
+    launcher = ["learner", "--run", run]
+    if ranks > 1:
+        launcher = ["torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+                    "-m", "learner"]  # fmt: skip
     with farm(logs) as f:
         url = f.server("server", model)
         for i in range(workers):
             f.worker(f"{run}-worker-{i}", redis_url, run, url, model, concurrency=64)
         learner = f.spawn("learner", [
-            "learner", "--redis-url", redis_url, "--run", run, "--inference-urls", url,
+            *launcher, "--redis-url", redis_url, "--inference-urls", url,
             "--model", str(model), "--tasks", str(toy_tasks(logs / "tasks.jsonl")),
             "--group-size", "8", "--groups-per-batch", str(GROUPS_PER_BATCH),
             "--max-staleness", str(MAX_STALENESS), "--learning-rate", LR,
@@ -95,7 +104,7 @@ def run_farm(redis_url: str, run: str, model: Path, logs: Path, *, push_interval
             asyncio.run(sample_in_flight(redis_url, RunKeys(run), learner))))  # fmt: skip
         sampler.start()
         try:
-            assert learner.wait(240) == 0, f.log("learner")[-3000:]
+            assert learner.wait(240 * ranks) == 0, f.log("learner")[-3000:]
         finally:
             sampler.join(30)
         records = step_records(f.log("learner"))
@@ -138,3 +147,22 @@ def test_reward_rises_with_weight_push_and_not_without(
     assert rise(control) < RISE, f"reward rose without push: {[r['reward_mean'] for r in control]}"
     # without pushes every group is a straggler: counted and corrected, never silent
     assert sum(int(r["stale_corrected"]) for r in control) > 0  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_reward_rises_under_torchrun_fsdp_and_not_without_push(
+    redis_server: RedisServer, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shortened loop with the learner as two FSDP ranks (gloo): it still learns."""
+    monkeypatch.setenv("FARM_RUN", "learn2")
+    learning, _ = run_farm(redis_server.url, "learn2", tiny_model_dir, tmp_path / "learn",
+                           push_interval=1, steps=FSDP_STEPS, workers=2, ranks=2)  # fmt: skip
+    assert rise(learning) >= RISE, (
+        f"no learning: {[r['reward_mean'] for r in learning]}\n" + _tails(tmp_path / "learn")
+    )
+    assert "world 2" in (tmp_path / "learn" / "learner.log").read_text()
+    monkeypatch.setenv("FARM_RUN", "control2")
+    control, _ = run_farm(redis_server.url, "control2", tiny_model_dir, tmp_path / "control",
+                          push_interval=0, steps=CONTROL_STEPS, workers=1, ranks=2)  # fmt: skip
+    assert rise(control) < RISE, f"reward rose without push: {[r['reward_mean'] for r in control]}"

@@ -63,7 +63,7 @@ async def test_vllm_401_and_404_bodies_become_request_errors(vllm_contract: Vllm
             await client.generate([1], SamplingParams(max_tokens=2))
     # vLLM's middleware answers {"error": "Unauthorized"}: a string, not an object
     assert err.value.status == 401 and err.value.message == "Unauthorized"
-    config = ClientConfig(api_key=API_KEY, model="not-served")
+    config = ClientConfig(api_key=API_KEY, served_model_name="not-served")
     async with GenerationClient([auth], config) as client:
         with pytest.raises(InferenceRequestError) as err:
             await client.generate([1], SamplingParams(max_tokens=2))

@@ -1,0 +1,259 @@
+"""`python -m bench learner --memory`: peak memory of one training step at long sequences.
+
+The model is built locally from a Qwen2-style config (hidden 512, 8 layers, 8 heads / 2 KV
+heads, MLP 1408, vocabulary 151,936, tied embeddings; random weights, no download); about
+100M parameters, most of them in the embedding. Each row is a fresh process (so its peak
+resident set is its own) training one AdamW step, twice, on sequences of the given length,
+activation checkpointing on:
+
+* ``chunked``: the learner's path (`learner.trainer.Trainer`, LM head in 256-token chunks);
+* ``full``: the same step with the logits materialised for the whole sequence
+  (``lm(...).logits``, then log_softmax), what the learner did before chunking;
+* ``fsdp-1`` / ``fsdp-2``: the chunked step on 2 sequences, one process vs two gloo ranks
+  under torchrun (peak per rank).
+
+The analytic floor, printed beside each row, is 16 bytes per parameter (fp32 weights,
+gradients, two AdamW moments; divided by the ranks under FSDP) + the checkpointed layer
+inputs and final hidden states (4 x tokens x hidden x (layers + 1)) + one layer's
+recomputed activations (4 x tokens x (4 hidden + 3 MLP)). Peak = the kernel's high-water
+mark of the resident set (VmHWM, reset after the model is built and sharded, so the one-off
+load is not counted) minus the resident set before the model was built. The weight export row
+streams the full weights out of the shards (`learner.export`) and reports the peak extra
+resident memory on the writing rank (sampled every 2 ms) against the model's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HIDDEN, LAYERS, HEADS, KV_HEADS, MLP, VOCAB = 512, 8, 8, 2, 1408, 151_936
+CHUNK = 256  # LM-head chunk: 2 x 256 x 151,936 x 4 B = 297 MiB of logit buffers
+MIB = 2**20
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def reset_peak() -> None:
+    """Give freed heap back to the OS, then restart the kernel's high-water mark (VmHWM)."""
+    ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_rss() -> int:
+    with open("/proc/self/status") as f:
+        hwm = next(line for line in f if line.startswith("VmHWM:"))
+    return int(hwm.split()[1]) * 1024
+
+
+def build_model() -> Any:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=MLP,
+                      num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      num_key_value_heads=KV_HEADS, tie_word_embeddings=True,
+                      max_position_embeddings=65_536, pad_token_id=0)  # fmt: skip
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(cfg).float()
+
+
+def samples(n: int, length: int) -> list[Any]:
+    import numpy as np
+
+    from learner.batch import Sample
+
+    rng = np.random.default_rng(0)
+    mask = np.ones(length, np.float32)
+    mask[0] = 0
+    return [Sample(rng.integers(1, VOCAB, length), mask, -rng.uniform(5, 15, length).astype(
+        np.float32), np.full(length, 1.0 - 2 * (i % 2), np.float32), np.ones(length, np.float32),
+        False, f"s{i}") for i in range(n)]  # fmt: skip
+
+
+def full_logits_policy(lm: Any) -> Any:
+    """The pre-chunking computation: logits for every position, then log_softmax."""
+    from learner.logprobs import full_logprobs
+    from learner.policy import PolicyModel
+
+    class FullLogits(PolicyModel):
+        def forward(self, batch: dict[str, Any]) -> Any:
+            logits = self.lm(
+                input_ids=batch["input_ids"],
+                attention_mask=batch.get("attention_mask"),
+                position_ids=batch["position_ids"],
+                use_cache=False,
+            ).logits
+            flat = logits.reshape(-1, logits.shape[-1]).index_select(0, batch["src"])
+            return full_logprobs(flat, batch["targets"], batch["temperature"])
+
+    return FullLogits(lm, 0)
+
+
+def run_case(mode: str, length: int, sequences: int) -> dict[str, Any]:
+    """One row, in this process (under torchrun for fsdp-2)."""
+    import torch
+
+    from learner.config import Aggregation, OptimConfig, ScaleConfig
+    from learner.distributed import init_distributed
+    from learner.trainer import Trainer
+
+    torch.set_num_threads(1 if mode == "fsdp-2" else 2)
+    base = rss()
+    dist = init_distributed(torch.device("cpu"))
+    model = build_model()
+    params = sum(p.numel() for p in model.parameters())
+    optim = OptimConfig(learning_rate=1e-5, weight_decay=0.0, clip_low=0.2, clip_high=0.2,
+                        tis_cap=2.0, max_grad_norm=1.0, micro_batch_size=1,
+                        aggregation=Aggregation.TOKEN_MEAN)  # fmt: skip
+    scale = ScaleConfig(max_tokens_per_micro_batch=length, packing=False,
+                        logprob_chunk_tokens=CHUNK, activation_checkpointing=True)  # fmt: skip
+    trainer = Trainer(model, optim, torch.device("cpu"), dist, scale)
+    if mode == "full":
+        trainer.policy = full_logits_policy(trainer.model)
+    batch = samples(sequences, length)
+    tokens = sequences * (length - 1)
+    reset_peak()  # the peak of the training steps, not of building and sharding the model
+    times = []
+    for _ in range(2):  # the first step also allocates the AdamW state
+        started = time.perf_counter()
+        trainer.step(batch, tokens, sequences)
+        times.append(time.perf_counter() - started)
+    peak = peak_rss() - base
+    row = {"mode": mode, "length": length, "sequences": sequences, "world": dist.world,
+           "params": params, "peak": peak, "step_s": times[-1],
+           "floor": floor(params, length * sequences // dist.world, dist.world)}  # fmt: skip
+    if mode == "fsdp-2":
+        row["export"] = export_peak(trainer, dist)
+    dist.close()
+    return row
+
+
+def floor(params: int, tokens: int, world: int) -> int:
+    states = 16 * params // world
+    return states + 4 * tokens * HIDDEN * (LAYERS + 1) + 4 * tokens * (4 * HIDDEN + 3 * MLP)
+
+
+def export_peak(trainer: Any, dist: Any) -> dict[str, int]:
+    """Peak extra RSS on the writing rank while the full weights stream out of the shards."""
+    from learner.export import write_safetensors
+
+    before, peak, done = rss(), [0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss() - before)
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample, name="rss-sampler")
+    sampler.start()
+    with tempfile.TemporaryDirectory() as tmp:
+        largest = write_safetensors(trainer.model, Path(tmp) / "w.safetensors", dist.is_main)
+        size = (Path(tmp) / "w.safetensors").stat().st_size if dist.is_main else 0
+    done.set()
+    sampler.join()
+    return {"peak_extra": peak[0], "largest_tensor": largest, "file": size}
+
+
+def _spawn(mode: str, length: int, sequences: int, out: Path) -> list[dict[str, Any]]:
+    case = ["-m", "bench._learner_memory", "case", mode, str(length), str(sequences), str(out)]
+    cmd = [sys.executable, *case]
+    if mode == "fsdp-2":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", *case]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"{mode} at {length} failed:\n{done.stderr[-3000:]}")
+    return [json.loads(p.read_text()) for p in sorted(out.parent.glob(out.name + ".*"))]
+
+
+def _available() -> int:
+    with open("/proc/meminfo") as f:
+        info = dict(line.split(":", 1) for line in f)
+    return int(info["MemAvailable"].split()[0]) * 1024
+
+
+def _fmt(row: dict[str, Any]) -> str:
+    tokens = row["length"] * row["sequences"]
+    return (f"| {row['mode']} | {row['length']} | {row['sequences']} | {row['world']} | "
+            f"{row['peak'] / MIB:,.0f} | {row['floor'] / MIB:,.0f} | "
+            f"{row['peak'] / row['floor']:.2f} | {row['step_s']:.1f} | "
+            f"{row['sequences'] / row['step_s']:.3f} | {tokens / row['step_s']:,.0f} |")  # fmt: skip
+
+
+def plan(lengths: list[int], fsdp_length: int, modes: list[str]) -> list[tuple[str, int, int]]:
+    rows = [(mode, n, 1) for n in lengths for mode in ("chunked", "full") if mode in modes]
+    if "fsdp" in modes:
+        rows += [("fsdp-1", fsdp_length, 2), ("fsdp-2", fsdp_length, 2)]
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench learner --memory")
+    parser.add_argument("--lengths", default="2048,8192,16384",
+                        help="tokens per sequence of the chunked/full rows (empty: FSDP rows only)")  # fmt: skip
+    parser.add_argument("--fsdp-length", type=int, default=1024, help="tokens per sequence (x2)")
+    parser.add_argument("--modes", default="chunked,full,fsdp", help="rows to run")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
+    args = parser.parse_args([a for a in argv if a not in ("--memory", "--quick")])
+    lengths = [2048] if "--quick" in argv else [int(x) for x in args.lengths.split(",") if x]
+    print(
+        "| mode | tokens/seq | seqs | ranks | peak MiB (per rank) | floor MiB | peak/floor "
+        "| step s | samples/s | tokens/s |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode, length, seqs in plan(lengths, args.fsdp_length, args.modes.split(",")):
+            # logits, log_softmax, its exp (entropy) and a gradient: 4 x [T, V] float32
+            need = 4 * 4 * length * VOCAB * seqs if mode == "full" else 0
+            if need > 0.6 * _available():
+                print(
+                    f"| {mode} | {length} | {seqs} | 1 | not run: needs > {need / 2**30:.0f}"
+                    f" GiB, {_available() / 2**30:.0f} GiB available | | | | | |"
+                )
+                continue
+            for row in _spawn(mode, length, seqs, Path(tmp) / f"{mode}-{length}.json"):
+                rows.append(row)
+                print(_fmt(row), flush=True)
+    _summary(rows)
+    if args.json:
+        print(json.dumps(rows))
+    return 0
+
+
+def _summary(rows: list[dict[str, Any]]) -> None:
+    one = [r for r in rows if r["mode"] == "fsdp-1"]
+    two = [r for r in rows if r["mode"] == "fsdp-2"]
+    if one and two:
+        per_rank = max(r["peak"] for r in two)
+        print(f"\nFSDP: peak per rank {per_rank / MIB:,.0f} MiB with 2 ranks vs "
+              f"{one[0]['peak'] / MIB:,.0f} MiB in one process (ratio {per_rank / one[0]['peak']:.2f}); "
+              f"parameter + AdamW state per rank {16 * one[0]['params'] / 2 / MIB:,.0f} vs "
+              f"{16 * one[0]['params'] / MIB:,.0f} MiB")  # fmt: skip
+    for r in two:
+        if r["export"]["file"]:
+            e = r["export"]
+            print(f"weight export from shards (rank 0 writes): peak extra RSS "
+                  f"{e['peak_extra'] / MIB:,.0f} MiB, largest tensor {e['largest_tensor'] / MIB:,.0f}"
+                  f" MiB, model file {e['file'] / MIB:,.0f} MiB "
+                  f"(ratio to the model {e['peak_extra'] / e['file']:.2f})")  # fmt: skip
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["case"]:
+    _, _, mode, length, sequences, out = sys.argv
+    result = run_case(mode, int(length), int(sequences))
+    Path(f"{out}.{os.environ.get('RANK', '0')}").write_text(json.dumps(result))

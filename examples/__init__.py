@@ -1,0 +1,1 @@
+"""Runnable examples of agents trained through the farm's `agent` environment kind."""

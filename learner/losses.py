@@ -1,0 +1,142 @@
+"""The learner's loss terms as pure functions of per-token tensors.
+
+Every function maps ``[B, T]`` tensors to ``[B, T]`` tensors (or one number for
+`aggregate`), so each can be checked against hand-computed values. Three
+policies meet in the decoupled PPO loss (AReaL, verl's rollout correction):
+
+* mu, the behaviour policy: logprobs recorded by inference at rollout;
+* pi_prox, the proximal policy: logprobs the learner recomputes with the
+  weights it holds before the batch's first update (with one epoch and one
+  mini-batch they equal pi_theta's, detached, and cost no extra forward);
+* pi_theta, the policy being trained.
+
+``loss = w * ppo(pi_theta / pi_prox, A)``, where ``ppo`` is PPO-clip with the
+dual clip for A < 0 and ``w = pi_prox / mu`` is the behaviour correction on
+every token, truncated (TIS) or masked outside ``[1/C, C]`` (MIS), never
+differentiated. Every log-ratio is clamped before ``exp`` so that no gap between
+policies gives an infinite loss or gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from learner.config import Aggregation, Correction, KLEstimator
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    """The knobs of the decoupled PPO loss."""
+
+    clip_low: float  # ratio floor 1 - clip_low
+    clip_high: float  # ratio ceiling 1 + clip_high
+    dual_clip: float  # c > 1: for A < 0 the loss never exceeds -c*A
+    correction: Correction  # tis | mis
+    cap: float  # C of TIS/MIS
+    log_ratio_clamp: float  # |log ratio| bound before exp
+
+
+@dataclass(frozen=True)
+class PolicyTerms:
+    """Per-token loss and what it was made of (all but ``loss`` detached)."""
+
+    loss: torch.Tensor  # [B, T], differentiable
+    ratio: torch.Tensor  # pi_theta / pi_prox
+    weight: torch.Tensor  # behaviour correction after the cap or mask
+    clipped: torch.Tensor  # bool: PPO clip active, the token has no gradient
+    dual_clipped: torch.Tensor  # bool: dual clip active, the token has no gradient
+    corrected: torch.Tensor  # bool: pi_prox/mu was capped (TIS) or masked (MIS)
+    behaviour_ratio: torch.Tensor  # pi_prox/mu before the cap or mask (inference mismatch)
+
+
+def clamped_ratio(logp: torch.Tensor, other: torch.Tensor, limit: float) -> torch.Tensor:
+    """``exp(clamp(logp - other, -limit, limit))``: exactly 1 where the two agree."""
+    return torch.exp(torch.clamp(logp - other, -limit, limit))
+
+
+def behaviour_weight(w: torch.Tensor, cfg: PolicyLossConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight, corrected) from ``w = pi_prox/mu``: TIS ``min(w, C)``; MIS ``w`` on ``[1/C, C]``."""
+    if cfg.correction is Correction.TIS:
+        return torch.clamp(w, max=cfg.cap), w > cfg.cap
+    keep = (w >= 1.0 / cfg.cap) & (w <= cfg.cap)
+    return torch.where(keep, w, torch.zeros_like(w)), ~keep
+
+
+def decoupled_ppo_loss(
+    logp: torch.Tensor,
+    prox_logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    cfg: PolicyLossConfig,
+) -> PolicyTerms:
+    """``w * max(-A r, -A clip(r))`` with ``r = pi_theta/pi_prox``, capped at ``-c A`` for A < 0."""
+    ratio = clamped_ratio(logp, prox_logp.detach(), cfg.log_ratio_clamp)
+    low, high = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
+    clip_loss = torch.maximum(-advantages * ratio, -advantages * torch.clamp(ratio, low, high))
+    dual = torch.minimum(clip_loss, -advantages * cfg.dual_clip)
+    negative = advantages < 0
+    ppo = torch.where(negative, dual, clip_loss)
+    w = clamped_ratio(prox_logp.detach(), behaviour_logp, cfg.log_ratio_clamp)
+    weight, corrected = behaviour_weight(w, cfg)
+    r = ratio.detach()
+    positive = advantages > 0
+    clipped = (positive & (r > high)) | (negative & (r < low))
+    return PolicyTerms(
+        loss=ppo * weight,
+        ratio=r,
+        weight=weight,
+        clipped=clipped,
+        dual_clipped=negative & (r > cfg.dual_clip),
+        corrected=corrected,
+        behaviour_ratio=w,
+    )
+
+
+def kl_penalty(
+    logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimator, limit: float = 20.0
+) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from ``log r = logp - ref_logp`` (clamped).
+
+    k1 ``log r``; k2 ``(log r)^2 / 2``; k3 ``exp(-log r) + log r - 1``.
+    """
+    log_r = torch.clamp(logp - ref_logp, -limit, limit)
+    if estimator is KLEstimator.K1:
+        return log_r
+    if estimator is KLEstimator.K2:
+        return 0.5 * log_r.square()
+    return torch.exp(-log_r) + log_r - 1.0
+
+
+def clipped_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float
+) -> torch.Tensor:
+    """``0.5 max((V - R)^2, (V_old + clip(V - V_old, -e, e) - R)^2)`` per token (PPO2, verl)."""
+    clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+    return 0.5 * torch.maximum((values - returns).square(), (clipped - returns).square())
+
+
+def aggregate(
+    token_loss: torch.Tensor,
+    mask: torch.Tensor,
+    mode: Aggregation,
+    *,
+    total_tokens: int,
+    total_sequences: int,
+) -> torch.Tensor:
+    """This micro-batch's share of the (mini-)batch loss.
+
+    The denominators are those of the *whole* (mini-)batch (all micro-batches,
+    all ranks), so summing the shares, or their gradients, gives exactly the
+    loss of the full batch: gradient accumulation and data parallelism change
+    nothing but rounding. ``seq-mean-token-sum`` (Dr. GRPO) sums each sequence's
+    token losses and averages the sequences, so no length normalisation biases it.
+    """
+    masked = token_loss * mask
+    if mode is Aggregation.TOKEN_MEAN:
+        return masked.sum() / max(total_tokens, 1)
+    per_seq = masked.sum(dim=1)
+    if mode is Aggregation.SEQ_MEAN:
+        per_seq = per_seq / mask.sum(dim=1).clamp(min=1.0)
+    return per_seq.sum() / max(total_sequences, 1)

@@ -1,0 +1,239 @@
+"""The worker's token-capturing OpenAI-compatible endpoint, one per worker process.
+
+It serves `POST /v1/chat/completions` (tools, multi-turn, streaming) and `GET /v1/models` on
+localhost for every agent episode of the process; each episode has its own key
+(`Authorization: Bearer <key>`), and a request with an unknown or expired key is answered 401
+before anything is rendered or recorded. A call is rendered with the model's chat template by
+the workers' `ChatCodec`, generated token in / token out through the `GenerationClient`
+(sticky per episode, failover, weight versions), recorded exactly in the episode's
+`EpisodeRecord`, and answered in OpenAI's shape with tool calls parsed by `envs.parsing`.
+
+Streaming: the generation client returns a whole completion, so a streamed answer is sent as
+OpenAI's chunk sequence (role, content, closing delta with the tool calls, usage, `[DONE]`)
+once the completion is generated.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from inference.client import Generation, SamplingParams
+from inference.errors import InferenceError
+from inference.openai.errors import ApiError, from_validation
+from inference.openai.models import ChatCompletionRequest
+from inference.openai.render import render_chat_request
+from inference.openai.responses import (
+    Generated,
+    OutputFormat,
+    StreamHead,
+    chat_choice,
+    chat_chunk,
+    chat_finish_reason,
+    chat_stream_choice,
+    usage,
+    usage_chunk,
+)
+from inference.openai.schema import ChatCompletionResponse, ChatDelta
+from inference.openai.sse import SSE_DONE, open_event_stream, sse_event
+from inference.openai.stream import ChatChoiceStream
+from inference.openai.text import ChoiceText
+from inference.openai.tools import ParsedMessage, extract_tool_calls
+from workers.agent_record import EpisodeRecord
+from workers.episode import Generator
+from workers.tokens import ChatCodec
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """Sampling an episode's calls get where the request leaves a field unset."""
+
+    temperature: float  # the worker's --temperature
+    top_p: float  # the worker's --top-p
+    max_tokens: int  # the worker's --max-tokens, for a request that sets none
+
+
+@dataclass(frozen=True)
+class _Episode:
+    record: EpisodeRecord
+    session_id: str  # sticky inference session of the episode
+    defaults: SamplingDefaults
+
+
+class AgentEndpoint:
+    """The endpoint: `await start()`, then `open_episode` / `close_episode` per episode."""
+
+    def __init__(self, codec: ChatCodec, client: Generator, model_name: str = "policy") -> None:
+        self.codec = codec
+        self.client = client
+        self.model_name = model_name
+        self._episodes: dict[str, _Episode] = {}
+        self._runner: web.AppRunner | None = None
+        self.base_url = ""
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Listen on `host:port` (0: any free port); returns the `/v1` base URL."""
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        self.base_url = f"http://{host}:{self._runner.addresses[0][1]}/v1"
+        return self.base_url
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def open_episode(
+        self, record: EpisodeRecord, session_id: str, defaults: SamplingDefaults
+    ) -> str:
+        """A new key that routes calls to `record`."""
+        key = f"ep-{secrets.token_urlsafe(24)}"
+        self._episodes[key] = _Episode(record, session_id, defaults)
+        return key
+
+    def close_episode(self, key: str) -> None:
+        """Expire the key; calls in flight are not recorded any more."""
+        episode = self._episodes.pop(key, None)
+        if episode is not None:
+            episode.record.closed = True
+            self.client.end_session(episode.session_id)
+
+    # --- routes ---------------------------------------------------------------------------------
+    def _lookup(self, request: web.Request) -> _Episode:
+        auth = request.headers.get("Authorization", "")
+        key = auth.removeprefix("Bearer ").strip()
+        episode = self._episodes.get(key)
+        if episode is None:
+            raise ApiError("unknown or expired episode key", status=401)
+        return episode
+
+    async def _models(self, request: web.Request) -> web.Response:
+        try:
+            self._lookup(request)
+        except ApiError as exc:
+            return web.json_response(exc.body(), status=exc.status)
+        model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "farm"}
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            episode = self._lookup(request)
+            req = _parse(await request.read())
+            return await self._complete(request, episode, req)
+        except ApiError as exc:
+            return web.json_response(exc.body(), status=exc.status)
+
+    async def _complete(
+        self, request: web.Request, episode: _Episode, req: ChatCompletionRequest
+    ) -> web.StreamResponse:
+        record = episode.record
+        prompt = render_chat_request(self.codec, req)
+        max_tokens = record.admit(len(prompt), req.output_limit() or episode.defaults.max_tokens)
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=_pick(req.temperature, episode.defaults.temperature),
+            top_p=_pick(req.top_p, episode.defaults.top_p),
+            seed=req.seed,
+            stop_token_ids=(*self.codec.stop_token_ids, *(req.stop_token_ids or ())),
+        )
+        t0 = time.monotonic()
+        try:
+            gen = await self.client.generate(prompt, params, session_id=episode.session_id)
+        except InferenceError as exc:
+            record.failure = exc
+            raise ApiError(f"inference failed: {exc}", status=503) from None
+        finally:
+            record.inference_s += time.monotonic() - t0
+        record.record(prompt, gen)
+        text = ChoiceText(self._decoder(req.skip_special_tokens), req.stop_strings())
+        text.feed(gen.token_ids, final=True)
+        reason = "stop" if text.stopped else gen.finish_reason
+        fmt = OutputFormat(
+            token_text=lambda t: self.codec.decode([t], skip_special=False),
+            logprobs=bool(req.logprobs),
+            top_logprobs=0,
+            token_ids=bool(req.return_token_ids),
+            weight_versions=bool(req.return_weight_versions),
+        )
+        generated = _generated(gen)
+        if req.stream:
+            return await self._stream(request, req, text, generated, fmt, reason, len(prompt))
+        parsed = (
+            extract_tool_calls(text.text) if req.parses_tools() else ParsedMessage(text.text, [])
+        )
+        body = ChatCompletionResponse(
+            model=req.model or self.model_name,
+            choices=[chat_choice(0, parsed, generated, fmt, reason, None)],
+            usage=usage(len(prompt), len(gen.token_ids)),
+            prompt_token_ids=prompt if req.return_token_ids else None,
+        )
+        return web.json_response(text=body.model_dump_json())
+
+    def _decoder(self, skip_special: bool) -> Any:
+        return lambda ids: self.codec.decode(ids, skip_special=skip_special)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        req: ChatCompletionRequest,
+        text: ChoiceText,
+        gen: Generated,
+        fmt: OutputFormat,
+        reason: str,
+        prompt_len: int,
+    ) -> web.StreamResponse:
+        """The generated choice as OpenAI's chunk sequence."""
+        head = StreamHead(req.model or self.model_name)
+        stream = ChatChoiceStream(text, req.parses_tools())
+        response = await open_event_stream(request)
+        opening = chat_stream_choice(0, ChatDelta(role="assistant", content=""))
+        await response.write(sse_event(chat_chunk(head, [opening])))
+        content = stream.content_delta()
+        if content:
+            await response.write(
+                sse_event(chat_chunk(head, [chat_stream_choice(0, ChatDelta(content=content))]))
+            )
+        delta, calls = stream.final_delta()
+        closing = chat_stream_choice(0, delta, gen, fmt, chat_finish_reason(reason, calls), None)
+        await response.write(sse_event(chat_chunk(head, [closing])))
+        if req.include_usage():
+            counts = usage(prompt_len, len(gen.token_ids))
+            await response.write(sse_event(usage_chunk(head, counts)))
+        await response.write(SSE_DONE)
+        await response.write_eof()
+        return response
+
+
+def _parse(raw: bytes) -> ChatCompletionRequest:
+    from pydantic import ValidationError
+
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(f"malformed JSON body: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError("request body must be a JSON object")
+    if body.get("n", 1) != 1:
+        raise ApiError("n must be 1: one call is one turn of the episode", "n")
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        raise from_validation(exc) from None
+
+
+def _pick(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+def _generated(gen: Generation) -> Generated:
+    labels = [str(v) for v in gen.weight_versions]
+    return Generated(gen.token_ids, gen.logprobs, [()] * len(gen.token_ids), labels)
