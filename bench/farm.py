@@ -44,8 +44,8 @@ from bench.workers import _free_port, loadgen
 ENV_SPEC = 'code@{"problem_ids": ["sum-two"], "max_attempts": 3}'
 EPISODES_PER_WORKER = 250
 SLOW_S = 0.3
-# uvloop's subprocess_exec rejects the user/group arguments bwrap jails start with
-# (sandbox/backends.py), so bwrap runs, workers and ceiling alike, on asyncio.
+# bwrap runs, workers and ceiling alike, on asyncio: the figures in BENCHMARKS.md were taken
+# so, before the jails' uid switch moved to setpriv and uvloop could start them too.
 LOOPS = {"docker": "uvloop", "bwrap": "asyncio"}
 HISTOGRAMS = ("farm_worker_sandbox_seconds", "farm_worker_event_loop_lag_seconds")
 

@@ -149,7 +149,10 @@ class _ProcessBackend:
         # As root, drop to the sandbox's own host uid before exec: RLIMIT_NPROC does not
         # bind root (a fork bomb would reach the whole host), and a distinct uid per
         # sandbox keeps process counts and signals apart.
-        ids = {"user": uid, "group": uid, "extra_groups": []} if os.geteuid() == 0 else {}
+        # setpriv (util-linux) switches credentials in the child rather than the loop's
+        # subprocess kwargs, which uvloop (the workers' default loop) does not take.
+        drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+        prefix = drop if os.geteuid() == 0 else []
         log_path = socket_dir.with_suffix(".log")
         # bwrap's --die-with-parent is lost when it switches credentials, so the agent
         # also watches this pipe: when the pool process dies, the pipe closes
@@ -157,13 +160,12 @@ class _ProcessBackend:
         try:
             with open(log_path, "wb") as log_file:  # noqa: ASYNC230 (local file, instant)
                 proc = await asyncio.create_subprocess_exec(
-                    *self.argv(uid, socket_dir), "--lifeline-fd", str(life_r),
+                    *prefix, *self.argv(uid, socket_dir), "--lifeline-fd", str(life_r),
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.DEVNULL,
                     stderr=log_file,
                     start_new_session=True,
                     pass_fds=(life_r,),
-                    **ids,
                 )  # fmt: skip
         except BaseException:
             os.close(life_w)

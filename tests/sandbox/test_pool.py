@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 from collections.abc import Callable
 from pathlib import Path
@@ -305,3 +306,24 @@ async def test_orphaned_jails_of_dead_pools_are_killed_at_start() -> None:
             break
         await asyncio.sleep(0.1)
     assert not Path(f"/proc/{pid}").exists(), "the orphaned jail survived"
+
+
+@pytest.mark.bwrap
+def test_bwrap_sessions_run_on_uvloop_as_the_workers_do() -> None:
+    """Workers run on uvloop, whose subprocess API takes no user/group kwargs: the jail's
+    uid switch must not depend on them."""
+    import uvloop
+
+    require_backend("bwrap")
+
+    async def one_call() -> tuple[str, int]:
+        config = SandboxConfig(backend="bwrap", warm=1, socket_dir=SOCKET_DIR)
+        async with SandboxPool(config) as pool, pool.session() as session:
+            result = await session.run_python("import os; print(os.getuid())")
+        return result.stdout.strip(), result.exit_code
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        uid, code = runner.run(one_call())
+    assert code == 0 and uid.isdigit()
+    if os.geteuid() == 0:
+        assert int(uid) != 0  # dropped to the jail's own uid
