@@ -135,10 +135,10 @@ async def test_a_worker_process_runs_agent_tasks(
 
 
 def test_turns_from_older_producers_decode_as_one_segment() -> None:
-    from broker.codec import _turn_from, _turn_to
+    from broker.codec import _turn_from, _turn_from_v2, _turn_to
     from broker.messages import Turn
 
     turn = Turn([1, 2], [3], [-0.5], 0, 0.0, False, False, segment_start=True)
     fields = _turn_to(turn)
     assert _turn_from(fields) == turn and _turn_from(fields).segment_start
-    assert not _turn_from(fields[:7]).segment_start  # the layout before segments
+    assert not _turn_from_v2(fields[:7]).segment_start  # the layout before segments
