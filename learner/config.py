@@ -133,7 +133,7 @@ class ScaleConfig:
         0, ge=0, description="token budget per micro-batch, sequences bucketed by length (0: none)"
     )
     packing: bool = Field(
-        True, description="pack sequences into one row (the model must honour packed position ids)"
+        False, description="pack sequences into one row (the model must honour packed position ids)"
     )
     logprob_chunk_tokens: int = Field(
         1024, ge=1, le=1_000_000, description="tokens per LM-head chunk of the logprob pass"
