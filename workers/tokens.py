@@ -103,20 +103,14 @@ class ChatCodec:
     ) -> list[int]:
         """A whole chat request rendered by the template (`inference.openai.render.ChatRenderer`,
         used by the agent endpoint); a template failure is a 400 `ApiError`."""
-        from inference.openai.errors import ApiError
+        from inference.openai.render import TokenizerRenderer
 
-        try:
-            ids = self._tok.apply_chat_template(
-                messages,
-                tools=tools or None,
-                tokenize=True,
-                add_generation_prompt=add_generation_prompt,
-                return_dict=False,
-                **(template_kwargs or {}),
-            )
-        except Exception as exc:  # jinja errors, raise_exception() in templates, bad kwargs
-            raise ApiError(f"chat template failed: {exc}", "messages") from None
-        return list(ids)
+        return TokenizerRenderer(self._tok).render_messages(
+            messages,
+            tools,
+            add_generation_prompt=add_generation_prompt,
+            template_kwargs=template_kwargs,
+        )
 
     # --- template rendering ------------------------------------------------------------------
     def _render(self, messages: list[dict[str, Any]], tools: Any, generation: bool) -> list[int]:
