@@ -1,8 +1,9 @@
 """`python -m broker`: status, tail, archive, replay and dead letters of a run.
 
-Stream arguments take a short name (`tasks`, `trajectories`, `trajectories:1`,
-`deadletter`, `policy`) or a full key. It starts through the farm's one runner
-(`launch.runner`): the Redis settings and the run are `BrokerCliConfig` fields
+Stream arguments take a short name (`tasks`, `trajectories`, `deadletter`, each
+with an optional partition as in `trajectories:1`, or `policy`) or a full key.
+`status` and `deadletters` cover every partition (``--partitions``). It starts
+through the farm's one runner (`launch.runner`): the Redis settings and the run are `BrokerCliConfig` fields
 (``--redis-url`` or ``FARM_REDIS_URL``, ``--run`` or ``FARM_RUN``, or a TOML file);
 SIGTERM/SIGINT end a ``--watch``, ``--follow`` or archive loop cleanly.
 """
@@ -41,6 +42,7 @@ class BrokerCliConfig(RoleConfig):
     redis_url: RedisUrl = Field("redis://127.0.0.1:6379/0", description="Redis URL")
     run: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="run name")
     redis_ca_file: str | None = Field(None, description="CA bundle for rediss:// URLs")
+    partitions: int = Field(1, ge=1, le=256, description="trajectory partitions of the run")
     redis_wait: float = Field(10.0, gt=0.0, description="seconds to keep retrying Redis")
     log_level: LogLevel = Field("WARNING", description="log level")
 
@@ -51,15 +53,15 @@ Context = RoleContext[BrokerCliConfig]
 def resolve_stream(keys: RunKeys, name: str) -> str:
     if name.startswith("{"):
         return name
-    if name == "tasks":
-        return keys.tasks
-    if name == "deadletter":
-        return keys.deadletter
     if name == "policy":
         return keys.policy_events
-    if name.startswith("trajectories"):
-        part = int(name.split(":", 1)[1]) if ":" in name else 0
-        return RunKeys(keys.run, max(keys.partitions, part + 1)).trajectories(part)
+    base, _, part = name.partition(":")  # `tasks:2`: partition 2's tasks stream
+    if base in ("tasks", "trajectories", "deadletter") and (part.isdigit() or not part):
+        p = int(part or 0)
+        wide = RunKeys(keys.run, max(keys.partitions, p + 1))
+        if base == "tasks":
+            return wide.task_stream(p)
+        return wide.trajectories(p) if base == "trajectories" else wide.deadletter_of(p)
     raise argparse.ArgumentTypeError(f"unknown stream {name!r}")
 
 
@@ -202,7 +204,7 @@ async def amain(ctx: Context) -> int:
     )
     redis = await connect(settings)
     try:
-        return await COMMANDS[ctx.args.command](redis, RunKeys(cfg.run), ctx)
+        return await COMMANDS[ctx.args.command](redis, RunKeys(cfg.run, cfg.partitions), ctx)
     finally:
         await redis.aclose()
 

@@ -11,7 +11,12 @@ Invariants:
   delivered more than `max_deliveries` times goes to the dead-letter stream with
   its reason, and is acked there in the same transaction; `read` never raises
   for a bad entry;
-- an entry whose message id a commit already recorded is acked and dropped.
+- an entry whose message id a commit already recorded is acked and dropped;
+- every command and script touches one hash tag (`broker.keys`): streams of several
+  partitions are read with one XREADGROUP per partition, never more than `count`
+  entries in all, and a commit spanning partitions runs one script per partition;
+- with `wait_replicas` > 0 a commit counts as done only once WAIT reports that many
+  replicas have it (else `RedisUnavailable`, and the caller retries: commits are idempotent).
 """
 
 from __future__ import annotations
@@ -26,12 +31,13 @@ from dataclasses import dataclass
 import pydantic
 import redis.asyncio as aioredis
 from pydantic import Field
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from broker.codec import FIELD_BODY, FIELD_KIND, FIELD_VERSION, decode, encode
 from broker.connection import redis_errors
-from broker.errors import DecodeError
-from broker.keys import RunKeys
+from broker.errors import DecodeError, RedisUnavailable
+from broker.keys import RunKeys, hash_tag
 from broker.messages import DeadLetter, Message, Task, TrajectoryGroup
 from broker.metrics import ACKED, CONSUMED, DEADLETTERED, DUPLICATES, PUBLISHED, RECLAIMED
 
@@ -86,6 +92,16 @@ class ConsumerSettings:
         60.0, gt=0.0, description="idle seconds before a dead consumer's entries are taken over"
     )
     max_deliveries: int = Field(5, ge=1, description="deliveries before an entry is dead-lettered")
+    wait_replicas: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="replicas that must hold a commit (Redis WAIT) before it counts as acked; "
+        "0: do not wait (an acked commit can be lost if its master fails before replicating)",
+    )
+    wait_timeout_ms: int = Field(
+        1000, ge=1, le=60_000, description="how long a commit waits for its replicas (WAIT timeout)"
+    )
 
 
 @dataclass(frozen=True)
@@ -101,6 +117,8 @@ class ConsumerConfig:
     max_deliveries: int = 5  # more deliveries than this: dead letter
     seen_ttl_s: float = 7 * 86_400.0  # how long committed message ids are remembered
     publish_maxlen: int = 100_000  # approximate MAXLEN for streams commit() publishes to
+    wait_replicas: int = 0  # replicas a commit must reach (WAIT) before it counts as acked
+    wait_timeout_ms: int = 1000  # WAIT's timeout
 
     @classmethod
     def of(
@@ -112,6 +130,8 @@ class ConsumerConfig:
             consumer=consumer,
             reclaim_idle_ms=int(settings.reclaim_idle_s * 1000),
             max_deliveries=settings.max_deliveries,
+            wait_replicas=settings.wait_replicas,
+            wait_timeout_ms=settings.wait_timeout_ms,
             **rest,  # type: ignore[arg-type]
         )
 
@@ -159,6 +179,12 @@ class Consumer:
         self._expect = expect
         # Cursor through this consumer's own pending entries (read once after a restart).
         self._pending_cursor: dict[str, str] = {stream: "0" for stream in self._streams}
+        # Streams grouped by hash tag: one XREADGROUP may not span cluster slots.
+        by_tag: dict[str, list[str]] = {}
+        for stream in self._streams:
+            by_tag.setdefault(hash_tag(stream), []).append(stream)
+        self._slots = list(by_tag.values())
+        self._turn = 0  # which slot the next read starts with (fairness)
         self._last_reclaim = 0.0
         self._commit = redis.register_script(_COMMIT)
 
@@ -183,9 +209,10 @@ class Consumer:
         count = count or self._config.count
         block = self._config.block_ms if block_ms is None else block_ms
         with redis_errors(f"read from {self._streams}"):
-            if self._pending_cursor:
-                raw = await self._read_ids(self._pending_cursor, count, None)
-                self._advance_pending_cursor(raw)
+            while self._pending_cursor:
+                slot = self._pending_slot()
+                raw = await self._xreadgroup(slot, count, None)
+                self._advance_pending_cursor(slot, raw)
                 if any(entries for _, entries in raw):
                     return await self._accept(raw, pending=True)
             now = time.monotonic()
@@ -194,22 +221,58 @@ class Consumer:
                 claimed = await self._reclaim(count)
                 if claimed:
                     return claimed
-            raw = await self._read_ids({s: ">" for s in self._streams}, count, block)
+            raw = await self._read_new(count, block)
             return await self._accept(raw, pending=False)
 
+    def _pending_slot(self) -> dict[str, str]:
+        """The pending cursor of the first slot that still has one."""
+        for slot in self._slots:
+            ids = {s: self._pending_cursor[s] for s in slot if s in self._pending_cursor}
+            if ids:
+                return ids
+        raise AssertionError("no pending cursor left")
+
     def _advance_pending_cursor(
-        self, raw: list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]]
+        self, slot: dict[str, str], raw: list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]]
     ) -> None:
         got = {stream: entries for stream, entries in raw if entries}
-        for stream in list(self._pending_cursor):
+        for stream in slot:
             if stream in got:
                 self._pending_cursor[stream] = _s(got[stream][-1][0])
             else:
                 del self._pending_cursor[stream]
 
-    async def _read_ids(
+    async def _read_new(
+        self, count: int, block: int | None
+    ) -> list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]]:
+        """Up to `count` new entries in all: one XREADGROUP per slot.
+
+        A sweep without blocking first, starting at a rotating slot; when it finds
+        nothing, a blocking read on one slot, in turn, for a share of `block`
+        (at least 100 ms), so a read never waits much longer than `block`.
+        """
+        if len(self._slots) == 1:
+            return await self._xreadgroup({s: ">" for s in self._slots[0]}, count, block)
+        start = self._turn % len(self._slots)
+        self._turn += 1
+        order = self._slots[start:] + self._slots[:start]
+        out: list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]] = []
+        left = count
+        for slot in order:
+            if left <= 0:
+                break
+            got = await self._xreadgroup({s: ">" for s in slot}, left, None)
+            out += got
+            left -= sum(len(entries) for _, entries in got)
+        if left < count or block is None:
+            return out
+        share = max(block // len(order), min(block, 100))
+        return await self._xreadgroup({s: ">" for s in order[0]}, count, share)
+
+    async def _xreadgroup(
         self, ids: dict[str, str], count: int, block: int | None
     ) -> list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]]:
+        # COUNT bounds each stream: several streams of one slot split it (one per partition).
         reply = await self._redis.xreadgroup(
             self._config.group,
             self._config.consumer,
@@ -221,16 +284,20 @@ class Consumer:
 
     async def _reclaim(self, count: int) -> list[Delivery]:
         out: list[Delivery] = []
+        left = count  # in all streams together, like a read
         for stream in self._streams:
+            if left <= 0:
+                break
             reply = await self._redis.xautoclaim(
                 stream,
                 self._config.group,
                 self._config.consumer,
                 min_idle_time=self._config.reclaim_idle_ms,
                 start_id="0-0",
-                count=count,
+                count=left,
             )
             entries = [(eid, fields) for eid, fields in reply[1] if fields is not None]
+            left -= len(entries)
             if entries:
                 RECLAIMED.labels(stream=stream, group=self._config.group).inc(len(entries))
                 log.info("reclaimed %d idle entries from %s", len(entries), stream)
@@ -281,7 +348,8 @@ class Consumer:
         mids = [message_id(d.message) for d in candidates]
         if not any(mids):
             return candidates
-        scores = await self._redis.zmscore(self._keys.seen(self._config.group), mids)
+        seen = self._seen_key(candidates[0].stream)  # candidates come from one stream
+        scores = await self._redis.zmscore(seen, mids)
         fresh: list[Delivery] = []
         dupes: list[Delivery] = []
         for delivery, mid, score in zip(candidates, mids, scores, strict=True):
@@ -306,7 +374,7 @@ class Consumer:
         )
         log.warning("dead-lettering %s %s: %s", stream, entry_id, reason)
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.xadd(self._keys.deadletter, encode(letter))  # type: ignore[arg-type]
+            pipe.xadd(self._deadletter_key(stream), encode(letter))  # type: ignore[arg-type]
             pipe.xack(stream, self._config.group, entry_id)
             await pipe.execute()
         DEADLETTERED.labels(stream=stream).inc()
@@ -318,7 +386,7 @@ class Consumer:
                             reason=reason, fields=encode(delivery.message),
                             deliveries=delivery.deliveries, consumer=self._config.consumer)  # fmt: skip
         log.warning("dead-lettering %s %s: %s", delivery.stream, delivery.entry_id, reason)
-        await self.commit([delivery], publish=[(self._keys.deadletter, letter)])
+        await self.commit([delivery], publish=[(self._deadletter_key(delivery.stream), letter)])
         DEADLETTERED.labels(stream=delivery.stream).inc()
 
     async def keep_alive(self, stream: str, entry_ids: Sequence[str]) -> None:
@@ -339,7 +407,7 @@ class Consumer:
         """Atomically publish `publish` (skipping message ids already committed), ack
         `deliveries` and record their message ids. Returns the published entry ids,
         "" for each skipped one. Runs to completion even if the caller is cancelled."""
-        task = asyncio.ensure_future(self._run_commit(deliveries, publish))
+        task = asyncio.ensure_future(self._run_commits(deliveries, publish))
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -365,9 +433,9 @@ class Consumer:
             fields = encode(message)
             args += [key_index(stream), message_id(message), self._config.publish_maxlen]
             args += [fields[FIELD_KIND], fields[FIELD_VERSION], fields[FIELD_BODY]]
-        keys = [self._keys.seen(self._config.group), *stream_keys]
+        keys = [self._seen_key(stream_keys[0]), *stream_keys]
         with redis_errors("commit"):
-            result = await self._commit(keys=keys, args=args)
+            result = await self._eval_commit(keys, args)
         for d in deliveries:
             ACKED.labels(stream=d.stream, group=self._config.group).inc()
         published = [_s(r) for r in result]
@@ -375,3 +443,54 @@ class Consumer:
             if entry_id:
                 PUBLISHED.labels(stream=stream).inc()
         return published
+
+    def _seen_key(self, stream: str) -> str:
+        """This group's seen set in the partition (hash tag) of `stream`."""
+        return self._keys.seen(self._config.group, self._keys.partition_of(stream))
+
+    def _deadletter_key(self, stream: str) -> str:
+        """The dead-letter stream in the partition (hash tag) of `stream`."""
+        return self._keys.deadletter_of(self._keys.partition_of(stream))
+
+    async def _run_commits(
+        self, deliveries: Sequence[Delivery], publish: Sequence[tuple[str, Message]]
+    ) -> list[str]:
+        """One commit script per hash tag (a script may not span cluster slots);
+        the published ids come back in `publish` order."""
+        streams = [d.stream for d in deliveries] + [s for s, _ in publish]
+        tags = list(dict.fromkeys(hash_tag(s) for s in streams))
+        if len(tags) <= 1:
+            return await self._run_commit(deliveries, publish) if tags else []
+        published: dict[int, str] = {}
+        for tag in tags:
+            mine = [i for i, (s, _) in enumerate(publish) if hash_tag(s) == tag]
+            ids = await self._run_commit(
+                [d for d in deliveries if hash_tag(d.stream) == tag], [publish[i] for i in mine]
+            )
+            published.update(zip(mine, ids, strict=True))
+        return [published[i] for i in range(len(publish))]
+
+    async def _eval_commit(self, keys: list[str], args: list[object]) -> list[bytes | str]:
+        """Run the commit script; with `wait_replicas`, WAIT on the same connection
+        (WAIT covers the writes of the connection it is sent on)."""
+        if not self._config.wait_replicas:
+            return await self._commit(keys=keys, args=args)
+        wait = ("WAIT", self._config.wait_replicas, self._config.wait_timeout_ms)
+        if isinstance(self._redis, RedisCluster):
+            # A cluster pipeline sends every command for one node down one connection.
+            node = self._redis.get_node_from_key(keys[0])
+            async with self._redis.pipeline() as pipe:
+                pipe.eval(_COMMIT, len(keys), *keys, *args)  # type: ignore[arg-type]
+                pipe.execute_command(*wait, target_nodes=node)
+                result, replicas = await pipe.execute()
+        else:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.eval(_COMMIT, len(keys), *keys, *args)  # type: ignore[arg-type]
+                pipe.execute_command(*wait)
+                result, replicas = await pipe.execute()
+        if int(replicas) < self._config.wait_replicas:
+            raise RedisUnavailable(
+                f"commit reached {replicas} of {self._config.wait_replicas} replicas "
+                f"within {self._config.wait_timeout_ms} ms"
+            )
+        return result

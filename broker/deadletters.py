@@ -1,8 +1,10 @@
 """Dead-letter inspection and requeue.
 
-Requeue puts an entry's original fields back on its source stream and removes
-it from the dead-letter stream in one transaction, so it is never lost or
-doubled by a crash in between.
+Each partition has its own dead-letter stream (`RunKeys.all_deadletters`), in the
+hash tag of the streams whose entries it takes, so requeue puts an entry's original
+fields back on its source stream and removes it from the dead-letter stream in one
+single-slot transaction: it is never lost or doubled by a crash in between. Listing
+and requeue cover every partition; an entry id names a dead letter in any of them.
 """
 
 from __future__ import annotations
@@ -18,31 +20,38 @@ from broker.messages import DeadLetter
 async def list_dead_letters(
     redis: aioredis.Redis, keys: RunKeys, count: int = 100
 ) -> list[tuple[str, DeadLetter]]:
+    return [(entry_id, letter) for _, entry_id, letter in await _letters(redis, keys, count)]
+
+
+async def _letters(
+    redis: aioredis.Redis, keys: RunKeys, count: int
+) -> list[tuple[str, str, DeadLetter]]:
+    """(dead-letter stream, entry id, letter) for up to `count` letters of each partition."""
     out = []
-    for raw_id, fields in await redis.xrange(keys.deadletter, count=count):
-        entry_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
-        try:
-            letter = decode(fields, expect=DeadLetter)
-        except DecodeError as exc:
-            letter = DeadLetter(
-                keys.deadletter, entry_id, f"unreadable dead letter: {exc}", dict(fields)
-            )
-        assert isinstance(letter, DeadLetter)
-        out.append((entry_id, letter))
+    for stream in keys.all_deadletters:
+        for raw_id, fields in await redis.xrange(stream, count=count):
+            entry_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
+            try:
+                letter = decode(fields, expect=DeadLetter)
+            except DecodeError as exc:
+                letter = DeadLetter(
+                    stream, entry_id, f"unreadable dead letter: {exc}", dict(fields)
+                )
+            assert isinstance(letter, DeadLetter)
+            out.append((stream, entry_id, letter))
     return out
 
 
 async def requeue(redis: aioredis.Redis, keys: RunKeys, entry_ids: list[str]) -> int:
     """Move the named dead letters back to their source streams; return how many."""
     moved = 0
-    letters = dict(await list_dead_letters(redis, keys, count=1_000_000))
-    for entry_id in entry_ids:
-        letter = letters.get(entry_id)
-        if letter is None or letter.source_stream == keys.deadletter:
+    wanted = set(entry_ids)
+    for stream, entry_id, letter in await _letters(redis, keys, count=1_000_000):
+        if entry_id not in wanted or letter.source_stream in keys.all_deadletters:
             continue
         async with redis.pipeline(transaction=True) as pipe:
             pipe.xadd(letter.source_stream, letter.fields)  # type: ignore[arg-type]
-            pipe.xdel(keys.deadletter, entry_id)
+            pipe.xdel(stream, entry_id)
             await pipe.execute()
         moved += 1
     return moved

@@ -1,21 +1,39 @@
-"""Every Redis key and stream name the farm uses, in one place.
+"""Every Redis key and stream name the farm uses, in one place, and their slot layout.
 
-All keys of one run share the hash tag ``{run}`` so that a run lives on one
-Redis Cluster slot and multi-key scripts (admission, commit pipelines) work
-there. No other module spells a key name as a string literal.
+Each key carries a Redis Cluster hash tag, the part in braces, which picks its slot.
+Trajectory partition ``p`` owns the tag ``{run}`` for ``p == 0`` and ``{run:p}``
+otherwise (``:`` is not allowed in a run name, so tags never collide across runs).
+Under a partition's tag live every key its atomic commit touches: its tasks stream,
+its trajectories stream, its dead-letter stream and the consumer groups' seen sets.
+So the worker's publish + XACK + mark-seen script and the learner's ack stay within
+one slot, while the partitions of one run spread over several slots (and nodes).
+Partition 0 keeps the names a single-partition run always had.
+
+Run-wide keys (admission budget, policy, stats) live under ``{run}``: the admission
+budget is one hash touched only by single-key scripts, so it binds the whole run.
+No other module spells a key name as a string literal.
 """
 
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_TAG = re.compile(r"^\{([A-Za-z0-9_.-]{1,64})(?::(\d+))?\}")
 
-# Consumer-group names. Workers share one group on the tasks stream; the
+# Consumer-group names. Workers share one group on the tasks streams; the
 # learner owns one group on each trajectories partition.
 WORKERS_GROUP = "workers"
 LEARNER_GROUP = "learner"
+
+
+def hash_tag(key: str) -> str:
+    """The hash tag that picks `key`'s cluster slot (the whole key if it has none)."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    return key[start + 1 : end] if start >= 0 and end > start + 1 else key
 
 
 @dataclass(frozen=True)
@@ -33,26 +51,58 @@ class RunKeys:
 
     @property
     def prefix(self) -> str:
+        """The run-wide hash tag, which is also partition 0's."""
         return "{" + self.run + "}"
+
+    def _tag(self, partition: int) -> str:
+        if not 0 <= partition < self.partitions:
+            raise ValueError(f"partition {partition} out of range 0..{self.partitions - 1}")
+        return self.prefix if partition == 0 else "{" + f"{self.run}:{partition}" + "}"
+
+    def partition_of(self, key: str) -> int:
+        """The partition whose hash tag `key` carries (0 for run-wide keys)."""
+        match = _TAG.match(key)
+        if match is None or match.group(1) != self.run:
+            raise ValueError(f"{key!r} is not a key of run {self.run!r}")
+        partition = int(match.group(2) or 0)
+        self._tag(partition)  # range check
+        return partition
+
+    def partition_for(self, message_id: str) -> int:
+        """The partition a task with this id is published to (stable across processes)."""
+        return zlib.crc32(message_id.encode()) % self.partitions
+
+    def task_stream(self, partition: int = 0) -> str:
+        """The tasks stream of one partition; partition 0's is `tasks`."""
+        return f"{self._tag(partition)}:tasks"
 
     @property
     def tasks(self) -> str:
-        return f"{self.prefix}:tasks"
+        return self.task_stream(0)
+
+    @property
+    def all_tasks(self) -> tuple[str, ...]:
+        return tuple(self.task_stream(p) for p in range(self.partitions))
 
     def trajectories(self, partition: int = 0) -> str:
-        """The trajectories stream; partition 0 keeps the unsuffixed name."""
-        if not 0 <= partition < self.partitions:
-            raise ValueError(f"partition {partition} out of range 0..{self.partitions - 1}")
-        base = f"{self.prefix}:trajectories"
-        return base if partition == 0 else f"{base}:{partition}"
+        """The trajectories stream of one partition."""
+        return f"{self._tag(partition)}:trajectories"
 
     @property
     def all_trajectories(self) -> tuple[str, ...]:
         return tuple(self.trajectories(p) for p in range(self.partitions))
 
+    def deadletter_of(self, partition: int = 0) -> str:
+        """The dead-letter stream for entries of one partition's streams."""
+        return f"{self._tag(partition)}:deadletter"
+
     @property
     def deadletter(self) -> str:
-        return f"{self.prefix}:deadletter"
+        return self.deadletter_of(0)
+
+    @property
+    def all_deadletters(self) -> tuple[str, ...]:
+        return tuple(self.deadletter_of(p) for p in range(self.partitions))
 
     @property
     def policy_version(self) -> str:
@@ -69,9 +119,9 @@ class RunKeys:
         """Hash holding the staleness/admission budget (limit, in_flight)."""
         return f"{self.prefix}:admission"
 
-    def seen(self, group: str) -> str:
-        """Set of message ids a consumer group has already committed (dedup)."""
-        return f"{self.prefix}:seen:{group}"
+    def seen(self, group: str, partition: int = 0) -> str:
+        """Sorted set of message ids a consumer group has committed in one partition (dedup)."""
+        return f"{self._tag(partition)}:seen:{group}"
 
     @property
     def stats(self) -> str:
@@ -80,4 +130,4 @@ class RunKeys:
 
     @property
     def streams(self) -> tuple[str, ...]:
-        return (self.tasks, *self.all_trajectories, self.deadletter, self.policy_events)
+        return (*self.all_tasks, *self.all_trajectories, *self.all_deadletters, self.policy_events)

@@ -91,11 +91,14 @@ async def stream_state(redis: aioredis.Redis, stream: str) -> StreamState:
 
 async def latest_dead_letter(redis: aioredis.Redis, keys: RunKeys) -> str | None:
     """Where the newest dead letter came from and why, or None when there is none."""
-    newest = await redis.xrevrange(keys.deadletter, count=1)
+    newest: list[tuple[tuple[int, ...], dict[bytes, bytes]]] = []
+    for stream in keys.all_deadletters:  # one per partition; the newest id wins
+        for raw_id, fields in await redis.xrevrange(stream, count=1):
+            newest.append((tuple(int(x) for x in _s(raw_id).split("-")), fields))
     if not newest:
         return None
     try:
-        letter = decode(newest[0][1], expect=DeadLetter)
+        letter = decode(max(newest, key=lambda e: e[0])[1], expect=DeadLetter)
     except DecodeError as exc:
         return f"unreadable dead letter: {exc}"
     assert isinstance(letter, DeadLetter)
@@ -103,9 +106,11 @@ async def latest_dead_letter(redis: aioredis.Redis, keys: RunKeys) -> str | None
 
 
 async def run_state(redis: aioredis.Redis, keys: RunKeys) -> RunState:
-    streams = tuple([await stream_state(redis, s) for s in (keys.tasks, *keys.all_trajectories)])
+    streams = tuple(
+        [await stream_state(redis, s) for s in (*keys.all_tasks, *keys.all_trajectories)]
+    )
     budget = AdmissionBudget(redis, keys)
-    dead = int(await redis.xlen(keys.deadletter))
+    dead = sum([int(await redis.xlen(s)) for s in keys.all_deadletters])
     return RunState(
         run=keys.run,
         streams=streams,
@@ -126,7 +131,12 @@ async def refresh_stream_gauges(redis: aioredis.Redis, keys: RunKeys) -> RunStat
             STREAM_PENDING.labels(stream=s.name, group=g.name).set(g.pending)
             if g.lag is not None:
                 STREAM_LAG.labels(stream=s.name, group=g.name).set(g.lag)
-    STREAM_LENGTH.labels(stream=keys.deadletter).set(state.dead_letters)
+    if keys.partitions == 1:
+        STREAM_LENGTH.labels(stream=keys.deadletter).set(state.dead_letters)
+    else:
+        with redis_errors("reading the run's dead letters"):
+            for stream in keys.all_deadletters:
+                STREAM_LENGTH.labels(stream=stream).set(int(await redis.xlen(stream)))
     ADMISSION_IN_FLIGHT.set(state.admission_in_flight)
     ADMISSION_LIMIT.set(state.admission_limit)
     return state

@@ -13,10 +13,10 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from broker.connection import RedisSettings
 from broker.keys import RunKeys
 from farm.config import FarmConfig
 from farm.console import Console
@@ -47,7 +47,9 @@ async def run_farm(
         console.line("farm", f"process {spec.name}: {' '.join(spec.argv)}")
     supervisor = Supervisor(stack.specs, console.line, RestartPolicy(max_restarts=cfg.restart_max))
     supervisor.install_signal_handlers()
-    redis = aioredis.Redis.from_url(stack.redis_url, socket_timeout=3.0, socket_connect_timeout=2.0)
+    redis = RedisSettings.from_url(
+        stack.redis_url, socket_timeout_s=3.0, connect_timeout_s=2.0
+    ).client()
     view = FarmView(stack.metrics_urls, redis, RunKeys(cfg.run))
     last: list[FarmStatus] = []
 

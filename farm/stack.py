@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from broker.connection import RedisSettings
 from farm.config import FarmConfig
 from farm.errors import StartupError
 from farm.supervisor import LineSink, Probe, ProcessSpec
@@ -147,7 +147,7 @@ def _redis(directory: Path, port: int) -> tuple[ProcessSpec, str]:
     url = f"redis://127.0.0.1:{port}/0"
 
     async def ready() -> bool:
-        client = aioredis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        client = RedisSettings.from_url(url, socket_timeout_s=1.0, connect_timeout_s=1.0).client()
         try:
             return bool(await client.ping())
         except (RedisError, OSError):

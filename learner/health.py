@@ -77,7 +77,8 @@ class FailureWatch:
 
 
 class DeadLetterWatch:
-    """Reads the run's dead letters as they come; frees and counts those of tasks."""
+    """Reads the run's dead letters as they come (every partition's dead-letter stream,
+    one XREAD each: they sit in different cluster slots); frees and counts those of tasks."""
 
     def __init__(self, redis: aioredis.Redis, keys: RunKeys, limit: int) -> None:
         self.redis = redis
@@ -85,33 +86,41 @@ class DeadLetterWatch:
         self.limit = limit  # task dead letters in a row, no group between, that fail the run
         self.streak = 0
         self.latest = ""  # reason of the latest task dead letter
-        self._last_id = "0-0"
+        self._last_ids = {stream: "0-0" for stream in keys.all_deadletters}
+        self._owed = 0  # task dead letters read but not yet returned by poll()
 
     async def start(self) -> None:
         """Skip what is already there: those tasks are not in the recount of slots in flight."""
-        with redis_errors("reading the dead letters"):
-            last = await self.redis.xrevrange(self.keys.deadletter, count=1)
-        if last:
-            raw = last[0][0]
-            self._last_id = raw.decode() if isinstance(raw, bytes) else raw
+        for stream in self._last_ids:
+            with redis_errors("reading the dead letters"):
+                last = await self.redis.xrevrange(stream, count=1)
+            if last:
+                raw = last[0][0]
+                self._last_ids[stream] = raw.decode() if isinstance(raw, bytes) else raw
 
     async def poll(self) -> int:
         """Task dead letters since the last poll (their slots are the caller's to release)."""
-        with redis_errors("reading the dead letters"):
-            reply = await self.redis.xread({self.keys.deadletter: self._last_id}, count=1000)
-        tasks = 0
-        for _, entries in reply or []:
-            for raw_id, fields in entries:
-                self._last_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
-                try:
-                    letter = decode(fields, expect=DeadLetter)
-                except DecodeError:
-                    continue
-                assert isinstance(letter, DeadLetter)
-                if letter.source_stream == self.keys.tasks:
-                    tasks += 1
-                    self.latest = letter.reason
+        for stream, last_id in self._last_ids.items():
+            with redis_errors("reading the dead letters"):
+                reply = await self.redis.xread({stream: last_id}, count=1000)
+            # Counted as soon as the cursor moves: an outage at the next stream keeps them.
+            self._owed += self._count_tasks(stream, [e for _, got in reply or [] for e in got])
+        tasks, self._owed = self._owed, 0
         self.streak += tasks
+        return tasks
+
+    def _count_tasks(self, stream: str, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> int:
+        tasks = 0
+        for raw_id, fields in entries:
+            self._last_ids[stream] = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
+            try:
+                letter = decode(fields, expect=DeadLetter)
+            except DecodeError:
+                continue
+            assert isinstance(letter, DeadLetter)
+            if letter.source_stream in self.keys.all_tasks:
+                tasks += 1
+                self.latest = letter.reason
         return tasks
 
     def groups_arrived(self) -> None:

@@ -203,9 +203,12 @@ class TaskFeeder:
                     meta=meta,
                 )
             )
-        if tasks:
-            await self.producer.publish(self.keys.tasks, tasks)
-            TASKS_ISSUED.inc(len(tasks))
+        by_partition: dict[int, list[Task]] = {}
+        for task in tasks:  # spread over the partitions' tasks streams (and cluster slots)
+            by_partition.setdefault(self.keys.partition_for(task.task_id), []).append(task)
+        for partition, part in sorted(by_partition.items()):
+            await self.producer.publish(self.keys.task_stream(partition), part)
+        TASKS_ISSUED.inc(len(tasks))
         return tasks
 
     async def release(self, n: int) -> None:
@@ -235,7 +238,8 @@ async def count_in_flight(
     stream: over-counting only makes admission stricter.
     """
     total = 0
-    streams = [(keys.tasks, workers_group)] + [(s, learner_group) for s in keys.all_trajectories]
+    streams = [(s, workers_group) for s in keys.all_tasks]
+    streams += [(s, learner_group) for s in keys.all_trajectories]
     for stream, group in streams:
         info = await _group_info(redis, stream, group)
         if info is None:

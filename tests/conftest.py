@@ -2,8 +2,10 @@
 
 Tests never touch a Redis that happens to be running: each `redis_server`
 starts its own `redis-server` on a free loopback port in a temporary directory
-and stops it afterwards. Under CI (CI=true) a missing real part is a failure,
-never a skip.
+and stops it afterwards. `redis_cluster` is one real 3-master, 3-replica Redis
+Cluster per session (tests/cluster.py), and `broker_url` runs a test once
+against a fresh single node and once against that cluster, emptied first.
+Under CI (CI=true) a missing real part is a failure, never a skip.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.cluster import LocalCluster
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -108,6 +112,29 @@ def redis_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
 @pytest.fixture
 def redis_server(redis_factory: Callable[..., RedisServer]) -> RedisServer:
     return redis_factory()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """One local Redis Cluster (3 masters, 3 replicas) shared by the session's tests."""
+    found = shutil.which("redis-server") is not None and shutil.which("redis-cli") is not None
+    require(found, "redis-server and redis-cli")
+    cluster = LocalCluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(params=["node", "cluster"])
+def broker_url(request: pytest.FixtureRequest, redis_factory: Callable[..., RedisServer]) -> str:
+    """A URL of an empty Redis: a fresh single node, or the session's cluster flushed."""
+    if request.param == "node":
+        return redis_factory().url
+    cluster: LocalCluster = request.getfixturevalue("redis_cluster")
+    cluster.flush()
+    return cluster.url
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import zlib
 from typing import Any
 
 import envs
@@ -53,13 +52,14 @@ class Worker:
         self._consumer = Consumer(
             redis,
             self.keys,
-            streams=[self.keys.tasks],
+            streams=self.keys.all_tasks,  # one tasks stream per partition
             config=ConsumerConfig.of(WORKERS_GROUP, cfg.worker_id, cfg.consumer),
             expect=Task,
         )
         self._reserved = 0  # episodes of tasks read and not yet finished
         self._freed = asyncio.Event()
-        self._running: dict[str, asyncio.Task[None]] = {}  # entry id -> group task
+        # (tasks stream, entry id) -> group task
+        self._running: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.lag = LagMonitor()
         self.groups_published = 0
         self.tasks_dead_lettered = 0
@@ -114,7 +114,7 @@ class Worker:
                 typical = n
                 self._reserved += n
                 metrics.TASKS_IN_PROGRESS.inc()
-                self._running[delivery.entry_id] = groups.create_task(
+                self._running[(delivery.stream, delivery.entry_id)] = groups.create_task(
                     self._process(delivery, n), name=f"group:{task.task_id}"
                 )
 
@@ -141,7 +141,7 @@ class Worker:
             log.warning("could not dead-letter %s (left pending): %s", task.task_id, exc)
         finally:
             self._reserved -= n
-            self._running.pop(delivery.entry_id, None)
+            self._running.pop((delivery.stream, delivery.entry_id), None)
             metrics.TASKS_IN_PROGRESS.dec()
             self._freed.set()
 
@@ -163,7 +163,8 @@ class Worker:
     async def _commit(self, delivery: Delivery, group: TrajectoryGroup) -> bool:
         """Publish the group and ack its task, riding out an outage; False: left pending."""
         task_id = group.task.task_id
-        stream = self.keys.trajectories(zlib.crc32(task_id.encode()) % self.cfg.partitions)
+        # The task's own partition: the commit script stays within one hash tag (slot).
+        stream = self.keys.trajectories(self.keys.partition_of(delivery.stream))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.cfg.consumer.reclaim_idle_s / 2
         backoff = Backoff(f"committing {task_id}")
@@ -201,14 +202,15 @@ class Worker:
         interval = max(0.5, self.cfg.consumer.reclaim_idle_s / 3)
         while True:
             await asyncio.sleep(interval)
-            ids = list(self._running)
-            if not ids:
-                continue
-            try:
-                async with asyncio.timeout(5):
-                    await self._consumer.keep_alive(self.keys.tasks, ids)
-            except (BrokerError, TimeoutError) as exc:
-                log.warning("keep-alive of %d tasks failed: %s", len(ids), exc)
+            by_stream: dict[str, list[str]] = {}
+            for stream, entry_id in list(self._running):
+                by_stream.setdefault(stream, []).append(entry_id)
+            for stream, ids in by_stream.items():
+                try:
+                    async with asyncio.timeout(5):
+                        await self._consumer.keep_alive(stream, ids)
+                except (BrokerError, TimeoutError) as exc:
+                    log.warning("keep-alive of %d tasks failed: %s", len(ids), exc)
 
 
 async def _first(*events: asyncio.Event) -> None:

@@ -18,8 +18,8 @@ KEYS = RunKeys("t")
 
 
 @pytest.fixture
-async def redis(redis_server):
-    client = await connect(RedisSettings.from_url(redis_server.url))
+async def redis(broker_url):
+    client = await connect(RedisSettings.from_url(broker_url))
     yield client
     await client.aclose()
 
