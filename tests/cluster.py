@@ -116,6 +116,13 @@ class LocalCluster:
                 return info
         raise RuntimeError(f"slot {slot} has no master")
 
+    def replica_of(self, master: int) -> int:
+        """The port of a live replica of the master on port `master`."""
+        for row in self.node(master).execute_command("CLUSTER SLOTS"):
+            if int(row[2][1]) == master and len(row) > 3:
+                return int(row[3][1])
+        raise RuntimeError(f"no replica of {master}")
+
     def flush(self) -> None:
         """Empty every master (replicas follow), keeping the topology."""
         for port in self.live_ports():

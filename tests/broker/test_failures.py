@@ -42,16 +42,16 @@ VICTIM = textwrap.dedent("""
 
 
 @pytest.fixture
-async def redis(redis_server):
-    client = await connect(RedisSettings.from_url(redis_server.url))
+async def redis(broker_url):
+    client = await connect(RedisSettings.from_url(broker_url))
     yield client
     await client.aclose()
 
 
-async def test_sigkilled_consumer_entries_are_reclaimed_and_processed_once(redis, redis_server):
+async def test_sigkilled_consumer_entries_are_reclaimed_and_processed_once(redis, broker_url):
     await Producer(redis).publish(KEYS.tasks, [make_task(f"t{i}") for i in range(20)])
     victim = subprocess.Popen(
-        [sys.executable, "-c", VICTIM, redis_server.url], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", VICTIM, broker_url], stdout=subprocess.PIPE, text=True
     )
     try:
         assert victim.stdout.readline().startswith("mid-batch 10")
@@ -127,12 +127,12 @@ ACQUIRER = textwrap.dedent("""
 """)
 
 
-async def test_admission_budget_holds_across_processes(redis, redis_server):
+async def test_admission_budget_holds_across_processes(redis, broker_url):
     budget = AdmissionBudget(redis, KEYS)
     await budget.set_limit(5)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", ACQUIRER, redis_server.url, str(i)],
+            [sys.executable, "-c", ACQUIRER, broker_url, str(i)],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -182,7 +182,7 @@ async def test_dead_letters_requeue_to_source(redis):
     assert fields == {b"k": b"task", b"v": b"2", b"b": b""}
 
 
-async def test_status_shows_the_dead_letter_count_and_the_latest_reason(redis, redis_server):
+async def test_status_shows_the_dead_letter_count_and_the_latest_reason(redis, broker_url):
     from broker.messages import Task
 
     c = task_consumer(redis, KEYS, "w", block_ms=10)
@@ -193,7 +193,7 @@ async def test_status_shows_the_dead_letter_count_and_the_latest_reason(redis, r
     await c.dead_letter(first, "task t-bad: unknown environment 'nope'")
     await c.dead_letter(second, "task t-worse: bad kwargs for 'toy': difficulty: too high")
     assert await c.read() == []  # acked with the dead letter: never delivered again
-    out = subprocess.run([sys.executable, "-m", "broker", "--redis-url", redis_server.url,
+    out = subprocess.run([sys.executable, "-m", "broker", "--redis-url", broker_url,
                           "--run", KEYS.run, "status"], capture_output=True, text=True,
                          timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr
