@@ -17,7 +17,6 @@ No other module spells a key name as a string literal.
 from __future__ import annotations
 
 import re
-import zlib
 from dataclasses import dataclass
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -67,10 +66,6 @@ class RunKeys:
         partition = int(match.group(2) or 0)
         self._tag(partition)  # range check
         return partition
-
-    def partition_for(self, message_id: str) -> int:
-        """The partition a task with this id is published to (stable across processes)."""
-        return zlib.crc32(message_id.encode()) % self.partitions
 
     def task_stream(self, partition: int = 0) -> str:
         """The tasks stream of one partition; partition 0's is `tasks`."""

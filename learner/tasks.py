@@ -169,6 +169,7 @@ class TaskFeeder:
         self.limit = limit
         self.budget = AdmissionBudget(redis, keys)
         self.producer = Producer(redis)
+        self._next_partition = 0  # where the next task is published
 
     async def start(self, in_flight: int) -> None:
         """Set the limit and re-count what is already in flight (fresh run or resume)."""
@@ -204,8 +205,9 @@ class TaskFeeder:
                 )
             )
         by_partition: dict[int, list[Task]] = {}
-        for task in tasks:  # spread over the partitions' tasks streams (and cluster slots)
-            by_partition.setdefault(self.keys.partition_for(task.task_id), []).append(task)
+        for task in tasks:  # round robin over the partitions' tasks streams (cluster slots)
+            by_partition.setdefault(self._next_partition, []).append(task)
+            self._next_partition = (self._next_partition + 1) % self.keys.partitions
         for partition, part in sorted(by_partition.items()):
             await self.producer.publish(self.keys.task_stream(partition), part)
         TASKS_ISSUED.inc(len(tasks))
