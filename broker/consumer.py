@@ -31,15 +31,15 @@ from dataclasses import dataclass
 import pydantic
 import redis.asyncio as aioredis
 from pydantic import Field
-from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from broker.codec import FIELD_BODY, FIELD_KIND, FIELD_VERSION, decode, encode
 from broker.connection import redis_errors
-from broker.errors import DecodeError, RedisUnavailable
+from broker.errors import DecodeError
 from broker.keys import RunKeys, hash_tag
 from broker.messages import DeadLetter, Message, Task, TrajectoryGroup
 from broker.metrics import ACKED, CONSUMED, DEADLETTERED, DUPLICATES, PUBLISHED, RECLAIMED
+from broker.replication import check_wait, queue_wait
 
 log = logging.getLogger(__name__)
 
@@ -471,26 +471,13 @@ class Consumer:
         return [published[i] for i in range(len(publish))]
 
     async def _eval_commit(self, keys: list[str], args: list[object]) -> list[bytes | str]:
-        """Run the commit script; with `wait_replicas`, WAIT on the same connection
-        (WAIT covers the writes of the connection it is sent on)."""
-        if not self._config.wait_replicas:
+        """Run the commit script; with `wait_replicas`, WAIT on the same connection."""
+        cfg = self._config
+        if not cfg.wait_replicas:
             return await self._commit(keys=keys, args=args)
-        wait = ("WAIT", self._config.wait_replicas, self._config.wait_timeout_ms)
-        if isinstance(self._redis, RedisCluster):
-            # A cluster pipeline sends every command for one node down one connection.
-            node = self._redis.get_node_from_key(keys[0])
-            async with self._redis.pipeline() as pipe:
-                pipe.eval(_COMMIT, len(keys), *keys, *args)  # type: ignore[arg-type]
-                pipe.execute_command(*wait, target_nodes=node)
-                result, replicas = await pipe.execute()
-        else:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.eval(_COMMIT, len(keys), *keys, *args)  # type: ignore[arg-type]
-                pipe.execute_command(*wait)
-                result, replicas = await pipe.execute()
-        if int(replicas) < self._config.wait_replicas:
-            raise RedisUnavailable(
-                f"commit reached {replicas} of {self._config.wait_replicas} replicas "
-                f"within {self._config.wait_timeout_ms} ms"
-            )
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.eval(_COMMIT, len(keys), *keys, *args)  # type: ignore[arg-type]
+            queue_wait(pipe, self._redis, keys[0], cfg.wait_replicas, cfg.wait_timeout_ms)
+            result, reached = await pipe.execute()
+        check_wait(reached, cfg.wait_replicas, cfg.wait_timeout_ms, "commit")
         return result

@@ -3,6 +3,8 @@
 One `publish` call sends all its entries in a single pipeline round trip.
 Retention trims approximately (``~``), which lets Redis drop whole macro-nodes
 and keeps XADD O(1); MINID retention keeps a time window instead of a count.
+With `wait_replicas` the pipeline ends with WAIT (`broker.replication`): a publish
+returns only once that many replicas hold it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from broker.codec import encode
 from broker.connection import redis_errors
 from broker.messages import Message
 from broker.metrics import PUBLISHED
+from broker.replication import check_wait, queue_wait
 
 
 @dataclass(frozen=True)
@@ -43,9 +46,16 @@ class Retention:
 class Producer:
     """Appends encoded messages to streams."""
 
-    def __init__(self, redis: aioredis.Redis, retention: Retention | None = None) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        retention: Retention | None = None,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
+    ) -> None:
         self._redis = redis
         self._retention = retention or Retention()
+        self._wait = (wait_replicas, wait_timeout_ms)  # replicas a publish must reach (WAIT)
 
     async def publish(self, stream: str, messages: Sequence[Message]) -> list[str]:
         """Append every message in one round trip; return their entry ids in order."""
@@ -60,6 +70,10 @@ class Producer:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for fields in entries:
                     pipe.xadd(stream, fields, **kwargs)  # type: ignore[arg-type]
+                if self._wait[0]:
+                    queue_wait(pipe, self._redis, stream, *self._wait)
                 ids = await pipe.execute()
+            if self._wait[0]:
+                check_wait(ids.pop(), *self._wait, f"publish to {stream}")
         PUBLISHED.labels(stream=stream).inc(len(ids))
         return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]

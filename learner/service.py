@@ -34,6 +34,7 @@ from broker.keys import LEARNER_GROUP, WORKERS_GROUP, RunKeys
 from broker.messages import PolicyVersion, TrajectoryGroup
 from broker.outage import retry_while_unavailable
 from broker.policy import current_policy, publish_policy
+from broker.producer import Producer
 from broker.status import refresh_stream_gauges
 from learner import metrics as m
 from learner.batch import PreparedBatch, prepare_batch
@@ -352,7 +353,11 @@ async def _make_feeder(core: Core, redis: aioredis.Redis, keys: RunKeys) -> Task
         return None
     sampler = TaskSampler(load_dataset(cfg.tasks), cfg.seed, cfg.curriculum)
     sampler.restore(core.state.sampler)
-    feeder = TaskFeeder(redis, keys, sampler, cfg.horizon, cfg.group_size, cfg.admission_limit)
+    # Tasks are written like commits: on as many replicas before they count as issued.
+    producer = Producer(redis, None, cfg.consumer.wait_replicas, cfg.consumer.wait_timeout_ms)
+    feeder = TaskFeeder(
+        redis, keys, sampler, cfg.horizon, cfg.group_size, cfg.admission_limit, producer
+    )
     await feeder.start(await count_in_flight(redis, keys, WORKERS_GROUP, LEARNER_GROUP))
     return feeder
 

@@ -165,6 +165,10 @@ class LiveSource:
         await self.top_up(version, step)
         wanted = size if self.sampling is not None else size - len(self.buffer)
         got = await self.consumer.read(count=wanted)
+        # An entry read again while still held here (a read lost in a failover, or its
+        # own idle entry reclaimed) must not be buffered, and trained, twice.
+        held = {(d.stream, d.entry_id) for d in (*self.buffer, *self.unscreened)}
+        got = [d for d in got if (d.stream, d.entry_id) not in held]
         if got and self.dead_letters is not None:
             self.dead_letters.groups_arrived()
         # A slot is freed once per entry and process: count_in_flight() at start-up

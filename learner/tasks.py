@@ -160,6 +160,7 @@ class TaskFeeder:
         horizon: HorizonSchedule,
         group_size: int,
         limit: int,
+        producer: Producer | None = None,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -168,7 +169,7 @@ class TaskFeeder:
         self.group_size = group_size
         self.limit = limit
         self.budget = AdmissionBudget(redis, keys)
-        self.producer = Producer(redis)
+        self.producer = producer or Producer(redis)  # the learner's waits for replicas
         self._next_partition = 0  # where the next task is published
 
     async def start(self, in_flight: int) -> None:
