@@ -135,6 +135,11 @@ class LocalCluster:
         proc.kill()
         proc.wait(10)
 
+    def restart(self, port: int) -> None:
+        """Start a killed node again: it keeps its identity (nodes.conf) and rejoins, as a
+        replica of whichever node took over its slots, after a full sync (no AOF)."""
+        self._launch(port)
+
     def stop(self) -> None:
         for proc in self.processes.values():
             if proc.poll() is None:
