@@ -166,3 +166,33 @@ def test_vllm_is_0_33_with_temperature_scaled_logprobs_and_nccl_overlay() -> Non
     assert json.loads(config) == {"backend": "nccl"}
     dockerfile = (K8S.parent / "docker" / "learner.Dockerfile").read_text()
     assert "ARG VLLM_IMAGE=vllm/vllm-openai:v0.33." in dockerfile
+
+
+def test_redis_cluster_overlay_scales_on_every_partitions_tasks_stream() -> None:
+    from broker.connection import RedisSettings
+    from broker.keys import WORKERS_GROUP, RunKeys
+
+    objs = _render("redis-cluster")
+    assert not any(o["metadata"]["name"] == "redis" for o in objs)  # no single-node Redis
+    config = _named(objs, "ConfigMap", "farm-config")["data"]
+    assert RedisSettings.from_url(config["FARM_REDIS_URL"]).cluster
+    keys = RunKeys(config["FARM_RUN"], int(config["FARM_PARTITIONS"]))
+    assert keys.partitions > 1
+    triggers = _named(objs, "ScaledObject", "workers")["spec"]["triggers"]
+    by_measure: dict[str, list[str]] = {"lagCount": [], "pendingEntriesCount": []}
+    base = _named(_base_objects(), "ScaledObject", "workers")["spec"]["triggers"]
+    base_lag = next(int(t["metadata"]["lagCount"]) for t in base if "lagCount" in t["metadata"])
+    for trigger in triggers:
+        assert trigger["type"] == "redis-cluster-streams"
+        meta = trigger["metadata"]
+        assert meta["consumerGroup"] == WORKERS_GROUP
+        measure = next(m for m in by_measure if m in meta)
+        by_measure[measure].append(meta["stream"])
+        if measure == "lagCount":  # the base's total target, shared by the partitions
+            assert int(meta["lagCount"]) == -(-base_lag // keys.partitions)
+    assert all(sorted(s) == sorted(keys.all_tasks) for s in by_measure.values()), by_measure
+    wrong = json.loads(json.dumps(triggers[0]))
+    wrong["metadata"]["address"] = wrong["metadata"].pop("addresses")  # the one-node key
+    scaled = _named(objs, "ScaledObject", "workers")
+    with pytest.raises(jsonschema.ValidationError):
+        _validate({**scaled, "spec": {**scaled["spec"], "triggers": [wrong]}})
