@@ -270,6 +270,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench broker", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small counts, one repeat (under a minute)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--cluster", action="store_true", help="add rows for a local 3-master cluster")
     args = p.parse_args(argv)
     if not (shutil.which("redis-server") and shutil.which("redis-benchmark")):
         print("redis-server and redis-benchmark are required (Debian: redis-server, redis-tools)")
@@ -300,4 +301,8 @@ def main(argv: list[str]) -> int:
             f"CPU-bound ent/s = {os.cpu_count()} cores / (redis + producer + consumer CPU per"
             " entry): the rate if every core did nothing but the farm's work"
         )
+    if args.cluster:
+        from bench._broker_cluster import report
+
+        report(args.quick, args.json)
     return 0
