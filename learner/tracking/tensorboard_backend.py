@@ -28,7 +28,7 @@ def cell(value: object) -> str:
     """One markdown table cell: HTML and markdown escaped, line breaks kept as <br>."""
     text = "" if value is None else str(value)
     text = _MARKDOWN.sub(r"\\\1", html.escape(text, quote=False))
-    return text.replace("\n", "<br>")
+    return "<br>".join(text.splitlines())  # every line break Python knows, \r and \x1c too
 
 
 def markdown_table(table: SampleTable) -> str:
