@@ -133,5 +133,9 @@ def test_wandb_offline_run_holds_every_step_record_config_and_samples(tracked_ru
     table = json.loads((run_dir / "files" / rows[2]["samples/path"]).read_text())
     assert table["columns"] == list(COLUMNS)
     assert [r[1] for r in table["data"]] == ["c", "d", "c"]
+    sync = subprocess.run([str(Path(sys.executable).parent / "wandb"), "sync", "--dry-run",
+                           str(run_dir)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "HOME": str(runs)})  # fmt: skip
+    assert f"Would sync 1 run(s):\nwandb:   {run_dir}/run-" in sync.stderr + sync.stdout, sync
     conversation = table["data"][0][COLUMNS.index("conversation")]
     assert conversation.startswith("[turn 1 · weights v0 · reward 1") and "⟦" in conversation
