@@ -7,7 +7,7 @@ within the role: the section's prefix, if it has one, plus the field name. From 
 field come, without being spelled again anywhere:
 
 - the flag ``--flat-name`` (grouped under its section's title in ``--help``;
-  booleans also get ``--no-flat-name``);
+  booleans also get ``--no-flat-name``; a `CommaList`'s flag may be repeated);
 - the environment variable ``<ENV_PREFIX>FLAT_NAME`` (``FARM_`` for most roles);
 - the TOML key: ``flat_name = ...`` at top level, or ``field = ...`` inside the
   section's table (``[optim]``).

@@ -171,3 +171,29 @@ def test_tracker_none_imports_neither_library(tiny_model_dir: Path) -> None:
                           timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.splitlines()[-1]) == [[], []]
+
+
+def test_tracker_options_resolve_from_flags_variables_and_toml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from learner.cli import load_config
+    from learner.errors import ConfigError
+
+    def trackers(*argv: str) -> list[str]:
+        return [str(k) for k in load_config(["--model", "/m", *argv]).tracking.tracker]
+
+    assert trackers("--tracker", "wandb", "--tracker", "tensorboard") == ["wandb", "tensorboard"]
+    assert trackers("--tracker", "tensorboard,wandb,tensorboard") == ["tensorboard", "wandb"]
+    assert trackers("--tracker", "none") == [] and trackers() == []
+    monkeypatch.setenv("FARM_TRACKER", "wandb,tensorboard")
+    assert trackers() == ["wandb", "tensorboard"] and trackers("--tracker", "none") == []
+    monkeypatch.delenv("FARM_TRACKER")
+    toml = tmp_path / "l.toml"
+    toml.write_text('model = "/m"\n[tracking]\ntracker = ["wandb"]\ntracker_sample_rows = 2\n')
+    cfg = load_config(["--config", str(toml)])
+    assert cfg.tracking.tracker == ["wandb"] and cfg.tracking.tracker_sample_rows == 2
+    for bad, why in ((["--tracker", "none,wandb"], "'none' cannot be combined"),
+                     (["--tracker", "mlflow"], "tracker: Input should be"),
+                     (["--tracker-sample-rows", "0"], "tracker_sample_rows")):  # fmt: skip
+        with pytest.raises(ConfigError, match=why):
+            load_config(["--model", "/m", *bad])
