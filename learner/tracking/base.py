@@ -85,6 +85,7 @@ class Tracker:
         self.cfg = cfg
         self._decoder = decoder  # loads the tokenizer on the first sample table
         self._decode: Decode | None = None
+        self.samples_on = True  # off after a sample table could not be built
         self.skipped = 0
 
     @classmethod
@@ -101,14 +102,26 @@ class Tracker:
         scalars = scalars_of(record)
         self._each(record.step, lambda b: b.log_scalars(record.step, scalars))
         every = self.cfg.tracker_sample_interval
-        if every and record.step % every == 0:
-            from learner.tracking.samples import sample_table
+        if every and record.step % every == 0 and self.samples_on:
+            table = self._table(record.step, groups, prepared)
+            if table is not None:
+                self._each(record.step, lambda b: b.log_samples(table))
 
+    def _table(
+        self, step: int, groups: Sequence[TrajectoryGroup], prepared: PreparedBatch
+    ) -> SampleTable | None:
+        """The step's sample table; a failure (no tokenizer) turns sample tables off."""
+        from learner.tracking.samples import sample_table
+
+        try:
             if self._decode is None:
                 self._decode = self._decoder()
             rows = self.cfg.tracker_sample_rows
-            table = sample_table(record.step, groups, prepared.samples, rows, self._decode)
-            self._each(record.step, lambda b: b.log_samples(table))
+            return sample_table(step, groups, prepared.samples, rows, self._decode)
+        except Exception:
+            log.exception("sample tables failed at step %d; off for the rest of the run", step)
+            self.samples_on = False
+            return None
 
     def skip(self, step: int) -> None:
         """Count a batch that trained nothing (logged at `step`, the steps done so far)."""
@@ -141,7 +154,9 @@ def missing_packages(cfg: TrackingConfig) -> list[str]:
     return [name for name in names if importlib.util.find_spec(name) is None]
 
 
-def _tokenizer_decoder(model: Path) -> Callable[[], Decode]:
+def tokenizer_decoder(model: Path) -> Callable[[], Decode]:
+    """A loader of the run's tokenizer (from the model directory) as a `Decode`."""
+
     def load() -> Decode:
         from transformers import AutoTokenizer
 
@@ -168,4 +183,4 @@ def open_tracker(cfg: TrackingConfig, run: str, config: Mapping[str, Any], model
                 backends.append(WandbBackend(cfg, name, config))
         except Exception:
             log.exception("tracker %s could not start; the run goes on without it", kind)
-    return Tracker(backends, cfg, _tokenizer_decoder(model))
+    return Tracker(backends, cfg, tokenizer_decoder(model))

@@ -54,7 +54,7 @@ class TrackingConfig:
 
     tracker: TrackerList = Field(
         default_factory=list,
-        description="wandb|tensorboard|none; several comma-separated or the flag repeated",
+        description="wandb|tensorboard|none, comma-separated",
     )
     tracker_dir: Path = Field(
         Path("runs"), description="tracker files: DIR/tensorboard/RUN and DIR/wandb/*-run-*"

@@ -197,3 +197,31 @@ def test_tracker_options_resolve_from_flags_variables_and_toml(
                      (["--tracker-sample-rows", "0"], "tracker_sample_rows")):  # fmt: skip
         with pytest.raises(ConfigError, match=why):
             load_config(["--model", "/m", *bad])
+
+
+def test_without_a_tokenizer_sample_tables_stop_and_the_figures_go_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from learner.tracking.base import tokenizer_decoder
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    empty = tmp_path / "no-tokenizer"
+    empty.mkdir()  # a model directory without a tokenizer: loading it fails for real
+    cfg = TrackingConfig(tracker=["tensorboard"], tracker_dir=tmp_path, tracker_sample_interval=1)
+    tracker = Tracker([TensorBoardBackend(cfg, "r", {})], cfg, tokenizer_decoder(empty))
+    groups = [make_group("g", [0.0, 1.0], vocab=26)]
+    prepared = prepare_batch(groups, BatchRules(), 0)
+    with caplog.at_level(logging.ERROR, logger="learner.tracking"):
+        for step in (1, 2):
+            tracker.step(
+                StepRecord.measure(step, step, 1, prepared, None, 0.5, 0.0), groups, prepared
+            )
+        tracker.close()
+    assert [r.getMessage() for r in caplog.records] == [
+        "sample tables failed at step 1; off for the rest of the run"]  # fmt: skip
+    events = EventAccumulator(str(tmp_path / "tensorboard" / "r"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward/reward_mean")] == [1, 2]
+    assert "samples/text_summary" not in events.Tags()["tensors"]
