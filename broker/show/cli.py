@@ -106,9 +106,7 @@ async def show(redis: aioredis.Redis | None, stream: str | None, args: argparse.
         await asyncio.to_thread(Path(args.html).write_text, page, encoding="utf-8")
         print(f"wrote group {view.group_id} ({found.entry_id}) to {args.html}")
         return 0
-    from rich.console import Console
+    from broker.show.terminal import PipeConsole, render
 
-    from broker.show.terminal import render
-
-    render(view, Console(highlight=False))
+    render(view, PipeConsole(highlight=False))
     return 0

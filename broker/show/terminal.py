@@ -10,6 +10,8 @@ completion prints as written.
 from __future__ import annotations
 
 import datetime
+import os
+import sys
 
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
@@ -123,3 +125,16 @@ def render(view: GroupView, console: Console) -> None:
     console.print(header(view))
     for episode in view.episodes:
         console.print(episode_panel(episode))
+
+
+class PipeConsole(Console):
+    """A console that stops printing quietly when its reader (`head`, `less`) goes away.
+
+    rich's own reaction is `SystemExit(1)` from inside the event loop, which the role's
+    TaskGroup reports with a traceback; a reader that has seen enough is not a failure."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit must not fail again
+        os.close(devnull)

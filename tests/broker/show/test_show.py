@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import io
+import os
 import re
+import subprocess
+import sys
 
 import msgpack
 import numpy as np
@@ -15,6 +18,7 @@ from broker.messages import FinishReason, TrajectoryGroup, Truncation
 from broker.show.terminal import render
 from broker.show.view import build_view
 from learner.config import BatchRules
+from tests.broker.helpers import make_group as make_big_group
 from tests.broker.show.helpers import Episode, Step, arithmetic, make_group
 
 
@@ -201,3 +205,16 @@ def test_first_token_of_a_sequence_is_not_trained(codec):
         (True, len(first.completion_ids) - 1),
     ]
     assert spans[0].text + spans[1].text == "E ep1 says four-ish<|im_end|>"
+
+
+def test_a_reader_that_leaves_early_is_not_an_error(run, redis_server):
+    # ~200 KB of ids: more than a pipe holds, so `show` is still writing when the reader goes
+    run.publish(make_big_group("big", tokens=25_000))
+    env = {**os.environ, "FARM_REDIS_URL": redis_server.url, "FARM_RUN": "shw"}
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    proc = subprocess.Popen([sys.executable, "-m", "broker", "show"], env=env, **pipes)
+    assert proc.stdout is not None and proc.stdout.readline().startswith(b"group")
+    proc.stdout.close()  # as `head -1` does
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    assert b"Traceback" not in err
