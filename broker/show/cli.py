@@ -80,7 +80,7 @@ def _decoder(tokenizer: str | None) -> Any:
 
 
 async def _locate(redis: aioredis.Redis | None, stream: str | None, args: Any) -> Located:
-    want = Selector(group_id=args.group, entry_id=args.entry)
+    want = Selector(group_id=args.group, entry_id=args.entry)  # ShowError: a bad entry id
     if args.archive:
         return await asyncio.to_thread(from_archive, args.archive, want)
     assert redis is not None and stream is not None

@@ -3,17 +3,17 @@
 The page has its CSS inline and loads nothing: no script, font, image or stylesheet,
 so it opens from a file, a mail attachment or an artefact store alike. Model and
 environment text is untrusted (a completion can hold ``<script>``), so every text
-goes through `html.escape`, and a Content-Security-Policy that allows inline styles
+goes through `html.escape` (after control characters are written out as ``\\xNN``), and a Content-Security-Policy that allows inline styles
 only stops anything the escaping might miss. Trained tokens are marked by colour and
 by an underline, and each span's title names its mark and token count.
 """
 
 from __future__ import annotations
 
-from html import escape
+from html import escape as _escape
 
 from broker.show.terminal import episode_title, header_rows, turn_title
-from broker.show.view import EpisodeView, GroupView, Span, TurnView
+from broker.show.view import EpisodeView, GroupView, Span, TurnView, visible
 
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px; color: #1d2330; background: #fafbfc; }
@@ -34,6 +34,12 @@ pre.tokens { white-space: pre-wrap; word-break: break-word; margin: 0;
 .untrained { color: #6b4b00; background: #fff1c2; }
 .note { color: #5f6b7f; font-style: italic; }
 """
+
+
+def escape(text: str) -> str:
+    """Text for the page: control characters written out, then HTML-escaped."""
+    return _escape(visible(text))
+
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'"
 

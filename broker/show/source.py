@@ -14,6 +14,7 @@ the not-found error; the chosen entry is decoded in full and, if that fails, rai
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from broker.errors import BrokerError, DecodeError
 from broker.messages import TrajectoryGroup
 from broker.replay import ReplayFilter, archive_entries
 
+_ENTRY_ID = re.compile(r"^\d{1,20}(-\d{1,20})?$")
 PAGE = 20  # entries per XREVRANGE page: group entries run to megabytes
 
 
@@ -49,6 +51,12 @@ class Selector:
 
     group_id: str | None = None  # the group's id (the task id)
     entry_id: str | None = None  # the stream entry id ("ms-seq")
+
+    def __post_init__(self) -> None:
+        if self.entry_id is not None and not _ENTRY_ID.match(self.entry_id):
+            raise ShowError(
+                f"entry id {self.entry_id!r} is not a stream id (MS-SEQ, as tail prints)"
+            )
 
     def describe(self) -> str:
         if self.entry_id is not None:
@@ -137,7 +145,7 @@ def from_archive(directory: str | Path, want: Selector) -> Located:
     path = Path(directory)
     if not (path / INDEX).is_file():
         raise ShowError(f"{path} is not an archive (no {INDEX})")
-    archive = Archive(path)
+    archive = Archive(path, readonly=True)  # an archiver may be writing it right now
     origin = str(path)
     if want.entry_id is not None:
         flt = ReplayFilter(start_id=want.entry_id, end_id=want.entry_id)

@@ -3,8 +3,9 @@
 Colour helps but carries nothing alone: every span has a label in the left column
 (``prompt``, ``trained``, ``not trained``), so a recording without colour, a pipe or
 a colour-blind reader sees the same marks. Model and environment text goes into
-`rich.text.Text` verbatim, never through console markup, so ``[bold]`` in a
-completion prints as written.
+`rich.text.Text`, never through console markup, so ``[bold]`` in a completion
+prints as written; control characters (an escape sequence could clear the screen
+or set the clipboard) are written out as ``\\xNN`` (`view.visible`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from broker.show.view import EpisodeView, GroupView, Span, TurnView
+from broker.show.view import EpisodeView, GroupView, Span, TurnView, visible
 
 STYLE_PROMPT = "dim"
 STYLE_TRAINED = "bold green"
@@ -50,7 +51,7 @@ def header(view: GroupView) -> Table:
     table.add_column(style="bold")
     table.add_column()
     for key, value in header_rows(view):
-        table.add_row(key, Text(value))
+        table.add_row(key, Text(visible(value)))
     for note in view.notes:
         table.add_row("note", Text(note, style="italic"))
     return table
@@ -64,7 +65,9 @@ def _span_rows(table: Table, label: str, spans: tuple[Span, ...], prompt: bool) 
             name, style = (
                 ("trained", STYLE_TRAINED) if span.trained else ("not trained", STYLE_UNTRAINED)
             )
-        table.add_row(Text(f"{name} ({span.tokens})", style=style), Text(span.text, style=style))
+        table.add_row(
+            Text(f"{name} ({span.tokens})", style=style), Text(visible(span.text), style=style)
+        )
 
 
 def turn_title(turn: TurnView) -> str:
@@ -116,7 +119,7 @@ def episode_panel(episode: EpisodeView) -> Panel:
     if not body:
         body = [Text("no turns", style="italic")]
     style = "red" if episode.error != "none" else "blue"
-    title = Text(episode_title(episode))
+    title = Text(visible(episode_title(episode)))
     return Panel(Group(*body), title=title, title_align="left", border_style=style)
 
 

@@ -24,6 +24,16 @@ from learner.config import Algorithm, BatchRules, Overlong
 Decoder = Callable[[Sequence[int]], str]  # token ids -> text
 
 
+# C0 controls but newline and tab, DEL and C1: a terminal acts on them (an escape sequence
+# can clear the screen or set the clipboard), so model text shows them as `\xNN`.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))}
+
+
+def visible(text: str) -> str:
+    """`text` with every control character but newline and tab written out as ``\\xNN``."""
+    return text.translate(_CONTROLS)
+
+
 def ids_only(ids: Sequence[int]) -> str:
     """The decoder without a tokenizer: the ids themselves."""
     return " ".join(str(int(i)) for i in ids)

@@ -15,6 +15,7 @@ from rich.console import Console
 from broker.archive import Archive
 from broker.codec import decode, encode
 from broker.messages import FinishReason, TrajectoryGroup, Truncation
+from broker.show.html import render_html
 from broker.show.terminal import render
 from broker.show.view import build_view
 from learner.config import BatchRules
@@ -89,6 +90,8 @@ def test_missing_group_and_entry_exit_3_naming_them(run, codec):
     assert "group 'nope' not found in {shw}:trajectories (1 malformed entries" in err
     code, _, err = run.cli("show", "--entry", "1-1")
     assert code == 3 and "entry 1-1 not found" in err
+    code, _, err = run.cli("show", "--entry", "latest")
+    assert code == 2 and "entry id 'latest' is not a stream id" in err
     code, _, err = run.cli("show", "--stream", "trajectories:0", "--group", "x")
     assert code == 3
     run.client.delete(run.keys.trajectories())
@@ -135,6 +138,10 @@ def test_archived_segments_show_without_redis(run, codec, tiny_model_dir, tmp_pa
     assert code == 0 and "R2 ep1 says four-ish" in out
     code, _, err = run.cli("show", "--archive", str(tmp_path), "--group", "a9")
     assert code == 3 and "group 'a9' not found in" in err
+    # a reader touches nothing: an archiver's half-written segment stays
+    (tmp_path / "seg-writing.tmp").write_bytes(b"half")
+    code, _, err = run.cli("show", "--archive", str(tmp_path), *tok)
+    assert code == 0 and (tmp_path / "seg-writing.tmp").read_bytes() == b"half"
     code, _, err = run.cli("show", "--archive", str(tmp_path / "none"))
     assert code == 2 and "is not an archive" in err
 
@@ -218,3 +225,19 @@ def test_a_reader_that_leaves_early_is_not_an_error(run, redis_server):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()[-3000:]
     assert b"Traceback" not in err
+
+
+def test_control_characters_are_written_out(codec):
+    hostile = Episode((Step("what is 2+2?", "bell\x07 clear\x1b[2J osc\x1b]52;c;eA==\x07 4", 1.0),))
+    group = make_group(codec, "ctl\x1b[31m", [hostile, *arithmetic("Z")[:1]])
+    view = build_view(
+        group, "1-0", "here", BatchRules(), lambda ids: codec.decode(ids, skip_special=False)
+    )
+    console = Console(record=True, width=200, color_system=None, file=io.StringIO())
+    render(view, console)
+    text = console.export_text()
+    page = render_html(view)
+    for out in (text, page):
+        assert "\x1b" not in out and "\x07" not in out
+        assert "bell\\x07 clear\\x1b[2J osc\\x1b]52;c;eA==\\x07 4" in out
+        assert "ctl\\x1b[31m" in out
