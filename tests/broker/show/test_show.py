@@ -14,7 +14,7 @@ from rich.console import Console
 
 from broker.archive import Archive
 from broker.codec import decode, encode
-from broker.messages import FinishReason, TrajectoryGroup, Truncation
+from broker.messages import ErrorCategory, FinishReason, TrajectoryGroup, Truncation
 from broker.show.html import render_html
 from broker.show.terminal import render
 from broker.show.view import build_view
@@ -241,3 +241,22 @@ def test_control_characters_are_written_out(codec):
         assert "\x1b" not in out and "\x07" not in out
         assert "bell\\x07 clear\\x1b[2J osc\\x1b]52;c;eA==\\x07 4" in out
         assert "ctl\\x1b[31m" in out
+
+
+def test_an_episode_without_turns_and_a_skipped_group(codec):
+    detail = "no server answered"
+    broken = Episode((), FinishReason.ERROR, ErrorCategory.INFERENCE, detail)
+    group = make_group(codec, "infra", [*arithmetic("I")[:2], broken])
+    view = build_view(
+        group, "1-0", "here", BatchRules(), lambda ids: codec.decode(ids, skip_special=False)
+    )
+    assert view.skipped == "infra" and not view.episodes[2].trained
+    console = Console(record=True, width=200, color_system=None, file=io.StringIO())
+    render(view, console)
+    text = console.export_text()
+    assert "learner    skips it: infra" in text
+    assert (
+        "episode 2 · error · error category inference: no server answered · return +0.000" in text
+    )
+    assert "no turns" in text
+    assert '<div class="turn note">no turns</div>' in render_html(view)
