@@ -7,7 +7,8 @@ Where the tokenizer and the rules come from: ``--learner-config`` (the learner's
 TOML: its ``model`` and its batch rules), ``--tokenizer`` (a model or tokenizer
 directory; it overrides the TOML's model), or neither (ids shown, default rules).
 
-Exit status: 0 shown; 2 bad arguments (tokenizer, config or archive unreadable);
+Exit status: 0 shown; 2 bad arguments (tokenizer, config or archive unreadable, a bad
+entry id, an --html file that cannot be written);
 3 no such group or entry; 4 the entry is not a decodable group.
 """
 
@@ -17,7 +18,7 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 
@@ -30,6 +31,9 @@ from broker.show.source import (
     from_archive,
     from_stream,
 )
+
+if TYPE_CHECKING:
+    from broker.show.view import Decoder
 
 EXIT_CODES: dict[type[ShowError], int] = {GroupNotFound: 3, MalformedEntry: 4, ShowError: 2}
 
@@ -65,7 +69,7 @@ def _run_settings(args: argparse.Namespace) -> tuple[Any, str | None]:
     return cfg.batch, str(cfg.model)
 
 
-def _decoder(tokenizer: str | None) -> Any:
+def _decoder(tokenizer: str | None) -> Decoder:
     from broker.show.view import ids_only
 
     if tokenizer is None:
@@ -103,7 +107,11 @@ async def show(redis: aioredis.Redis | None, stream: str | None, args: argparse.
         from broker.show.html import render_html
 
         page = render_html(view)
-        await asyncio.to_thread(Path(args.html).write_text, page, encoding="utf-8")
+        try:
+            await asyncio.to_thread(Path(args.html).write_text, page, encoding="utf-8")
+        except OSError as exc:
+            print(f"error: cannot write {args.html}: {exc}", file=sys.stderr)
+            return 2
         print(f"wrote group {view.group_id} ({found.entry_id}) to {args.html}")
         return 0
     from broker.show.terminal import PipeConsole, render

@@ -90,6 +90,8 @@ def test_missing_group_and_entry_exit_3_naming_them(run, codec):
     assert "group 'nope' not found in {shw}:trajectories (1 malformed entries" in err
     code, _, err = run.cli("show", "--entry", "1-1")
     assert code == 3 and "entry 1-1 not found" in err
+    code, _, err = run.cli("show", "--group", "g", "--html", "/nonexistent/dir/page.html")
+    assert code == 2 and "cannot write /nonexistent/dir/page.html" in err
     code, _, err = run.cli("show", "--entry", "latest")
     assert code == 2 and "entry id 'latest' is not a stream id" in err
     code, _, err = run.cli("show", "--stream", "trajectories:0", "--group", "x")
