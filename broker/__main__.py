@@ -158,7 +158,7 @@ async def cmd_replay(redis: aioredis.Redis, keys: RunKeys, ctx: Context) -> int:
         env=args.env,
     )
     source = (
-        archive_entries(Archive(args.archive), flt)
+        archive_entries(Archive(args.archive, readonly=True), flt)
         if args.archive
         else stream_entries(redis, resolve_stream(keys, args.from_stream), flt)
     )
