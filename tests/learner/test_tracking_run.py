@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ from broker.messages import ErrorCategory, TrajectoryGroup
 from broker.producer import Producer
 from learner.tracking.base import SECTION_OF
 from learner.tracking.samples import COLUMNS
+from tests.conftest import RedisServer, free_port
 from tests.learner import wandb_records
 from tests.learner.factories import make_group
 from tests.learner.farm import step_records
@@ -53,31 +55,38 @@ async def publish(url: str) -> None:
     await redis.aclose()
 
 
-@pytest.fixture(scope="module")
-def tracked_run(
-    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
-) -> tuple[Path, list[dict[str, object]], str]:
-    from tests.conftest import RedisServer as Server
-    from tests.conftest import free_port
+Run = tuple[Path, list[dict[str, object]], str]  # tracker dir, step lines, stderr
 
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     work = tmp_path_factory.mktemp("tracked")
-    server = Server(free_port(), work, appendonly=False)
+    server = RedisServer(free_port(), work, appendonly=False)
     server.start()
     try:
         asyncio.run(publish(server.url))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-        env["HOME"] = str(work)  # no ~/.netrc with a key: W&B must go offline by itself
-        cmd = [sys.executable, "-m", "learner", "--model", str(tiny_model_dir),
-               "--redis-url", server.url, "--run", RUN, "--inference-api-key", "s3cret",
-               "--groups-per-batch", "2", "--max-steps", "2", "--learning-rate", "1e-3",
-               "--tracker", "tensorboard", "--tracker", "wandb", "--tracker-dir",
-               str(work / "runs"), "--tracker-sample-interval", "1", "--tracker-sample-rows",
-               "3"]  # fmt: skip
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+        yield server.url, work
     finally:
         server.stop()
+
+
+def run_learner(work: Path, model: Path, url: str, *extra: str) -> Run:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env["HOME"] = str(work)  # no ~/.netrc with a key: W&B must go offline by itself
+    cmd = [sys.executable, "-m", "learner", "--model", str(model), "--redis-url", url,
+           "--run", RUN, "--groups-per-batch", "2", "--learning-rate", "1e-3",
+           "--tracker-dir", str(work / "runs"), *extra]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
     assert done.returncode == 0, done.stderr[-4000:]
     return work / "runs", step_records(done.stderr), done.stderr
+
+
+@pytest.fixture(scope="module")
+def tracked_run(published: tuple[str, Path], tiny_model_dir: Path) -> Run:
+    url, work = published
+    return run_learner(work, tiny_model_dir, url, "--max-steps", "2", "--inference-api-key",
+                       "s3cret", "--tracker", "tensorboard", "--tracker", "wandb",
+                       "--tracker-sample-interval", "1", "--tracker-sample-rows", "3")  # fmt: skip
 
 
 def expected_scalars(record: dict[str, object]) -> dict[str, float]:
@@ -139,3 +148,24 @@ def test_wandb_offline_run_holds_every_step_record_config_and_samples(tracked_ru
     assert f"Would sync 1 run(s):\nwandb:   {run_dir}/run-" in sync.stderr + sync.stdout, sync
     conversation = table["data"][0][COLUMNS.index("conversation")]
     assert conversation.startswith("[turn 1 · weights v0 · reward 1") and "⟦" in conversation
+
+
+@pytest.mark.slow
+def test_a_replay_is_tracked_the_same_way(
+    published: tuple[str, Path], tiny_model_dir: Path
+) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    url, work = published
+    runs, steps, _ = run_learner(work, tiny_model_dir, url, "--replay", "stream:..",
+                                 "--tracker", "tensorboard", "--tracker-run-name", "replayed",
+                                 "--tracker-sample-interval", "2")  # fmt: skip
+    assert [s["step"] for s in steps] == [1, 2]  # a,b / z1,z2 skipped / c,d
+    events = EventAccumulator(str(runs / "tensorboard" / "replayed"), size_guidance={"tensors": 0})
+    events.Reload()
+    for record in steps:
+        for name, value in expected_scalars(record).items():
+            logged = {e.step: e.value for e in events.Scalars(name)}
+            assert logged[record["step"]] == np.float32(value), name
+    assert [(e.step, e.value) for e in events.Scalars("batch/skipped_batches")] == [(1, 1.0)]
+    assert [e.step for e in events.Tensors("samples/text_summary")] == [2]
