@@ -225,3 +225,20 @@ def test_without_a_tokenizer_sample_tables_stop_and_the_figures_go_on(
     events.Reload()
     assert [e.step for e in events.Scalars("reward/reward_mean")] == [1, 2]
     assert "samples/text_summary" not in events.Tags()["tensors"]
+
+
+def test_a_tracker_that_is_not_installed_stops_the_learner_at_start(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from learner import cli
+    from learner.tracking import base
+    from learner.tracking.config import TrackerKind
+
+    # named fault: wandb's package name swapped for one that is not installed
+    monkeypatch.setitem(base.PACKAGES, TrackerKind.WANDB, "wandb_not_installed")
+    with caplog.at_level(logging.ERROR, logger="learner"):
+        status = cli.main(["--model", str(tiny_model_dir), "--tracker", "tensorboard,wandb"])
+    assert status == 2
+    assert "--tracker needs wandb_not_installed: pip install 'rollout-farm[tracking]'" in (
+        caplog.text
+    )
