@@ -1,35 +1,26 @@
 """One trajectory as a conversation a person can read: turns decoded, trained tokens marked.
 
 `render_turns` decodes each turn's prompt-side and completion tokens with the run's
-tokenizer (any ``decode(ids) -> str``) and splits the completion into spans by whether a
-loss was taken on them. Without a mask the wire contract decides: every completion
-token is trainable (loss mask 1), every prompt-side token is not. `as_text` writes the
-turns as plain text with trained spans between ``⟦ ⟧``; the trackers' sample tables use
-it, and any other view (a terminal, a page) can take the `RenderedTurn`s as they are.
-No torch, no tokenizer import here.
+tokenizer (any ``decode(ids) -> str``), cutting them into spans by the loss mask with
+`broker.show.view.spans`, the same cut `python -m broker show` draws. The mask is the one
+the learner trained with, per turn; without one the wire contract decides (every
+completion token trainable, no prompt-side token). `as_text` writes the turns as plain
+text with trained spans between ``⟦ ⟧`` and control characters written out as ``\\xNN``;
+the trackers' sample tables use it. No torch, no tokenizer import here.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from broker.messages import Trajectory
+from broker.show.view import Decoder, Span, spans, visible
 
-Decode = Callable[[Sequence[int]], str]
+Decode = Decoder  # token ids -> text
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"
-
-
-@dataclass(frozen=True)
-class Span:
-    """Consecutive tokens of one side of a turn, all trained or all not."""
-
-    text: str  # the tokens decoded
-    completion: bool  # sampled by the model (False: prompt side, from the env or template)
-    trained: bool  # a loss was taken on these tokens
 
 
 @dataclass(frozen=True)
@@ -37,18 +28,16 @@ class RenderedTurn:
     """One turn of a trajectory, decoded."""
 
     index: int  # 0-based position in the trajectory
-    spans: tuple[Span, ...]  # prompt side first, then the completion
+    prompt: tuple[Span, ...]  # prompt-side tokens (the template, the env's answer): no loss
+    completion: tuple[Span, ...]  # the sampled tokens, cut by the loss mask
     reward: float  # the environment's reward for this turn
     advantage: float | None  # mean advantage over its trained tokens (None: none trained)
     weight_version: int  # oldest weights that sampled any of its completion tokens
-    trained_tokens: int  # completion tokens a loss was taken on
 
-
-def _runs(mask: np.ndarray) -> list[tuple[int, int, bool]]:
-    """(start, end, value) of every run of equal values in a 0/1 mask."""
-    flags = mask > 0
-    edges = [0, *(np.flatnonzero(flags[1:] != flags[:-1]) + 1).tolist(), len(flags)]
-    return [(a, b, bool(flags[a])) for a, b in itertools.pairwise(edges) if b > a]
+    @property
+    def trained_tokens(self) -> int:
+        """Completion tokens a loss was taken on."""
+        return sum(s.tokens for s in self.completion if s.trained)
 
 
 def render_turns(
@@ -64,17 +53,13 @@ def render_turns(
     for k, turn in enumerate(trajectory.turns):
         n = len(turn.completion_ids)
         mask = np.ones(n, np.float32) if masks is None else np.asarray(masks[k])
-        spans = (
-            [Span(decode(turn.prompt_ids.tolist()), False, False)] if len(turn.prompt_ids) else []
-        )
-        ids = turn.completion_ids.tolist()
-        spans += [Span(decode(ids[a:b]), True, on) for a, b, on in _runs(mask)]
+        prompt = spans(turn.prompt_ids, np.zeros(len(turn.prompt_ids)), decode)
+        completion = spans(turn.completion_ids, mask, decode)
         advantage = None
         if advantages is not None and mask.sum() > 0:
             advantage = float(np.asarray(advantages[k])[mask > 0].mean())
-        trained = int((mask > 0).sum())
-        reward = float(turn.reward)
-        turns.append(RenderedTurn(k, tuple(spans), reward, advantage, turn.weight_version, trained))
+        reward, version = float(turn.reward), turn.weight_version
+        turns.append(RenderedTurn(k, prompt, completion, reward, advantage, version))
     return turns
 
 
@@ -86,11 +71,10 @@ def as_text(turns: Sequence[RenderedTurn]) -> str:
         head = f"[turn {turn.index + 1} · weights v{turn.weight_version} · reward {turn.reward:g}"
         if turn.advantage is not None:
             head += f" · advantage {turn.advantage:+.4g}"
-        prompt = "".join(s.text for s in turn.spans if not s.completion)
+        prompt = "".join(visible(s.text) for s in turn.prompt)
         completion = "".join(
-            f"{TRAINED_OPEN}{s.text}{TRAINED_CLOSE}" if s.trained else s.text
-            for s in turn.spans
-            if s.completion
+            f"{TRAINED_OPEN}{visible(s.text)}{TRAINED_CLOSE}" if s.trained else visible(s.text)
+            for s in turn.completion
         )
         blocks.append(f"{head}]\nprompt: {prompt}\ncompletion: {completion}")
     return "\n\n".join(blocks) if blocks else "(no turns)"

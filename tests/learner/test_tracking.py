@@ -47,8 +47,9 @@ def test_render_marks_the_trained_spans_and_averages_their_advantage() -> None:
     masks = [np.array([0.0, 1.0, 1.0]), np.array([1.0, 0.0])]
     advantages = [np.array([9.0, 0.5, 0.25]), np.array([-1.0, 7.0])]
     turns = render_turns(episode, letters, masks, advantages)
-    assert [(s.text, s.completion, s.trained) for s in turns[0].spans] == [
-        ("ab", False, False), ("c", True, False), ("de", True, True)]  # fmt: skip
+    assert [(s.text, s.trained) for s in turns[0].prompt] == [("ab", False)]
+    assert [(s.text, s.tokens, s.trained) for s in turns[0].completion] == [
+        ("c", 1, False), ("de", 2, True)]  # fmt: skip
     assert turns[0].advantage == 0.375 and turns[1].advantage == -1.0
     assert [t.trained_tokens for t in turns] == [2, 1]
     assert as_text(turns) == (
@@ -58,6 +59,9 @@ def test_render_marks_the_trained_spans_and_averages_their_advantage() -> None:
     # without the learner's mask the wire contract decides: every completion token trainable
     plain = render_turns(episode, letters)
     assert as_text(plain).endswith("completion: ⟦gh⟧") and plain[0].advantage is None
+    # model text may hold terminal controls: written out, newlines kept
+    odd = render_turns(episode, lambda ids: "\x1b[2J\n" if ids == [5] else letters(ids))
+    assert "prompt: \\x1b[2J\n" in as_text(odd)
 
 
 def test_sample_rows_show_trained_and_failed_episodes_with_their_advantages() -> None:
