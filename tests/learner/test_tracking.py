@@ -149,12 +149,14 @@ def test_a_real_wandb_crash_does_not_stop_the_other_tracker(
     ]
     done = subprocess.run(job, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.splitlines()[-1]) == {"running": ["tensorboard"]}
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["running"] == ["tensorboard"] and result["dropped_at"] >= 2
     failures = [line for line in done.stderr.splitlines() if "tracker wandb failed" in line]
     assert len(failures) == 1, done.stderr[-3000:]
     events = EventAccumulator(str(tmp_path / "tensorboard" / "crash"))
     events.Reload()
-    assert [e.step for e in events.Scalars("reward/reward_mean")] == [1, 2, 3]
+    steps = list(range(1, result["last"] + 1))
+    assert [e.step for e in events.Scalars("reward/reward_mean")] == steps
 
 
 @pytest.mark.slow

@@ -1,8 +1,9 @@
 """Run by test_tracking.py in a process of its own: a real wandb crash mid-run.
 
 Opens the tracker with both backends (W&B offline), logs step 1, SIGKILLs this process's
-own wandb-core child (found by parent pid, killed by pid), logs steps 2 and 3, closes,
-and prints the steps TensorBoard holds and the backends still running, as JSON.
+own wandb-core child (found by parent pid, killed by pid), logs steps until wandb fails
+(its client sees the lost socket a moment later) and two more, closes, and prints the
+backends still running, the step wandb failed at and the last step, as JSON.
 """
 
 from __future__ import annotations
@@ -47,14 +48,24 @@ def main(out: Path, model: Path) -> None:
     tracker = open_tracker(cfg, "crash", {"run": "crash"}, model)
     groups = [make_group("g", [0.0, 1.0])]
     prepared = prepare_batch(groups, BatchRules(), 0)
-    for step in (1, 2, 3):
-        record = StepRecord.measure(step, step, 1, prepared, None, 0.5, 0.0)
-        tracker.step(record, groups, prepared)
-        if step == 1:
-            kill_wandb_core()
+
+    def step(n: int) -> None:
+        tracker.step(StepRecord.measure(n, n, 1, prepared, None, 0.5, 0.0), groups, prepared)
+
+    step(1)
+    kill_wandb_core()
+    n, deadline = 1, time.monotonic() + 30
+    while "wandb" in [b.name for b in tracker.backends]:  # wandb notices the lost socket
+        assert time.monotonic() < deadline, "wandb never failed after its service died"
+        n += 1
+        step(n)
+        time.sleep(0.05)
+    dropped_at, last = n, n + 2
+    for after in range(dropped_at + 1, last + 1):  # training (and the other tracker) goes on
+        step(after)
     running = [b.name for b in tracker.backends]
     tracker.close()
-    print(json.dumps({"running": running}))
+    print(json.dumps({"running": running, "dropped_at": dropped_at, "last": last}))
 
 
 if __name__ == "__main__":
