@@ -41,30 +41,38 @@ class LocalCluster:
     """Six redis-server processes forming one cluster; `stop()` ends them all."""
 
     directory: Path
+    tls: tuple[Path, Path] | None = None  # (certificate, key): TLS on clients, bus and replication
     ports: list[int] = field(default_factory=list)
     processes: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
         """The farm's cluster URL, naming one node (the client discovers the rest)."""
-        return f"redis+cluster://127.0.0.1:{self.ports[0]}/0"
+        scheme = "rediss+cluster" if self.tls else "redis+cluster"
+        return f"{scheme}://127.0.0.1:{self.ports[0]}/0"
 
     def start(self, nodes: int = 6) -> None:
         self.ports = [_free_port_pair() for _ in range(nodes)]
         for port in self.ports:
             self._launch(port)
-        subprocess.run(
-            ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
-             "--cluster-replicas", "1", "--cluster-yes"],
-            check=True, capture_output=True, timeout=60,
-        )  # fmt: skip
+        tls = ["--tls", "--cacert", str(self.tls[0])] if self.tls else []
+        nodes = [f"127.0.0.1:{p}" for p in self.ports]
+        create = ["redis-cli", *tls, "--cluster", "create", *nodes, "--cluster-replicas", "1"]
+        subprocess.run([*create, "--cluster-yes"], check=True, capture_output=True, timeout=60)
         self.wait_ok(len(self.ports))
 
     def _launch(self, port: int) -> None:
         node_dir = self.directory / str(port)
         node_dir.mkdir(parents=True, exist_ok=True)
+        if self.tls:
+            cert, key = (str(p) for p in self.tls)
+            listen = ["--port", "0", "--tls-port", str(port), "--tls-cluster", "yes",
+                      "--tls-replication", "yes", "--tls-cert-file", cert, "--tls-key-file", key,
+                      "--tls-ca-cert-file", cert, "--tls-auth-clients", "no"]  # fmt: skip
+        else:
+            listen = ["--port", str(port)]
         args = [
-            "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(node_dir),
+            "redis-server", *listen, "--bind", "127.0.0.1", "--dir", str(node_dir),
             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
             "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
             "--cluster-replica-validity-factor", "0",  # a replica may always take over
@@ -83,7 +91,8 @@ class LocalCluster:
         raise RuntimeError(f"cluster node on port {port} did not start")
 
     def node(self, port: int) -> redis.Redis:
-        return redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=1)
+        tls = {"ssl": True, "ssl_ca_certs": str(self.tls[0])} if self.tls else {}
+        return redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=1, **tls)
 
     def live_ports(self) -> list[int]:
         return [p for p, proc in self.processes.items() if proc.poll() is None]

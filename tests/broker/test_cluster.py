@@ -4,6 +4,7 @@ and the `python -m broker` commands over every partition."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -20,6 +21,7 @@ from broker.messages import Task, TrajectoryGroup
 from broker.producer import Producer
 from tests.broker.helpers import make_group, make_task
 from tests.cluster import LocalCluster
+from tests.conftest import require
 
 KEYS = RunKeys("cl", partitions=3)
 
@@ -159,6 +161,38 @@ async def test_acl_user_on_the_cluster(redis_cluster: LocalCluster) -> None:
     )
     with pytest.raises(RedisAuthFailed, match=r"farm:\*\*\*@"):
         await connect(wrong)
+
+
+async def test_tls_cluster(tmp_path) -> None:
+    """rediss+cluster:// with a CA file: TLS to every node the client discovers."""
+    require(shutil.which("openssl") is not None, "openssl")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)  # fmt: skip
+    cluster = LocalCluster(tmp_path / "tls", tls=(cert, key))
+    try:
+        cluster.start()
+        assert cluster.url.startswith("rediss+cluster://")
+        client = await connect(RedisSettings.from_url(cluster.url, tls_ca_file=str(cert)))
+        try:
+            for p in range(3):
+                await Producer(client).publish(KEYS.task_stream(p), [make_task(f"s{p}")])
+            cfg = ConsumerConfig(group=WORKERS_GROUP, consumer="w", block_ms=50)
+            worker = Consumer(client, KEYS, KEYS.all_tasks, cfg, expect=Task)
+            await worker.ensure_groups()
+            got = await worker.read(count=10)
+            await worker.commit(got)
+            assert sorted(d.message.task_id for d in got) == ["s0", "s1", "s2"]
+            masters = {cluster.master_of(s) for s in KEYS.all_tasks}
+            assert len(masters) >= 2  # TLS to more than the node named in the URL
+        finally:
+            await client.aclose()
+        plain = RedisSettings.from_url(cluster.url.replace("rediss+", "redis+"), retry_budget_s=0.3)
+        with pytest.raises(RedisUnavailable):
+            await connect(plain)
+    finally:
+        cluster.stop()
 
 
 async def test_wait_replicas_on_the_cluster_and_without_replicas(redis_cluster, redis_server):

@@ -80,9 +80,9 @@ def test_missing_config_file_is_reported() -> None:
     assert "config file /nonexistent/farm.toml does not exist" in result.stderr
 
 
-async def test_status_shows_streams_lag_pending_policy_and_budget(redis_server) -> None:
+async def test_status_shows_streams_lag_pending_policy_and_budget(broker_url) -> None:
     keys = RunKeys("cli")
-    redis = await connect(RedisSettings.from_url(redis_server.url))
+    redis = await connect(RedisSettings.from_url(broker_url))
     try:
         tasks = [Task(f"t{i}", "toy@{}", 2, i, 0) for i in range(5)]
         await redis.xgroup_create(keys.tasks, WORKERS_GROUP, id="0", mkstream=True)
@@ -94,7 +94,7 @@ async def test_status_shows_streams_lag_pending_policy_and_budget(redis_server) 
         await publish_policy(redis, keys, PolicyVersion(version=3, step=3))
     finally:
         await redis.aclose()
-    result = _farm("status", "--redis-url", redis_server.url, "--run", "cli")
+    result = _farm("status", "--redis-url", broker_url, "--run", "cli")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "policy version 3" in out
