@@ -10,12 +10,22 @@ import sys
 from collections import Counter
 
 import pytest
-from redis.exceptions import NoPermissionError
+from redis.exceptions import (
+    ClusterDownError,
+    ClusterError,
+    MasterDownError,
+    MovedError,
+    NoPermissionError,
+    RedisClusterException,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 
-from broker.connection import RedisSettings, connect
+from broker.connection import RedisSettings, connect, redis_errors
 from broker.consumer import Consumer, ConsumerConfig
 from broker.deadletters import list_dead_letters, requeue
-from broker.errors import RedisAuthFailed, RedisUnavailable
+from broker.errors import RedisAuthFailed, RedisCommandFailed, RedisUnavailable
 from broker.keys import LEARNER_GROUP, WORKERS_GROUP, RunKeys
 from broker.messages import Task, TrajectoryGroup
 from broker.producer import Producer
@@ -224,3 +234,25 @@ async def test_wait_replicas_on_the_cluster_and_without_replicas(redis_cluster, 
             assert node.xpending(KEYS.tasks, WORKERS_GROUP)["pending"] == 0
         finally:
             await redis.aclose()
+
+
+@pytest.mark.parametrize(
+    ("error", "outage"),
+    [
+        (ClusterDownError("CLUSTERDOWN The cluster is down"), True),
+        (MasterDownError("MASTERDOWN Link with MASTER is down"), True),
+        (TryAgainError("TRYAGAIN"), True),
+        (MovedError("3999 127.0.0.1:6381"), True),
+        (ClusterError("TTL exhausted."), True),
+        (SlotNotCoveredError('Slot "7" is not covered by the cluster.'), True),
+        (RedisClusterException("Redis Cluster cannot be connected. Please provide ..."), True),
+        (RedisClusterException("Keys in request don't hash to the same slot"), False),
+        (ResponseError("WRONGTYPE Operation against a key holding the wrong kind"), False),
+    ],
+)
+def test_cluster_errors_translate_to_outage_or_command_failure(error, outage) -> None:
+    """The failover test meets these for real; this pins each class (and the one message
+    the cluster client gives an unreachable cluster) to the broker's error it becomes."""
+    with pytest.raises(RedisUnavailable if outage else RedisCommandFailed):
+        with redis_errors("reading"):
+            raise error
