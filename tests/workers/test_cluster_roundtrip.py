@@ -76,6 +76,7 @@ async def test_worker_to_learner_over_partitions(broker_url, policy_server, tiny
 async def _until_dead_letter_seen(source: LiveSource) -> None:
     """Once the worker has dead-lettered the bad task, the learner's next look at the
     letters (if no earlier one did) frees its slot."""
-    while not await source.redis.xlen(KEYS.deadletter_of(1)):
-        await asyncio.sleep(0.2)
+    letters = {KEYS.deadletter_of(1): "0-0"}
+    while not await source.redis.xread(letters, count=1, block=1000):  # blocks until one is there
+        pass
     await source._watch_dead_letters()
