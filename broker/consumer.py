@@ -49,10 +49,18 @@ log = logging.getLogger(__name__)
 # n_acks x (key index, entry id, message id), n_pubs, n_pubs x (key index,
 # message id, maxlen, kind, version, body). Returns published ids ("" if skipped).
 # Acks go out as one XACK per stream and one ZADD, in chunks that stay far under
-# Lua's unpack() limit: a batch costs a few calls, not two per entry.
+# Lua's unpack() limit: a batch costs a few calls, not two per entry. Key types are
+# checked before any write, so a batch fails whole rather than half-published.
 _COMMIT_LUA = """
 local group, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local chunk = 500
+-- Scripts are not rolled back: refuse a wrong key type before the first write.
+for k = 1, #KEYS do
+  local t = redis.call('TYPE', KEYS[k])['ok']
+  if t ~= 'none' and t ~= (k == 1 and 'zset' or 'stream') then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[k] .. ' holds a ' .. t)
+  end
+end
 local i = 4
 local n_acks = tonumber(ARGV[i]); i = i + 1
 local acks, seen = {}, {}

@@ -17,6 +17,7 @@ import pytest
 from broker.codec import decode, encode
 from broker.connection import RedisSettings, connect
 from broker.consumer import Consumer
+from broker.errors import RedisCommandFailed
 from broker.keys import WORKERS_GROUP, RunKeys
 from broker.messages import DeadLetter
 from broker.producer import Producer
@@ -264,3 +265,21 @@ async def test_dead_letters_and_acks_of_a_caller_go_in_one_commit(redis):
     assert letters[0].fields == encode(got[2].message)
     assert await pending_ids(redis) == []
     assert await seen(redis, "d0", "d1", "d2", "d3") == [True] * 4
+
+
+async def test_a_batch_with_a_refused_publish_writes_nothing(redis):
+    """Redis does not roll a script back: the commit checks key types before any write,
+    so one refused publish fails the batch whole instead of leaving it half-published."""
+    await Producer(redis).publish(KEYS.tasks, [make_task(f"r{i}") for i in range(3)])
+    not_a_stream = f"{KEYS.prefix}:not-a-stream"
+    await redis.set(not_a_stream, "x")
+    c = consumer(redis)
+    await c.ensure_groups()
+    got = await c.read(count=10)
+    pubs = [(KEYS.trajectories(), make_group(d.message.task_id)) for d in got[:2]]
+    pubs.append((not_a_stream, make_group(got[2].message.task_id)))
+    with pytest.raises(RedisCommandFailed, match="WRONGTYPE"):
+        await c.commit(got, publish=pubs)
+    assert await redis.xlen(KEYS.trajectories()) == 0
+    assert len(await pending_ids(redis)) == 3
+    assert await seen(redis, "r0", "r1", "r2") == [False] * 3
