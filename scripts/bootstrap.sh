@@ -35,8 +35,9 @@ system_packages() {
     # prometheus: promtool and a real scraper for the monitoring tests;
     # docker-compose: offline validation of deploy/compose. kubectl (kustomize rendering)
     # ships with this machine image; Debian's kubernetes-client is too old to render.
+    # chromium: the headless browser the `broker show --html` page is tested in.
     apt_install redis-server redis-tools docker.io bubblewrap debootstrap iptables ca-certificates \
-      prometheus docker-compose
+      prometheus docker-compose chromium
   else
     log "not a Debian host: install redis-server, docker and bubblewrap yourself"
   fi
@@ -57,7 +58,7 @@ python_env() {
   # torch first and pinned: 2.13.0 is the CPU wheel on this machine's disk; letting a
   # resolver pick torch would download a multi-gigabyte CUDA build.
   "$VENV/bin/python" -m pip install -q "torch==2.13.0"
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[train,sandbox,dev]"
+  "$VENV/bin/python" -m pip install -q -e "$ROOT[train,sandbox,tracking,dev]"
   echo "$want" >"$stamp"
 }
 
