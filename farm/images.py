@@ -50,8 +50,19 @@ ENV_FILE = ROOT / "deploy" / "compose" / ".env"
 TORCH = "torch==2.13.0"  # the CPU wheel on this machine's disk (see scripts/bootstrap.sh)
 EXTRAS = ("train", "sandbox")
 # What the worker image copies (worker.Dockerfile); the tag hashes exactly these files.
-SOURCES = ("pyproject.toml", "README.md", "broker", "workers", "envs", "sandbox", "inference",
-           "learner", "farm", "bench", "launch")  # fmt: skip
+SOURCES = (
+    "pyproject.toml",
+    "README.md",
+    "broker",
+    "workers",
+    "envs",
+    "sandbox",
+    "inference",
+    "learner",
+    "farm",
+    "bench",
+    "launch",
+)
 
 
 @dataclass(frozen=True)
@@ -140,8 +151,20 @@ def wheelhouse(into: Path, python_version: str, quiet: bool) -> None:
 
 
 def _pip_download(into: Path, constraints: Path, wanted: list[str], quiet: bool) -> None:
-    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
-           "--only-binary", ":all:", "-d", str(into), "-c", str(constraints), *wanted]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--disable-pip-version-check",
+        "--only-binary",
+        ":all:",
+        "-d",
+        str(into),
+        "-c",
+        str(constraints),
+        *wanted,
+    ]
     log.info("downloading %d requirements into %s", len(wanted), into)
     result = subprocess.run(cmd, capture_output=quiet, text=True, check=False)
     if result.returncode != 0:
@@ -156,8 +179,12 @@ def _unmet(into: Path, python_version: str) -> list[str]:
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name, parse_wheel_filename
 
-    env = {**default_environment(), "python_full_version": python_version,
-           "python_version": ".".join(python_version.split(".")[:2]), "extra": ""}  # fmt: skip
+    env = {
+        **default_environment(),
+        "python_full_version": python_version,
+        "python_version": ".".join(python_version.split(".")[:2]),
+        "extra": "",
+    }
     wheels = sorted(into.glob("*.whl"))
     have = {canonicalize_name(parse_wheel_filename(w.name)[0]) for w in wheels}
     unmet: set[str] = set()
@@ -177,8 +204,12 @@ def _unmet(into: Path, python_version: str) -> list[str]:
 
 def _image_python(client: DockerClient, base: str) -> str:
     """The python3 version in `base` (the wheelhouse is resolved for it)."""
-    out = client.containers.run(base, ["python3", "-c", "import platform; print(platform.python_version())"],
-                                remove=True, network_disabled=True)  # fmt: skip
+    out = client.containers.run(
+        base,
+        ["python3", "-c", "import platform; print(platform.python_version())"],
+        remove=True,
+        network_disabled=True,
+    )
     return out.decode().strip()
 
 
@@ -209,8 +240,14 @@ def _build(client: DockerClient, tag: str, context: Path, buildargs: dict[str, s
     log.info("building %s", tag)
     try:
         with context.open("rb") as fileobj:
-            client.images.build(fileobj=fileobj, custom_context=True, tag=tag, rm=True,
-                                forcerm=True, buildargs=buildargs)  # fmt: skip
+            client.images.build(
+                fileobj=fileobj,
+                custom_context=True,
+                tag=tag,
+                rm=True,
+                forcerm=True,
+                buildargs=buildargs,
+            )
     except BuildError as exc:
         tail = "".join(str(c.get("stream", c.get("error", ""))) for c in exc.build_log)[-3000:]
         raise ImageError(f"building {tag} failed: {exc}\n{tail}") from exc

@@ -41,8 +41,14 @@ class Stack:
 
     def run(self, *args: str, timeout: float = 300) -> str:
         """Run a compose command; its stdout, or AssertionError with its output."""
-        result = subprocess.run([*self.base, *args], capture_output=True, text=True,
-                                timeout=timeout, env=self.env, cwd=COMPOSE.parent)  # fmt: skip
+        result = subprocess.run(
+            [*self.base, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+            cwd=COMPOSE.parent,
+        )
         assert result.returncode == 0, (
             f"{' '.join(args)}: {result.stdout[-2000:]}{result.stderr[-3000:]}"
         )
@@ -57,16 +63,27 @@ class Stack:
         ids = self.run("ps", "-q", service).split()
         if not ids:
             return []
-        out = subprocess.run(["docker", "inspect", *ids], capture_output=True, text=True,
-                             timeout=60, check=True).stdout  # fmt: skip
+        out = subprocess.run(
+            ["docker", "inspect", *ids], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
         return [c["State"] for c in json.loads(out)]
 
     def logs(self, *services: str, tail: int = 60) -> str:
-        result = subprocess.run([*self.base, "logs", "--no-color", "--tail", str(tail), *services],
-                                capture_output=True, text=True, timeout=120, env=self.env,
-                                cwd=COMPOSE.parent)  # fmt: skip
+        result = subprocess.run(
+            [*self.base, "logs", "--no-color", "--tail", str(tail), *services],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=self.env,
+            cwd=COMPOSE.parent,
+        )
         return result.stdout + result.stderr
 
     def down(self) -> None:
-        subprocess.run([*self.base, "down", "-v", "--remove-orphans", "-t", "10"],
-                       capture_output=True, timeout=300, env=self.env, cwd=COMPOSE.parent)  # fmt: skip
+        subprocess.run(
+            [*self.base, "down", "-v", "--remove-orphans", "-t", "10"],
+            capture_output=True,
+            timeout=300,
+            env=self.env,
+            cwd=COMPOSE.parent,
+        )

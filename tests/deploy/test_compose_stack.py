@@ -19,13 +19,15 @@ dead-lettered, and issued minus consumed never exceeded the budget. `down -v` al
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 import urllib.parse
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -64,8 +66,17 @@ def _docker_engine() -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class Deployed:
+    """The test's compose project and where to look at it from the host."""
+
+    stack: Stack
+    ckpt: Path  # the learner's checkpoint directory (bind-mounted)
+    prometheus_port: int  # Prometheus on 127.0.0.1
+
+
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
+def deployed(tmp_path: Path) -> Iterator[Deployed]:
     require(_docker_engine(), "a Docker engine")
     compose_cli()
     from farm.images import PROMETHEUS, REDIS, WORKER, build
@@ -81,14 +92,18 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     (tasks / "tasks.jsonl").write_text(json.dumps({"env_spec": spec}) + "\n")
     override = tmp_path / "override.yml"
     override.write_text(yaml.safe_dump(_override(tasks, ckpt)))
-    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-           "FARM_RUN": RUN, "FARM_MODEL_DIR": str(models),
-           "FARM_PROMETHEUS_PORT": str(free_port()), WORKER.variable: tags[WORKER],
-           REDIS.variable: tags[REDIS], PROMETHEUS.variable: tags[PROMETHEUS]}  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env |= {
+        "FARM_RUN": RUN,
+        "FARM_MODEL_DIR": str(models),
+        "FARM_PROMETHEUS_PORT": str(free_port()),
+        WORKER.variable: tags[WORKER],
+        REDIS.variable: tags[REDIS],
+        PROMETHEUS.variable: tags[PROMETHEUS],
+    }
     made = Stack(f"rf-test-{uuid.uuid4().hex[:8]}", [COMPOSE, override], env)
-    made.ckpt, made.prometheus_port = ckpt, int(env["FARM_PROMETHEUS_PORT"])  # type: ignore[attr-defined]
     try:
-        yield made
+        yield Deployed(made, ckpt, int(env["FARM_PROMETHEUS_PORT"]))
     finally:
         print(made.logs(tail=25))  # shown when the test failed
         made.down()
@@ -97,11 +112,15 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 def _override(tasks: Path, ckpt: Path) -> dict[str, object]:
     """The test's settings on top of the shipped file: small run, slow tasks, host paths."""
     plugin = {"PYTHONPATH": "/opt/plugins", "FARM_ENV_MODULES": "compose_env"}
-    learner_env = {**plugin, "FARM_GROUP_SIZE": GROUP_SIZE, "FARM_GROUPS_PER_BATCH": GROUPS_PER_BATCH,
-                   "FARM_MAX_STALENESS": MAX_STALENESS, "FARM_MAX_STEPS": STEPS,
-                   "FARM_CHECKPOINT_INTERVAL": 5}  # fmt: skip
-    worker_env = {**plugin, "FARM_CONCURRENCY": TASKS_PER_WORKER * GROUP_SIZE,
-                  "FARM_MAX_TOKENS": 1}  # fmt: skip
+    learner_env = {
+        **plugin,
+        "FARM_GROUP_SIZE": GROUP_SIZE,
+        "FARM_GROUPS_PER_BATCH": GROUPS_PER_BATCH,
+        "FARM_MAX_STALENESS": MAX_STALENESS,
+        "FARM_MAX_STEPS": STEPS,
+        "FARM_CHECKPOINT_INTERVAL": 5,
+    }
+    worker_env = {**plugin, "FARM_CONCURRENCY": TASKS_PER_WORKER * GROUP_SIZE, "FARM_MAX_TOKENS": 1}
     mount = f"{ENV_FILE}:/opt/plugins/compose_env.py:ro"
     return {
         "services": {
@@ -138,9 +157,10 @@ class Sampler:
     """Task lag and issued-minus-consumed, sampled every 0.25 s while the test waits."""
 
     def __init__(self, r: redis.Redis) -> None:
-        self.r, self.in_flight = r, []  # type: ignore[var-annotated]
+        self.r = r
+        self.in_flight: list[int] = []  # tasks issued minus groups the learner read
 
-    def until(self, done, within_s: float, what: str) -> list[int]:  # type: ignore[no-untyped-def]
+    def until(self, done: Callable[[], bool], within_s: float, what: str) -> list[int]:
         """Sample until `done()`; returns the task-lag samples taken."""
         lags, deadline = [], time.monotonic() + within_s
         while not done():
@@ -186,11 +206,16 @@ def _workers_scraped(port: int) -> int:
 
 
 @pytest.mark.timeout(1500)
-def test_compose_stack_scales_workers_mid_run_and_keeps_the_books(stack: Stack) -> None:
-    started = time.monotonic()
+def test_compose_stack_scales_workers_mid_run_and_keeps_the_books(deployed: Deployed) -> None:
+    started, stack = time.monotonic(), deployed.stack
     stack.run("--profile", "cpu", "up", "-d", "--scale", "worker=1", timeout=600)
-    r = redis.Redis(port=stack.port("redis", 6379), socket_timeout=10)
-    sampler = Sampler(r)
+    with redis.Redis(port=stack.port("redis", 6379), socket_timeout=10) as r:
+        _scale_mid_run(deployed, r, started)
+        _check_books(r, deployed.ckpt)
+
+
+def _scale_mid_run(deployed: Deployed, r: redis.Redis, started: float) -> None:
+    stack, port, sampler = deployed.stack, deployed.prometheus_port, Sampler(r)
     # One worker, in its steady state: it took tasks and published groups.
     sampler.until(lambda: _groups_published(r) >= 2 * TASKS_PER_WORKER, 300, "first groups")
     t = time.monotonic() + 8 * STEP_S
@@ -205,24 +230,29 @@ def test_compose_stack_scales_workers_mid_run_and_keeps_the_books(stack: Stack) 
     after = sampler.until(lambda: time.monotonic() > t, 60, "four-worker samples")
     # (with the learner gone no task would be issued, and the lag would be 0 for nothing)
     assert not _learner_exited(stack), "the run ended while the four workers were sampled"
-    port = stack.prometheus_port  # type: ignore[attr-defined]
     sampler.until(lambda: _workers_scraped(port) == SCALED, 90, "Prometheus scraping 4 workers")
+    # the learner exports the tasks lag; once it is gone the series goes stale
+    assert _prometheus(port, f'farm_stream_lag_entries{{group="{WORKERS_GROUP}"}}')
     sampler.until(lambda: _learner_exited(stack), 400, "the run's end")
     print(
         f"run took {time.monotonic() - started:.0f} s; {scaled_at} of "
         f"{_learner_read(r)} groups consumed when 4 workers ran; lag before {before}, after {after}"
     )
 
-    # One worker holds TASKS_PER_WORKER of the LIMIT: the rest waits. Four hold them all.
-    assert statistics.median(before) >= LIMIT - TASKS_PER_WORKER - GROUPS_PER_BATCH, before
-    assert statistics.median(after) <= 2, after
+    # One worker holds TASKS_PER_WORKER of the LIMIT: the rest (less what waits for the
+    # learner) waits for a worker, more than another worker could take. Four hold them all.
+    assert statistics.median(before) > TASKS_PER_WORKER, before
+    assert statistics.median(after) <= 1, after
     assert max(sampler.in_flight) <= LIMIT, "the admission budget did not hold across pods"
     assert stack.state("learner-cpu")[0]["ExitCode"] == 0, stack.logs("learner-cpu")
-    assert _prometheus(port, f'farm_stream_lag_entries{{group="{WORKERS_GROUP}"}}')
     # The workers finish what they hold; the learner issues no more.
-    sampler.until(lambda: (g := _workers_group(r)) is not None and int(g["pending"]) == 0
-                  and int(g["lag"]) == 0, 120, "workers drained")  # fmt: skip
-    _check_books(r, stack.ckpt)  # type: ignore[attr-defined]
+    sampler.until(
+        lambda: (
+            (g := _workers_group(r)) is not None and int(g["pending"]) == 0 and int(g["lag"]) == 0
+        ),
+        120,
+        "workers drained",
+    )
 
 
 def _check_books(r: redis.Redis, ckpt: Path) -> None:
