@@ -14,15 +14,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-import torch
-
 from inference.engine import Engine, GenParams, GenRequest
 from inference.openai.errors import ApiError
 from inference.openai.models import SamplingFields
 from inference.openai.render import TokenizerRenderer
 from inference.openai.text import ChoiceText
-from inference.protocol import Limits
-from inference.sampling import SampleSpec
+from inference.protocol import Limits, engine_params
 
 
 def check_ids(ids: Sequence[int], limits: Limits, param: str) -> None:
@@ -53,21 +50,7 @@ def gen_params(
             f"has {prompt_len} and {wanted} more were asked for",
             "max_tokens",
         )
-    allowed = (
-        torch.tensor(sorted(set(req.allowed_token_ids)), dtype=torch.long)
-        if req.allowed_token_ids
-        else None
-    )
-    temperature = 1.0 if req.temperature is None else req.temperature
-    spec = SampleSpec(temperature, req.top_p or 1.0, allowed, top_logprobs)
-    return GenParams(
-        n=req.n,
-        max_tokens=wanted,
-        spec=spec,
-        seed=req.seed,
-        stop_token_ids=frozenset(req.stop_token_ids or ()),
-        ignore_eos=req.ignore_eos,
-    )
+    return engine_params(req, wanted, top_logprobs)
 
 
 class WatchedRequest(GenRequest):

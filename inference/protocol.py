@@ -14,12 +14,13 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from inference.engine import GenParams, GenRequest
+from inference.openai.models import NEUTRAL_VALUES
 from inference.sampling import SampleSpec
 
 Token = Annotated[StrictInt, Field(ge=0)]
@@ -65,21 +66,39 @@ class CompletionRequest(BaseModel):
     echo: StrictBool | None = False
 
 
-# Fields that change sampling in vLLM; accepted only at their neutral value.
-_NEUTRAL = {
-    "top_k": (None, 0, -1),
-    "min_p": (None, 0, 0.0),
-    "repetition_penalty": (None, 1, 1.0),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
-    "logit_bias": (None, {}),
-    "stop": (None, [], ""),
-    "use_beam_search": (None, False),
-    "prompt_logprobs": (None,),
-    "min_tokens": (None, 0),
-    "best_of": (None, 1),
-    "suffix": (None,),
-}
+# Fields that change sampling in vLLM, accepted only at their neutral value; this
+# token-id route also refuses stop strings and the text-completion extras.
+_NEUTRAL = NEUTRAL_VALUES | {"stop": (None, [], ""), "best_of": (None, 1), "suffix": (None,)}
+
+
+class _Sampled(Protocol):
+    """The sampling fields every request shape carries (legacy, chat and text completions)."""
+
+    n: int
+    temperature: float | None
+    top_p: float | None
+    seed: int | None
+    stop_token_ids: list[int] | None
+    allowed_token_ids: list[int] | None
+    ignore_eos: bool
+
+
+def engine_params(req: _Sampled, max_tokens: int, top_logprobs: int) -> GenParams:
+    """The engine's parameters of an already validated request; defaults follow vLLM."""
+    allowed = (
+        torch.tensor(sorted(set(req.allowed_token_ids)), dtype=torch.long)
+        if req.allowed_token_ids
+        else None
+    )
+    temperature = 1.0 if req.temperature is None else req.temperature
+    return GenParams(
+        n=req.n,
+        max_tokens=max_tokens,
+        spec=SampleSpec(temperature, req.top_p or 1.0, allowed, top_logprobs),
+        seed=req.seed,
+        stop_token_ids=frozenset(req.stop_token_ids or ()),
+        ignore_eos=req.ignore_eos,
+    )
 
 
 def parse_completion(body: Any, limits: Limits) -> tuple[CompletionRequest, list[int], GenParams]:
@@ -124,21 +143,7 @@ def parse_completion(body: Any, limits: Limits) -> tuple[CompletionRequest, list
             f"{len(req.prompt)} and max_tokens is {req.max_tokens}",
             "max_tokens",
         )
-    allowed = (
-        torch.tensor(sorted(set(req.allowed_token_ids)), dtype=torch.long)
-        if req.allowed_token_ids
-        else None
-    )
-    temperature = 1.0 if req.temperature is None else req.temperature
-    spec = SampleSpec(temperature, req.top_p or 1.0, allowed, req.logprobs or 0)
-    params = GenParams(
-        n=req.n,
-        max_tokens=req.max_tokens,
-        spec=spec,
-        seed=req.seed,
-        stop_token_ids=frozenset(req.stop_token_ids or ()),
-        ignore_eos=req.ignore_eos,
-    )
+    params = engine_params(req, req.max_tokens, req.logprobs or 0)
     return req, list(req.prompt), params
 
 

@@ -76,20 +76,16 @@ async def group_producers(url: str, keys: RunKeys) -> set[str]:
 
 
 def run_farm(redis_url: str, run: str, model: Path, logs: Path, *, push_interval: int, steps: int,
-             workers: int, ranks: int = 1) -> tuple[list[dict[str, object]], list[int]]:  # fmt: skip
-    """`ranks` > 1 runs the learner under torchrun (FSDP, gloo); the caller sets FARM_RUN=run,
-    because torchrun's parser takes `--run` for its own `--run-path`."""
+             workers: int) -> tuple[list[dict[str, object]], list[int]]:  # fmt: skip
+    """The whole loop with one learner process; returns its step records and the in-flight
+    samples taken while it ran."""
     logs.mkdir()
-    launcher = ["learner", "--run", run]
-    if ranks > 1:
-        launcher = ["torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-                    "-m", "learner"]  # fmt: skip
     with farm(logs) as f:
         url = f.server("server", model)
         for i in range(workers):
             f.worker(f"{run}-worker-{i}", redis_url, run, url, model, concurrency=64)
         learner = f.spawn("learner", [
-            *launcher, "--redis-url", redis_url, "--inference-urls", url,
+            "learner", "--run", run, "--redis-url", redis_url, "--inference-urls", url,
             "--model", str(model), "--tasks", str(toy_tasks(logs / "tasks.jsonl")),
             "--group-size", "8", "--groups-per-batch", str(GROUPS_PER_BATCH),
             "--max-staleness", str(MAX_STALENESS), "--learning-rate", LR,
@@ -101,7 +97,7 @@ def run_farm(redis_url: str, run: str, model: Path, logs: Path, *, push_interval
             asyncio.run(sample_in_flight(redis_url, RunKeys(run), learner))))  # fmt: skip
         sampler.start()
         try:
-            assert learner.wait(240 * ranks) == 0, f.log("learner")[-3000:]
+            assert learner.wait(240) == 0, f.log("learner")[-3000:]
         finally:
             sampler.join(30)
         records = step_records(f.log("learner"))
