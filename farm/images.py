@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import logging
 import subprocess
 import sys
@@ -227,8 +228,6 @@ def _tar_sources(dockerfile: bytes, out: Path) -> None:
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    import io
-
     info = tarfile.TarInfo(name)
     info.size, info.mode = len(data), 0o644
     tar.addfile(info, io.BytesIO(data))

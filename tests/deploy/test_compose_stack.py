@@ -7,13 +7,14 @@ tasks are `slow-toy` (tests/deploy/compose_env.py): each step waits STEP_S like 
 call, so one worker (TASKS_PER_WORKER tasks at once) cannot keep up with the admission
 budget of LIMIT tasks, and the tasks stream's consumer-group lag stays high.
 `up --scale worker=4` mid-run gives the workers room for the whole budget: the lag
-falls to about zero, Prometheus finds the four workers through Docker's DNS, and the
-learner finishes its STEPS.
+falls to about zero, and the learner finishes its STEPS. Prometheus found the four
+workers, the learner and the policy server through Docker's DNS, and holds the lag.
 
-Then the books: every task published became exactly one group; every group was either
-trained once (the learner's checkpoint lists the group ids of each step) or is still
-in the trajectories stream after the learner's last read; nothing is pending, nothing
-dead-lettered, and issued minus consumed never exceeded the budget. `down -v` always.
+Then the books: every task published became exactly one group, published once; no
+group was trained twice (the learner's checkpoint lists the group ids of each step);
+every group the learner took was taken once, and the rest is in flight (read and
+unacked, or unread); nothing was dead-lettered; issued minus consumed never exceeded
+the budget; all four workers produced. `down -v` always, passed or failed.
 """
 
 from __future__ import annotations
@@ -205,6 +206,17 @@ def _workers_scraped(port: int) -> int:
     return int(float(result[0]["value"][1])) if result else 0
 
 
+def _check_prometheus(port: int) -> None:
+    """Prometheus scraped every role through Docker's DNS, and holds the tasks lag that the
+    learner exported while it ran (range queries: the learner's series are stale now)."""
+    for job in ("farm-learner", "farm-inference"):
+        seen = _prometheus(port, f'max_over_time(up{{job="{job}"}}[10m])')
+        assert seen and float(seen[0]["value"][1]) == 1, f"{job} never scraped"
+    query = f'max_over_time(farm_stream_lag_entries{{group="{WORKERS_GROUP}"}}[10m])'
+    lag = _prometheus(port, query)
+    assert lag and float(lag[0]["value"][1]) > 0, "no tasks lag in Prometheus"
+
+
 @pytest.mark.timeout(1500)
 def test_compose_stack_scales_workers_mid_run_and_keeps_the_books(deployed: Deployed) -> None:
     started, stack = time.monotonic(), deployed.stack
@@ -230,10 +242,9 @@ def _scale_mid_run(deployed: Deployed, r: redis.Redis, started: float) -> None:
     after = sampler.until(lambda: time.monotonic() > t, 60, "four-worker samples")
     # (with the learner gone no task would be issued, and the lag would be 0 for nothing)
     assert not _learner_exited(stack), "the run ended while the four workers were sampled"
-    sampler.until(lambda: _workers_scraped(port) == SCALED, 90, "Prometheus scraping 4 workers")
-    # the learner exports the tasks lag; once it is gone the series goes stale
-    assert _prometheus(port, f'farm_stream_lag_entries{{group="{WORKERS_GROUP}"}}')
     sampler.until(lambda: _learner_exited(stack), 400, "the run's end")
+    sampler.until(lambda: _workers_scraped(port) == SCALED, 90, "Prometheus scraping 4 workers")
+    _check_prometheus(port)
     print(
         f"run took {time.monotonic() - started:.0f} s; {scaled_at} of "
         f"{_learner_read(r)} groups consumed when 4 workers ran; lag before {before}, after {after}"
