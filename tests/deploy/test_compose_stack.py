@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import time
 import urllib.parse
 import urllib.request
@@ -56,15 +58,11 @@ ENV_FILE = Path(__file__).with_name("compose_env.py")
 
 
 def _docker_engine() -> bool:
-    try:
-        import docker
-
-        client = docker.from_env(timeout=10)
-        client.ping()
-        client.close()
-        return True
-    except Exception:
+    """`docker info` answers (the CLI: docker-py leaks a socket when the engine is absent)."""
+    if shutil.which("docker") is None:
         return False
+    probe = subprocess.run(["docker", "info"], capture_output=True, timeout=60)
+    return probe.returncode == 0
 
 
 @dataclass(frozen=True)
