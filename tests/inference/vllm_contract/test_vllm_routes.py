@@ -169,11 +169,11 @@ async def test_nccl_weight_sync_reaches_every_worker_of_any_layout(
 async def test_nccl_init_info_rejected_by_vllm_is_reported(vllm_contract: VllmContract) -> None:
     class Unknown(NcclTransport):
         def init_info(self, rank_offset: int, world_size: int) -> dict:
-            return super().init_info(rank_offset, world_size) | {"cpu_weights_path": "x"}
+            return super().init_info(rank_offset, world_size) | {"not_a_vllm_field": "x"}
 
     transport = Unknown("127.0.0.1", free_port(), trainer_init=gloo_trainer_init(2))
     url = vllm_contract.urls["plain"]
     sync = NcclWeightSync([url], WeightSyncConfig(root_dir=Path("/x")), transport)
     with pytest.raises(WeightSyncError) as err:
         await asyncio.wait_for(sync.init(), 30)
-    assert "HTTP 400" in str(err.value) and "cpu_weights_path" in str(err.value)
+    assert "HTTP 400" in str(err.value) and "not_a_vllm_field" in str(err.value)
