@@ -93,8 +93,8 @@ async def test_bad_metadata_is_refused_and_a_new_group_works(
     wrong_shape = dataclasses.replace(stream, shapes=((3, 3), *stream.shapes[1:]))
     # announced right, produced wrong: the trainer stops before sending what it did not announce
     swapped = dataclasses.replace(stream, produce=lambda: reversed(list(tensors.values())))
+    sync = gloo_sync([server.url])  # one trainer, as the learner: init again on the same port
     for bad, why in ((wrong_shape, "does not match the model"), (swapped, "was announced as")):
-        sync = gloo_sync([server.url])
         await asyncio.wait_for(sync.init(), 60)
         with pytest.raises(WeightSyncError) as err:
             await asyncio.wait_for(sync.push(bad, 7), 60)
@@ -103,7 +103,6 @@ async def test_bad_metadata_is_refused_and_a_new_group_works(
         await serves(server.url, model_dir, "0")
         with pytest.raises(WeightSyncError, match="call init"):
             await sync.push(tensors, 7)
-    sync = gloo_sync([server.url])
     await asyncio.wait_for(sync.init(), 60)
     await asyncio.wait_for(sync.push(tensors, 8), 60)
     await serves(server.url, other_model_dir, "8")
