@@ -162,9 +162,7 @@ def add_transfer_routes(
         transfer.close()
         transfer.busy = "joining"
         try:
-            transfer.group = await asyncio.to_thread(
-                GlooCommunicator, address, port, rank, world, transfer.timeout_s
-            )
+            transfer.group = await _join(address, port, rank, world, transfer.timeout_s)
         except Exception as exc:  # torch raises RuntimeError subclasses and TimeoutError
             raise EngineError(f"weight transfer group not formed: {exc}", status=500) from exc
         finally:
@@ -204,6 +202,22 @@ def add_transfer_routes(
     app.router.add_post("/update_weights", update_weights)
     app.router.add_post("/finish_weight_update", _finish_route(key, read_json, json_object))
     app.router.add_post("/shutdown_weight_transfer_engine", _shutdown_route(key))
+
+
+async def _join(
+    address: str, port: int, rank: int, world: int, timeout_s: float
+) -> GlooCommunicator:
+    """Form the group in a thread; if the caller goes away first, leave it once it forms."""
+    joining = asyncio.ensure_future(
+        asyncio.to_thread(GlooCommunicator, address, port, rank, world, timeout_s)
+    )
+    try:
+        return await asyncio.shield(joining)
+    except asyncio.CancelledError:
+        joining.add_done_callback(
+            lambda f: f.cancelled() or f.exception() is not None or f.result().destroy()
+        )
+        raise
 
 
 async def _receive(transfer: TransferState, meta: Any, version: str) -> None:
