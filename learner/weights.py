@@ -10,7 +10,9 @@ version; anything less raises `WeightPushError`. `--weight-transfer` picks the p
   server through the file-based weight-sync client.
 - ``nccl``: vLLM 0.33's weight-transfer routes (`NcclWeightSync`). The group of the
   learner (rank 0) and every server's workers forms at the first push (the servers are up
-  by then: they produced the batch) and again after a failed push; each push broadcasts
+  by then: they produced the batch), and again at the push after a failed one (a failure
+  closes it on every side; `python -m learner` stops on the `WeightPushError`, as it
+  does for a failed file push, and `--resume` continues); each push broadcasts
   `source.weight_stream()`, whose tensors are gathered one at a time as they are sent.
   ``--weight-transfer-backend nccl`` uses vLLM's trainer_init (CUDA + vLLM);
   ``gloo`` is the CPU policy server's stand-in. Nothing is written to disk: the published
