@@ -3,7 +3,8 @@
 Real server processes, a real trainer (`NcclWeightSync` + `NcclTransport` over gloo), the tiny
 model. After a push the servers generate with exactly the pushed weights; after a failed one
 (a trainer killed mid-broadcast, metadata the model lacks, a stream that disagrees with its
-metadata) they keep their old weights and label and take a new group and push.
+metadata, a trainer that never joins) they keep their old weights and label and take a new
+group and push.
 """
 
 from __future__ import annotations
@@ -106,3 +107,19 @@ async def test_bad_metadata_is_refused_and_a_new_group_works(
     await asyncio.wait_for(sync.init(), 60)
     await asyncio.wait_for(sync.push(tensors, 8), 60)
     await serves(server.url, other_model_dir, "8")
+
+
+async def test_a_trainer_that_never_comes_times_out_the_join(
+    server_factory, other_model_dir: Path
+) -> None:
+    server = await server_factory(weight_transfer_timeout_s=1.0)
+    info = {"master_address": "127.0.0.1", "master_port": free_port(), "rank_offset": 1,
+            "world_size": 2}  # fmt: skip
+    status, body = await post(server.url + "/init_weight_transfer_engine", {"init_info": info})
+    assert status == 500 and "group not formed" in body["error"]["message"]
+    assert (await post(server.url + "/start_weight_update"))[0] == 409
+    sync = gloo_sync([server.url])
+    await asyncio.wait_for(sync.init(), 60)
+    await asyncio.wait_for(sync.push(load_file(other_model_dir / "model.safetensors"), 2), 60)
+    await serves(server.url, other_model_dir, "2")
+    sync.close()
