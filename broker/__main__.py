@@ -1,4 +1,4 @@
-"""`python -m broker`: status, tail, archive, replay and dead letters of a run.
+"""`python -m broker`: status, tail, show, archive, replay and dead letters of a run.
 
 Stream arguments take a short name (`tasks`, `trajectories`, `trajectories:1`,
 `deadletter`, `policy`) or a full key. It starts through the farm's one runner
@@ -27,6 +27,7 @@ from broker.deadletters import list_dead_letters, requeue
 from broker.errors import BrokerError, DecodeError
 from broker.keys import RunKeys
 from broker.replay import ReplayFilter, archive_entries, replay, stream_entries
+from broker.show.cli import add_show_command, show
 from broker.status import format_state, run_state
 from launch.runner import Role, RoleContext, start
 from launch.settings import LogLevel, RoleConfig
@@ -94,6 +95,7 @@ def add_commands(p: argparse.ArgumentParser) -> None:
     dl.add_argument("action", choices=["list", "requeue"])
     dl.add_argument("ids", nargs="*", help="dead-letter entry ids to requeue")
     dl.add_argument("--all", action="store_true", help="requeue every dead letter")
+    add_show_command(sub)
 
 
 def describe(fields: dict[bytes, bytes]) -> str:
@@ -156,7 +158,7 @@ async def cmd_replay(redis: aioredis.Redis, keys: RunKeys, ctx: Context) -> int:
         env=args.env,
     )
     source = (
-        archive_entries(Archive(args.archive), flt)
+        archive_entries(Archive(args.archive, readonly=True), flt)
         if args.archive
         else stream_entries(redis, resolve_stream(keys, args.from_stream), flt)
     )
@@ -186,17 +188,24 @@ async def cmd_deadletters(redis: aioredis.Redis, keys: RunKeys, ctx: Context) ->
     return 0
 
 
+async def cmd_show(redis: aioredis.Redis, keys: RunKeys, ctx: Context) -> int:
+    return await show(redis, resolve_stream(keys, ctx.args.stream), ctx.args)
+
+
 COMMANDS: dict[str, Callable[[aioredis.Redis, RunKeys, Context], Awaitable[int]]] = {
     "status": cmd_status,
     "tail": cmd_tail,
     "archive": cmd_archive,
     "replay": cmd_replay,
     "deadletters": cmd_deadletters,
+    "show": cmd_show,
 }
 
 
 async def amain(ctx: Context) -> int:
     cfg = ctx.config
+    if ctx.args.command == "show" and ctx.args.archive:  # an archive needs no Redis
+        return await show(None, None, ctx.args)
     settings = RedisSettings.from_url(
         cfg.redis_url, retry_budget_s=cfg.redis_wait, tls_ca_file=cfg.redis_ca_file
     )

@@ -108,11 +108,15 @@ def _describe(file: str, entries: Sequence[Entry]) -> SegmentInfo:
 class Archive:
     """A directory of segments plus its index."""
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, readonly: bool = False) -> None:
+        """`readonly`: read what the index lists and touch nothing, so a reader can open
+        an archive that an archiver is still writing (whose .tmp files are not orphans)."""
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        if not readonly:
+            self.directory.mkdir(parents=True, exist_ok=True)
         self._segments = self._load_index()
-        self._adopt_orphans()
+        if not readonly:
+            self._adopt_orphans()
 
     @property
     def segments(self) -> tuple[SegmentInfo, ...]:

@@ -53,7 +53,7 @@ async def _entries(spec: str, keys: RunKeys, redis_url: str) -> AsyncIterator[En
             raise ReplayError(f"{path} is not an archive directory (no index.json)")
         from broker.archive import Archive
 
-        for entry in archive_entries(Archive(path)):
+        for entry in archive_entries(Archive(path, readonly=True)):
             yield entry
         return
     name, start, end = parse_stream_range(spec)

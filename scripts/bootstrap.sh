@@ -35,8 +35,9 @@ system_packages() {
     # prometheus: promtool and a real scraper for the monitoring tests;
     # docker-compose: offline validation of deploy/compose. kubectl (kustomize rendering)
     # ships with this machine image; Debian's kubernetes-client is too old to render.
+    # chromium: the headless browser the `broker show --html` page is tested in.
     apt_install redis-server redis-tools docker.io bubblewrap debootstrap iptables ca-certificates \
-      prometheus docker-compose
+      prometheus docker-compose chromium
   else
     log "not a Debian host: install redis-server, docker and bubblewrap yourself"
   fi

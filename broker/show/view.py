@@ -1,0 +1,211 @@
+"""The view of one trajectory group that both renderers draw: text, marks and numbers.
+
+`build_view` turns a `TrajectoryGroup` into plain frozen records: per episode its
+turns in order, each with the prompt-side and completion tokens decoded into spans
+that say whether the learner trains them. Groups carry no advantages on the wire,
+so they come from the learner's own functions (`learner.batch.shaped_rewards`,
+`learner.algorithms.compute_advantages`), with the run's `BatchRules`; the loss mask
+comes from `learner.batch.assemble` and `split_segments`, so a mark here is exactly a
+token the learner would put loss on. Estimators that look past the group (`rebn`
+normalises over the whole batch) are computed over this group alone, and the KL
+reward penalty (it needs the reference model) is left out: the view says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from broker.messages import Trajectory, TrajectoryGroup
+from learner.config import Algorithm, BatchRules, Overlong
+
+Decoder = Callable[[Sequence[int]], str]  # token ids -> text
+
+
+# C0 controls but newline and tab, DEL and C1: a terminal acts on them (an escape sequence
+# can clear the screen or set the clipboard), so model text shows them as `\xNN`.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))}
+
+
+def visible(text: str) -> str:
+    """`text` with every control character but newline and tab written out as ``\\xNN``."""
+    return text.translate(_CONTROLS)
+
+
+def ids_only(ids: Sequence[int]) -> str:
+    """The decoder without a tokenizer: the ids themselves."""
+    return " ".join(str(int(i)) for i in ids)
+
+
+@dataclass(frozen=True)
+class Span:
+    """A run of tokens that are all trained or all not."""
+
+    text: str  # decoded, special tokens kept
+    tokens: int  # how many tokens
+    trained: bool  # loss mask 1: the learner puts loss on these tokens
+
+
+@dataclass(frozen=True)
+class TurnView:
+    """One model turn."""
+
+    index: int  # position in the episode, from 0
+    prompt: tuple[Span, ...]  # prompt-side tokens added before the turn (never trained)
+    completion: tuple[Span, ...]  # the sampled tokens
+    reward: float  # the environment's reward for this turn
+    shaped_reward: float  # after the learner's reward shaping (overlong)
+    advantage: float  # the learner's advantage for every completion token of the turn
+    weight_version: int  # oldest weight version behind the completion
+    temperature: float  # sampling temperature
+    mean_logprob: float | None  # mean behaviour logprob of the completion (None: empty)
+    segment_start: bool  # the prompt starts a new sequence (an agent rewrote its history)
+    terminated: bool
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class EpisodeView:
+    """One trajectory of the group."""
+
+    sample_index: int
+    outcome: str  # finish reason, with the truncation cause
+    error: str  # error category ("none" when none)
+    error_detail: str
+    episode_return: float  # discounted return of the shaped rewards
+    trained: bool  # False: the learner trains no token of it (no turns, overlong masked)
+    turns: tuple[TurnView, ...]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """The group, ready to draw."""
+
+    group_id: str
+    entry_id: str
+    origin: str  # stream key or archive directory
+    env_spec: str
+    worker_id: str
+    created_at: float  # unix seconds
+    policy_version: int  # the learner's version when the task was issued
+    weight_versions: tuple[int, ...]  # distinct versions behind its completions, sorted
+    algorithm: str
+    gamma: float
+    skipped: str | None  # why the learner trains none of it (infra, no_action, zero_variance)
+    tokenizer: str | None  # where the decoding tokenizer came from (None: ids shown)
+    notes: tuple[str, ...]  # caveats on the numbers
+    episodes: tuple[EpisodeView, ...]
+
+
+def spans(ids: np.ndarray, mask: np.ndarray, decode: Decoder) -> tuple[Span, ...]:
+    """`ids` cut where the loss mask changes, each run decoded on its own."""
+    out: list[Span] = []
+    start = 0
+    for end in range(1, len(ids) + 1):
+        if end == len(ids) or bool(mask[end]) != bool(mask[start]):
+            out.append(Span(decode(ids[start:end].tolist()), end - start, bool(mask[start])))
+            start = end
+    return tuple(out)
+
+
+def _loss_mask(trajectory: Trajectory, turn_adv: np.ndarray, rules: BatchRules) -> np.ndarray:
+    from learner.batch import assemble, overlong, split_segments
+
+    if not trajectory.turns or (rules.overlong is Overlong.MASK and overlong(trajectory)):
+        width = sum(len(t.prompt_ids) + len(t.completion_ids) for t in trajectory.turns)
+        return np.zeros(width, np.float32)
+    parts = split_segments(trajectory, assemble(trajectory, turn_adv))
+    return np.concatenate([part[1] for part in parts])
+
+
+def _episode(
+    trajectory: Trajectory,
+    shaped: np.ndarray,
+    turn_adv: np.ndarray,
+    rules: BatchRules,
+    decode: Decoder,
+) -> EpisodeView:
+    from learner.algorithms import episode_return
+
+    mask = _loss_mask(trajectory, turn_adv, rules)
+    turns, offset = [], 0
+    for k, turn in enumerate(trajectory.turns):
+        n_p, n_c = len(turn.prompt_ids), len(turn.completion_ids)
+        p_mask, c_mask = mask[offset : offset + n_p], mask[offset + n_p : offset + n_p + n_c]
+        offset += n_p + n_c
+        turns.append(
+            TurnView(
+                index=k,
+                prompt=spans(turn.prompt_ids, p_mask, decode),
+                completion=spans(turn.completion_ids, c_mask, decode),
+                reward=turn.reward,
+                shaped_reward=float(shaped[k]),
+                advantage=float(turn_adv[k]),
+                weight_version=turn.weight_version,
+                temperature=turn.temperature,
+                mean_logprob=float(turn.logprobs.mean()) if n_c else None,
+                segment_start=turn.segment_start,
+                terminated=turn.terminated,
+                truncated=turn.truncated,
+            )
+        )
+    return EpisodeView(
+        sample_index=trajectory.sample_index,
+        outcome=trajectory.outcome,
+        error=trajectory.error.value,
+        error_detail=trajectory.error_detail,
+        episode_return=episode_return(shaped.tolist(), rules.gamma),
+        trained=bool(mask.any()),
+        turns=tuple(turns),
+        timings=dict(trajectory.timings),
+    )
+
+
+def _notes(rules: BatchRules) -> tuple[str, ...]:
+    notes = ["advantages computed here as the learner does (the group carries none)"]
+    if rules.algorithm is Algorithm.REBN:
+        notes.append("rebn normalises over a whole batch: here over this group alone")
+    if rules.algorithm is Algorithm.PPO:
+        notes.append("ppo advantages come from the critic: shown as 0")
+    notes.append("a KL reward penalty, if the run uses one, is not applied")
+    return tuple(notes)
+
+
+def build_view(
+    group: TrajectoryGroup,
+    entry_id: str,
+    origin: str,
+    rules: BatchRules,
+    decode: Decoder = ids_only,
+    tokenizer: str | None = None,
+) -> GroupView:
+    """The view of `group` as the learner configured by `rules` would train it."""
+    from learner.algorithms import compute_advantages
+    from learner.batch import advantage_rules, filter_reason, shaped_rewards
+
+    shaped = [shaped_rewards(t, rules) for t in group.trajectories]
+    advantages = compute_advantages([shaped], advantage_rules(rules)).values[0]
+    episodes = tuple(
+        _episode(t, s, a, rules, decode)
+        for t, s, a in zip(group.trajectories, shaped, advantages, strict=True)
+    )
+    versions = {turn.weight_version for t in group.trajectories for turn in t.turns}
+    return GroupView(
+        group_id=group.group_id,
+        entry_id=entry_id,
+        origin=origin,
+        env_spec=group.task.env_spec,
+        worker_id=group.worker_id,
+        created_at=group.created_at,
+        policy_version=group.task.policy_version,
+        weight_versions=tuple(sorted(versions)),
+        algorithm=rules.algorithm.value,
+        gamma=rules.gamma,
+        skipped=filter_reason(group, rules),
+        tokenizer=tokenizer,
+        notes=_notes(rules),
+        episodes=episodes,
+    )
