@@ -112,10 +112,16 @@ async def test_bad_metadata_is_refused_and_a_new_group_works(
 async def test_a_trainer_that_never_comes_times_out_the_join(
     server_factory, other_model_dir: Path
 ) -> None:
-    server = await server_factory(weight_transfer_timeout_s=1.0)
+    server = await server_factory(weight_transfer_timeout_s=3.0)
     info = {"master_address": "127.0.0.1", "master_port": free_port(), "rank_offset": 1,
             "world_size": 2}  # fmt: skip
-    status, body = await post(server.url + "/init_weight_transfer_engine", {"init_info": info})
+    joining = asyncio.create_task(
+        post(server.url + "/init_weight_transfer_engine", {"init_info": info})
+    )
+    await asyncio.sleep(0.3)
+    # the join waits in a thread: the server answers meanwhile
+    assert (await get(server.url + "/weight_info"))[0] == 200 and not joining.done()
+    status, body = await joining
     assert status == 500 and "group not formed" in body["error"]["message"]
     assert (await post(server.url + "/start_weight_update"))[0] == 409
     sync = gloo_sync([server.url])
