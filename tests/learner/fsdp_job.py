@@ -6,8 +6,8 @@ On every rank: a Trainer sharded with FSDP2 (gloo), one step on a fixed batch, t
 gradients gathered and written by rank 0 (``OUT/grads.safetensors``, plus the step's stats);
 then the weights streamed out of the shards in tiny buckets (``OUT/buckets.safetensors``)
 and gathered whole (``OUT/after_first.safetensors``), the same weights as a weight transfer
-streams them (``OUT/transfer.safetensors``; first a transfer stopped after two tensors,
-whose gathers must finish on their own), a checkpoint, a second step, a fresh trainer resumed from the checkpoint, the same
+streams them, rank 1 following the learner's stream command (``OUT/transfer.safetensors``;
+first a transfer stopped after two tensors, whose gathers must finish on their own), a checkpoint, a second step, a fresh trainer resumed from the checkpoint, the same
 second step, and the full weights of both written (``OUT/continued.safetensors``,
 ``OUT/resumed.safetensors``); last, the first step again with CPU offload and activation
 checkpointing on (``OUT/offloaded_grads.safetensors``). The export directory of the checkpoint is left in ``OUT/ckpt``.
@@ -15,6 +15,7 @@ checkpointing on (``OUT/offloaded_grads.safetensors``). The export directory of 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from dataclasses import replace
@@ -26,8 +27,10 @@ from torch.distributed.tensor import DTensor
 
 from learner.batch import Sample
 from learner.checkpoint import LearnerState, load_training_state, save_checkpoint
+from learner.config import LearnerConfig
 from learner.distributed import DistContext, init_distributed
-from learner.export import full_weights, weight_metadata, write_safetensors
+from learner.export import full_weights, write_safetensors
+from learner.service import Core, run_follower
 from learner.trainer import Trainer
 from tests.learner.split import SCALE, batch_samples, make_trainer
 
@@ -64,8 +67,15 @@ def main(model: Path, out: Path) -> None:
         stopped.close()
     else:
         list(full_weights(trainer.model, main=False, bucket_bytes=100))
-    meta = weight_metadata(trainer.model)
-    streamed = list(full_weights(trainer.model, dist.is_main, bucket_bytes=100))
+    # a push's stream as the learner runs it: rank 0 sends, rank 1 follows the stream command
+    core = Core(LearnerConfig(model=model), dist, trainer, LearnerState(step=1), None)
+    if dist.is_main:
+        stream = core.weight_stream()
+        with contextlib.closing(stream.checked()) as sent:  # checked against the metadata
+            streamed = dict(zip(stream.names, sent, strict=True))
+        core.stop_followers()
+    else:
+        run_follower(core)
     save_checkpoint(out / "ckpt", trainer.policy, trainer.optimizer, LearnerState(step=1), dist,
                     tokenizer_dir=model)  # fmt: skip
     step(trainer, second)
@@ -82,10 +92,7 @@ def main(model: Path, out: Path) -> None:
         save_file(offloaded_grads, out / "offloaded_grads.safetensors")
         save_file(grads, out / "grads.safetensors")
         save_file(after_first, out / "after_first.safetensors")
-        for (_, dtype, shape), tensor in zip(meta, streamed, strict=True):
-            assert tensor is not None and (tensor.dtype, tuple(tensor.shape)) == (dtype, shape)
-        save_file({n: t for (n, _, _), t in zip(meta, streamed, strict=True)},  # type: ignore[misc]
-                  out / "transfer.safetensors")  # fmt: skip
+        save_file(streamed, out / "transfer.safetensors")
         save_file(continued, out / "continued.safetensors")
         save_file(again, out / "resumed.safetensors")
         (out / "stats.json").write_text(json.dumps(stats))

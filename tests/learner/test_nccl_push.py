@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 import torch
 
 from broker.connection import RedisSettings, connect
@@ -35,6 +36,7 @@ async def served_logprobs(url: str, prompt: list[int]) -> tuple[list[int], torch
     return choice["token_ids"], torch.tensor(choice["logprobs"]["token_logprobs"])
 
 
+@pytest.mark.slow
 def test_learner_pushes_over_the_nccl_routes(
     redis_server: RedisServer, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
