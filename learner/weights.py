@@ -68,17 +68,16 @@ class WeightPusher:
         else:
             self.weights_dir = Path(tempfile.mkdtemp(prefix="learner-weights-"))
         self.urls = tuple(cfg.inference_urls)
-        transfer = cfg.transfer
         self._sync_config = WeightSyncConfig(
-            root_dir=self.weights_dir,
-            api_key=cfg.inference_api_key,
-            timeout_s=max(120.0, transfer.timeout_s + 60),  # /update_weights spans a broadcast
+            root_dir=self.weights_dir, api_key=cfg.inference_api_key
         )
-        self._sync: Any = (
-            _nccl_sync(cfg, self._sync_config)
-            if cfg.weight_transfer is WeightTransfer.NCCL
-            else None
-        )
+        self._sync: Any = None
+        if cfg.weight_transfer is WeightTransfer.NCCL:
+            # /update_weights answers only once the broadcast is through
+            timeout_s = max(self._sync_config.timeout_s, cfg.transfer.timeout_s + 60)
+            self._sync = _nccl_sync(
+                cfg, self._sync_config.model_copy(update={"timeout_s": timeout_s})
+            )
 
     async def push(self, source: WeightSource, version: int) -> PushResult:
         """Move every server to `version`'s weights and verify it."""
