@@ -5,7 +5,8 @@ forms one gloo group with both servers (vLLM 0.33's NCCL-route choreography) and
 every step without writing weight files. After two steps both servers report version 2
 and generate with exactly the learner's final weights: their logprobs equal a
 teacher-forced pass of the checkpoint's export of those weights, and differ from the
-initial model's. The published policy version has no weights path.
+initial model's (an entropy bonus moves them whatever the rewards). The published policy
+version has no weights path.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def test_learner_pushes_over_the_nccl_routes(
             str(tiny_model_dir), "--inference-urls", ",".join(urls),
             "--tasks", str(toy_tasks(work / "tasks.jsonl")), "--group-size", "4",
             "--groups-per-batch", "2", "--no-skip-zero-variance", "--learning-rate", "1e-2",
+            "--entropy-coef", "0.1",  # moves the weights even if every reward is equal
             "--max-steps", str(STEPS), "--push-interval", "1",
             "--checkpoint-dir", str(work / "ckpt"), "--weights-dir", str(work / "weights"),
             "--weight-transfer", "nccl", "--weight-transfer-backend", "gloo",
