@@ -7,7 +7,7 @@ within the role: the section's prefix, if it has one, plus the field name. From 
 field come, without being spelled again anywhere:
 
 - the flag ``--flat-name`` (grouped under its section's title in ``--help``;
-  booleans also get ``--no-flat-name``);
+  booleans also get ``--no-flat-name``; a `CommaList`'s flag may be repeated);
 - the environment variable ``<ENV_PREFIX>FLAT_NAME`` (``FARM_`` for most roles);
 - the TOML key: ``flat_name = ...`` at top level, or ``field = ...`` inside the
   section's table (``[optim]``).
@@ -52,14 +52,18 @@ Path_ = tuple[str, ...]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
 
-def _split_commas(value: Any) -> Any:
+def split_commas(value: Any) -> Any:
+    """Split "a,b" into ["a", "b"]; a list (a repeated flag, a TOML array) item by item."""
     if isinstance(value, str):
         return [item.strip() for item in value.split(",") if item.strip()]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return [item for v in value for item in split_commas(v)]
     return value
 
 
-# A list field that flags and environment variables give as "a,b,c" (not JSON).
-CommaList = Annotated[list[str], NoDecode, BeforeValidator(_split_commas)]
+# A list field that flags and environment variables give as "a,b,c" (not JSON); its flag
+# may also be repeated (--x a --x b).
+CommaList = Annotated[list[str], NoDecode, BeforeValidator(split_commas)]
 
 
 class SettingsError(ValueError):
@@ -190,9 +194,13 @@ def _toml_values(cls: type[RoleConfig], index: dict[str, Leaf], path: Path) -> d
     return values
 
 
+def _comma_list(field: FieldInfo) -> bool:
+    return any(isinstance(m, NoDecode) or m is NoDecode for m in field.metadata)
+
+
 def _env_value(variable: str, raw: str, field: FieldInfo) -> Any:
     """A variable's text as the field wants it: JSON for lists and maps, else the text."""
-    if any(isinstance(m, NoDecode) or m is NoDecode for m in field.metadata):
+    if _comma_list(field):
         return raw
     kinds = {
         typing.get_origin(a) or a for a in (field.annotation, *typing.get_args(field.annotation))
@@ -259,6 +267,9 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
         if leaf.field.annotation is bool:
             action = argparse.BooleanOptionalAction
             target.add_argument(flag, dest=name, action=action, help=leaf.field.description)
+        elif _comma_list(leaf.field):  # repeatable: the values are joined
+            help_ = f"{leaf.field.description} (repeatable)"
+            target.add_argument(flag, dest=name, metavar=name.upper(), action="append", help=help_)
         else:
             target.add_argument(flag, dest=name, metavar=name.upper(), help=leaf.field.description)
 

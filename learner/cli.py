@@ -21,8 +21,10 @@ import logging
 import sys
 
 from launch.runner import Role, RoleContext, parse, process_rank, start
+from launch.settings import masked
 from learner.config import LearnerConfig
 from learner.errors import LearnerError, RunFailedError, TaskSourceError
+from learner.tracking.base import missing_packages, open_tracker
 
 log = logging.getLogger("learner")
 
@@ -53,6 +55,10 @@ async def _main(ctx: RoleContext[LearnerConfig]) -> int:
     except TaskSourceError as exc:
         log.error("learner stopped before issuing a task: %s", exc)
         return 2
+    missing = missing_packages(cfg.tracking)
+    if missing:
+        log.error("--tracker needs %s: pip install 'rollout-farm[tracking]'", ", ".join(missing))
+        return 2
     try:
         await _train(ctx)
     except RunFailedError as exc:
@@ -79,10 +85,12 @@ async def _train(ctx: RoleContext[LearnerConfig]) -> None:
             run_follower(core)
             return
         run = run_replay if cfg.replay else run_live
+        core.tracker = open_tracker(cfg.tracking, cfg.run, masked(cfg), cfg.model)
         try:
             state = await run(core, ctx.stop)
         finally:  # however rank 0's loop ended, the other ranks must not wait forever
             core.stop_followers()
+            core.tracker.close()
         done = {"event": "done", "step": state.step, "version": state.version}
         log.info("%s", json.dumps({**done, "counters": state.counters}))
     finally:

@@ -4,7 +4,8 @@
 config models the components take as they are: `OptimConfig` (the trainer),
 `ScaleConfig` (FSDP options, micro-batch layout, logprob chunks: the trainer),
 `BatchRules` (batch preparation), `CurriculumRules` (the task sampler),
-`HorizonSchedule` (the task feeder) and `LossConfig` (loss terms, epochs, critic). Every
+`HorizonSchedule` (the task feeder), `LossConfig` (loss terms, epochs, critic) and
+`TrackingConfig` (experiment trackers, `learner.tracking`). Every
 field has a description and bounds, and
 is a flag, a ``FARM_*`` variable and a TOML key by its flat name (``--learning-rate``,
 ``FARM_LEARNING_RATE``, ``learning_rate`` or ``[optim] learning_rate``), resolved by
@@ -25,6 +26,7 @@ from broker.connection import RedisUrl
 from broker.consumer import ConsumerSettings
 from launch.settings import CommaList, LogLevel, RoleConfig, section
 from learner.errors import ConfigError
+from learner.tracking.config import TrackingConfig
 
 COMPONENT = ConfigDict(extra="forbid")
 
@@ -331,6 +333,7 @@ class LearnerConfig(RoleConfig):
     curriculum: CurriculumRules = section(CurriculumRules)
     horizon: HorizonSchedule = section(HorizonSchedule)
     loss: LossConfig = section(LossConfig)
+    tracking: TrackingConfig = section(TrackingConfig)  # docs/tracking.md
 
     @model_validator(mode="after")
     def _consistent(self) -> LearnerConfig:

@@ -109,8 +109,11 @@ async def run_replay(core: Core, stop: asyncio.Event) -> LearnerState:
         prepared, stats = core.train(batch, replay=True)
         if stats is None:  # nothing trainable: not a step
             emit_skip(skip_record(core, prepared, len(batch), 0.0), prepared)
+            core.tracker.skip(state.step)
         else:
-            emit(step_record(core, prepared, stats, 0.0, 0.0), prepared)
+            record = step_record(core, prepared, stats, 0.0, 0.0)
+            emit(record, prepared)
+            core.tracker.step(record, batch, prepared)
         if stop.is_set() or (cfg.max_steps and state.step >= cfg.max_steps):
             break
     core.save()

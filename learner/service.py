@@ -61,6 +61,7 @@ from learner.tasks import (
     count_in_flight,
     load_dataset,
 )
+from learner.tracking.base import Tracker
 from learner.trainer import StepStats, Trainer
 from learner.weights import WeightPusher, weight_stream
 
@@ -90,6 +91,7 @@ class Core:
     reference: Reference | None = None  # KL as a reward penalty (the trainer holds the loss one)
     critic: Critic | None = None  # --algorithm ppo
     stopped: bool = False  # rank 0 has released the other ranks
+    tracker: Tracker = dataclasses.field(default_factory=Tracker.off)  # rank 0's (--tracker)
 
     def prepare(self, groups: list[TrajectoryGroup], replay: bool) -> PreparedBatch:
         """The batch's sequences; with a KL reward penalty, rewards shaped by the reference.
@@ -284,6 +286,7 @@ async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Deli
             # checkpoint would let a run that trains nothing pile up pending entries).
             await live.source.commit_trained(batch.deliveries, stop)
             emit_skip(skip_record(core, prepared, len(batch.groups), batch.wait_s), prepared)
+            core.tracker.skip(core.state.step)
             failures.observe(batch.groups, 0)  # RunFailedError past the limit
             continue
         failures.observe(batch.groups, len(prepared.samples))
@@ -295,6 +298,7 @@ async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Deli
         if live.source.sampling is not None:
             record = dataclasses.replace(record, filter_rate=round(live.source.sampling.rate, 4))
         emit(record, prepared)
+        core.tracker.step(record, batch.groups, prepared)
         last = cfg.max_steps and state.step >= cfg.max_steps
         if cfg.checkpoint_dir is None or state.step % cfg.checkpoint_interval == 0 or last:
             await _make_durable(core, live.source, unacked, stop)

@@ -125,3 +125,14 @@ def test_learner_and_worker_sections_take_flat_flags() -> None:
     assert worker.inference.request_timeout_s == 60.0  # the worker's default, not the client's
     assert worker.inference.api_key is not None
     assert "k" not in str(masked(worker)["inference"]["api_key"])
+
+
+def test_a_comma_list_flag_may_be_repeated() -> None:
+    parser = build_parser(Role("learner", LearnerConfig, main=None, description="d"))  # type: ignore[arg-type]
+    args = parser.parse_args(
+        ["--inference-urls", "http://a,http://b", "--inference-urls", "http://c"]
+    )
+    cfg = LearnerConfig.load({"model": "/m", "inference_urls": args.inference_urls}, environ={})
+    assert cfg.inference_urls == ["http://a", "http://b", "http://c"]
+    one = LearnerConfig.load({"model": "/m"}, environ={"FARM_INFERENCE_URLS": "http://a,http://b"})
+    assert one.inference_urls == ["http://a", "http://b"]
