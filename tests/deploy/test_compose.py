@@ -101,8 +101,11 @@ def test_nccl_override_starts_vllm_with_the_weight_transfer_flag() -> None:
     cli = [*compose_cli(), "-f", str(COMPOSE), "-f", str(override), "--profile", "gpu", "config"]
     result = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    command = yaml.safe_load(result.stdout)["services"]["vllm"]["command"]
+    services = yaml.safe_load(result.stdout)["services"]
+    command = services["vllm"]["command"]
     assert json.loads(command[command.index("--weight-transfer-config") + 1]) == {"backend": "nccl"}
+    learner = services["learner"]["environment"]  # the learner pushes over those routes
+    assert learner["FARM_WEIGHT_TRANSFER"] == "nccl" and "FARM_REDIS_URL" in learner
     assert command[command.index("--logprobs-mode") + 1] == "processed_logprobs"
     plain = _services()["vllm"]["command"]
     assert "--weight-transfer-config" not in plain and "processed_logprobs" in plain
