@@ -35,7 +35,7 @@ from broker.producer import Producer, Retention
 from workers.resources import loop_factory
 
 KEYS = RunKeys("bench")
-READ_COUNT = 8
+READ_COUNT = 8  # entries per consumer read, as the learner reads at groups_per_batch=8
 
 
 @dataclass
@@ -267,11 +267,20 @@ def table(rows: list[Row]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    global READ_COUNT  # farm_pass reads it; one knob, set once per run
     p = argparse.ArgumentParser(prog="python -m bench broker", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small counts, one repeat (under a minute)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--cluster", action="store_true", help="add rows for a local 3-master cluster")
+    p.add_argument(
+        "--read-count",
+        type=int,
+        default=READ_COUNT,
+        metavar="N",
+        help="entries per consumer read (the learner reads up to groups_per_batch)",
+    )
     args = p.parse_args(argv)
+    READ_COUNT = args.read_count
     if not (shutil.which("redis-server") and shutil.which("redis-benchmark")):
         print("redis-server and redis-benchmark are required (Debian: redis-server, redis-tools)")
         return 2
@@ -293,7 +302,7 @@ def main(argv: list[str]) -> int:
         print(
             "broker: publish -> consume -> ack, groups of 8 trajectories; medians of",
             repeats,
-            "runs",
+            f"runs; consumer reads of up to {READ_COUNT} entries",
         )
         print(table(rows))
         print("raw XADD = redis-benchmark, pipelined XADD of the same payload (no consume, no ack)")

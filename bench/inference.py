@@ -5,7 +5,8 @@ in-process server over loopback, against the same requests sent one at a time; t
 the gain from shared forward passes. Weight sync: `POST /collective_rpc reload_weights` of a
 saved safetensors directory, and a full `FileWeightSync.push` (save + pause + reload + version +
 resume + verify), each against a safetensors save of the same model plus fsync in the same run
-(the floor of any file-based sync). The full run's model has >= 100 MB of float32 weights (hidden
+(the floor of any file-based sync); and the same push over vLLM's NCCL routes, the tensors
+broadcast over the CPU server's gloo group (`NcclWeightSync`, no files), against the file push. The full run's model has >= 100 MB of float32 weights (hidden
 512, 12 layers, ~114 MB); target: push <= 1.5x the save + fsync. Medians over repeats.
 Multi-turn (see `_multiturn.py`): concurrent episodes whose prompts grow turn by turn over a
 shared system prompt, on a server with the prefix cache on against one with it off; one run
@@ -18,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import statistics
 import tempfile
 import time
@@ -56,6 +58,12 @@ async def _throughput(url: str, concurrency: int, tokens: int, repeats: int) -> 
     return {"batched_tok_s": _median(batched), "single_tok_s": _median(single)}
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _save_floor(model: Any, directory: Path) -> float:
     """Seconds for a plain safetensors save of `model` plus fsync: the floor of any file sync."""
     from safetensors.torch import save_model
@@ -71,18 +79,25 @@ def _save_floor(model: Any, directory: Path) -> float:
 
 
 async def _weight_sync(server: Any, model_dir: Path, work: Path, repeats: int) -> dict[str, float]:
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     from inference.config import WeightSyncConfig
-    from inference.weight_sync import FileWeightSync
+    from inference.nccl import NcclTransport, gloo_trainer_init
+    from inference.weight_sync import FileWeightSync, NcclWeightSync
 
     weights = model_dir / "model.safetensors"
+    tensors = load_file(weights)  # the file's bytes: tied weights once
+    port = _free_port()
+    gloo = NcclWeightSync([server.url], WeightSyncConfig(root_dir=work),
+                          NcclTransport("127.0.0.1", port, trainer_init=gloo_trainer_init(60)))  # fmt: skip
+    await gloo.init()
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     sync = FileWeightSync(
         [server.url], WeightSyncConfig(root_dir=work / "weights", keep_versions=1)
     )
     rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(model_dir)}}
-    reload_s, push_s, floor_s = [], [], []
+    reload_s, push_s, floor_s, gloo_s = [], [], [], []
     async with aiohttp.ClientSession() as session:
         for version in range(1, repeats + 1):
             floor_s.append(_save_floor(model, work))
@@ -93,11 +108,16 @@ async def _weight_sync(server: Any, model_dir: Path, work: Path, repeats: int) -
             started = time.perf_counter()
             await sync.push(model, None, version)
             push_s.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            await gloo.push(tensors, repeats + version)
+            gloo_s.append(time.perf_counter() - started)
+    gloo.close()
     return {
         "weight_bytes": weights.stat().st_size,
         "save_fsync_s": _median(floor_s),
         "reload_s": _median(reload_s),
         "push_s": _median(push_s),
+        "gloo_push_s": _median(gloo_s),
     }
 
 
@@ -128,6 +148,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     result["batching_ratio"] = result["batched_tok_s"] / result["single_tok_s"]
     result["reload_over_write"] = result["reload_s"] / result["save_fsync_s"]
     result["push_over_write"] = result["push_s"] / result["save_fsync_s"]
+    result["gloo_over_file"] = result["gloo_push_s"] / result["push_s"]
     return result
 
 
@@ -145,6 +166,8 @@ def _table(r: dict[str, Any], load: MultiTurn) -> str:
         f"{r['reload_over_write']:>7.1f}x   (baseline: safetensors save + fsync, same model)",
         f"{'FileWeightSync.push: save+reload+verify (s)':<44}{r['push_s']:>12.4f}{r['save_fsync_s']:>12.4f}"
         f"{r['push_over_write']:>7.1f}x   (target <= 1.5x)",
+        f"{'NcclWeightSync.push over gloo (s)':<44}{r['gloo_push_s']:>12.4f}{r['push_s']:>12.4f}"
+        f"{r['gloo_over_file']:>7.1f}x   (baseline: the file push above)",
         *(table_rows(r, load) if load.episodes else []),
     ])  # fmt: skip
 

@@ -116,6 +116,8 @@ def _turn_from_v2(v: list[Any]) -> Turn:
 
 
 _CATEGORIES = {c.value: c for c in ErrorCategory}
+_FINISH = {f.value: f for f in FinishReason}
+_TRUNCATION = {t.value: t for t in Truncation}
 
 
 def _traj_to(t: Trajectory) -> list[Any]:
@@ -131,16 +133,24 @@ def _traj_to(t: Trajectory) -> list[Any]:
 
 
 def _traj_from(v: list[Any], turn_from: Any = _turn_from) -> Trajectory:
+    # Hot path, like _turn_from: enum members by dict lookup (an unknown value raises
+    # KeyError, which decode reports) and __post_init__'s one check kept here.
     turns, finish_reason, truncation, error, error_detail, sample_index, timings = v
-    return Trajectory(
-        turns=tuple(turn_from(t) for t in turns),
-        finish_reason=FinishReason(finish_reason),
+    finish = _FINISH[finish_reason]
+    cause = None if truncation is None else _TRUNCATION[truncation]
+    if (finish is FinishReason.TRUNCATED) != (cause is not None):
+        raise ValueError("a truncation cause goes with finish_reason TRUNCATED, and only then")
+    traj = object.__new__(Trajectory)
+    traj.__dict__.update(
+        turns=tuple([turn_from(t) for t in turns]),
+        finish_reason=finish,
         error=_CATEGORIES[error],
         error_detail=error_detail,
         sample_index=sample_index,
         timings=timings,
-        truncation=None if truncation is None else Truncation(truncation),
+        truncation=cause,
     )
+    return traj
 
 
 def _traj_from_v1(v: list[Any]) -> Trajectory:
@@ -166,7 +176,7 @@ def _group_from(v: list[Any], traj_from: Any = _traj_from) -> TrajectoryGroup:
     return TrajectoryGroup(
         group_id=group_id,
         task=_task_from(task),
-        trajectories=tuple(traj_from(t) for t in trajectories),
+        trajectories=tuple([traj_from(t) for t in trajectories]),
         worker_id=worker_id,
         created_at=created_at,
     )

@@ -3,15 +3,20 @@
 Invariants:
 - an entry is acked only by `commit`, after the caller's effect is done; the
   commit (optional publish, XACK, mark-seen) is one Lua script shielded from
-  cancellation, so it happens entirely or not at all;
+  cancellation, so it happens entirely or not at all; a commit of a batch is one
+  script call, so the whole batch is acked (and its ids recorded) or none of it;
 - after a restart under the same consumer name, `read` first returns that
   consumer's own pending entries;
 - entries idle on another consumer for `reclaim_idle_ms` are claimed (XAUTOCLAIM);
 - an entry that cannot be decoded, has an unknown schema version, or was
   delivered more than `max_deliveries` times goes to the dead-letter stream with
   its reason, and is acked there in the same transaction; `read` never raises
-  for a bad entry;
-- an entry whose message id a commit already recorded is acked and dropped;
+  for a bad entry, and a bad entry never holds back the good ones of its batch;
+- an entry whose message id a commit already recorded is acked and dropped, and
+  so is a second entry with the same message id within one read (acked without
+  recording the id, so the first one's effect is still owed and its entry pending);
+- `read` settles everything it will not hand over (dead letters, duplicates,
+  entries trimmed while pending) in one commit per read (one per hash tag);
 - every command and script touches one hash tag (`broker.keys`): streams of several
   partitions are read with one XREADGROUP per partition, never more than `count`
   entries in all, and a commit spanning partitions runs one script per partition;
@@ -22,6 +27,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import string
 import time
@@ -30,6 +36,7 @@ from dataclasses import dataclass
 
 import pydantic
 import redis.asyncio as aioredis
+from prometheus_client import Counter
 from pydantic import Field
 from redis.exceptions import ResponseError
 
@@ -47,13 +54,27 @@ log = logging.getLogger(__name__)
 # KEYS[1] = seen zset, KEYS[2..] = streams. ARGV: group, now, seen_ttl_s, n_acks,
 # n_acks x (key index, entry id, message id), n_pubs, n_pubs x (key index,
 # message id, maxlen, kind, version, body). Returns published ids ("" if skipped).
+# Acks go out as one XACK per stream and one ZADD, in chunks that stay far under
+# Lua's unpack() limit: a batch costs a few calls, not two per entry. Key types are
+# checked before any write, so a batch fails whole rather than half-published.
 _COMMIT_LUA = """
 local group, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local chunk = 500
+-- Scripts are not rolled back: refuse a wrong key type before the first write.
+for k = 1, #KEYS do
+  local t = redis.call('TYPE', KEYS[k])['ok']
+  if t ~= 'none' and t ~= (k == 1 and 'zset' or 'stream') then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[k] .. ' holds a ' .. t)
+  end
+end
 local i = 4
 local n_acks = tonumber(ARGV[i]); i = i + 1
-local acks = {}
+local acks, seen = {}, {}
 for a = 1, n_acks do
-  acks[a] = {tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2]}; i = i + 3
+  local key, eid, mid = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2]; i = i + 3
+  acks[key] = acks[key] or {}
+  table.insert(acks[key], eid)
+  if mid ~= '' then seen[#seen + 1] = now; seen[#seen + 1] = mid end
 end
 local n_pubs = tonumber(ARGV[i]); i = i + 1
 local published = {}
@@ -69,9 +90,13 @@ for p = 1, n_pubs do
     published[p] = redis.call('XADD', key, '*', $kind, k, $version, v, $body, b)
   end
 end
-for a = 1, n_acks do
-  redis.call('XACK', KEYS[acks[a][1]], group, acks[a][2])
-  if acks[a][3] ~= '' then redis.call('ZADD', KEYS[1], now, acks[a][3]) end
+for key, ids in pairs(acks) do
+  for c = 1, #ids, chunk do
+    redis.call('XACK', KEYS[key], group, unpack(ids, c, math.min(c + chunk - 1, #ids)))
+  end
+end
+for c = 1, #seen, 2 * chunk do
+  redis.call('ZADD', KEYS[1], unpack(seen, c, math.min(c + 2 * chunk - 1, #seen)))
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
 return published
@@ -115,10 +140,10 @@ class ConsumerConfig:
     reclaim_idle_ms: int = 60_000  # an entry idle this long on a consumer is taken over
     reclaim_interval_s: float = 5.0  # how often read() looks for idle entries
     max_deliveries: int = 5  # more deliveries than this: dead letter
-    seen_ttl_s: float = 7 * 86_400.0  # how long committed message ids are remembered
-    publish_maxlen: int = 100_000  # approximate MAXLEN for streams commit() publishes to
     wait_replicas: int = 0  # replicas a commit must reach (WAIT) before it counts as acked
     wait_timeout_ms: int = 1000  # WAIT's timeout
+    seen_ttl_s: float = 7 * 86_400.0  # how long committed message ids are remembered
+    publish_maxlen: int = 100_000  # approximate MAXLEN for streams commit() publishes to
 
     @classmethod
     def of(
@@ -153,6 +178,10 @@ def message_id(message: Message) -> str:
     if isinstance(message, TrajectoryGroup):
         return message.group_id
     return ""
+
+
+# An ack a commit makes: (stream, entry id, message id to record, "" for none).
+_Ack = tuple[str, str, str]
 
 
 def _s(value: bytes | str) -> str:
@@ -318,76 +347,77 @@ class Consumer:
     async def _accept(
         self, raw: list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]], pending: bool
     ) -> list[Delivery]:
-        good: list[Delivery] = []
+        """Decode a read's entries; settle the bad, trimmed and duplicate ones in one commit."""
+        candidates: list[Delivery] = []
+        acks: list[_Ack] = []  # entries to ack without handing them over
+        letters: list[tuple[str, DeadLetter]] = []
         for stream, entries in raw:
             if not entries:
                 continue
             CONSUMED.labels(stream=stream, group=self._config.group).inc(len(entries))
             ids = [_s(eid) for eid, _ in entries]
             counts = await self._delivery_counts(stream, ids) if pending else {}
-            candidates: list[Delivery] = []
             for entry_id, (_, fields) in zip(ids, entries, strict=True):
                 deliveries = counts.get(entry_id, 1)
                 if not fields:  # trimmed away while pending: nothing left to process
-                    await self._redis.xack(stream, self._config.group, entry_id)
+                    acks.append((stream, entry_id, ""))
                     continue
                 if deliveries > self._config.max_deliveries:
                     reason = f"delivered {deliveries} times (max {self._config.max_deliveries})"
-                    await self._dead_letter(stream, entry_id, fields, reason, deliveries)
-                    continue
-                try:
-                    message = decode(fields, expect=self._expect)
-                except DecodeError as exc:
-                    await self._dead_letter(stream, entry_id, fields, str(exc), deliveries)
-                    continue
-                candidates.append(Delivery(stream, entry_id, message, deliveries))
-            good.extend(await self._drop_duplicates(candidates))
-        return good
+                else:
+                    try:
+                        message = decode(fields, expect=self._expect)
+                    except DecodeError as exc:
+                        reason = str(exc)
+                    else:
+                        candidates.append(Delivery(stream, entry_id, message, deliveries))
+                        continue
+                acks.append((stream, entry_id, ""))
+                letters.append((stream, self._letter(stream, entry_id, fields, reason, deliveries)))
+        fresh = await self._drop_duplicates(candidates, acks)
+        if acks:
+            moved = [(self._deadletter_key(stream), letter) for stream, letter in letters]
+            await self._shielded(acks, moved)
+            _count(DEADLETTERED, [stream for stream, _ in letters])
+        return fresh
 
-    async def _drop_duplicates(self, candidates: list[Delivery]) -> list[Delivery]:
+    async def _drop_duplicates(
+        self, candidates: list[Delivery], acks: list[_Ack]
+    ) -> list[Delivery]:
+        """The candidates to hand over; the rest are appended to `acks`: those whose id a
+        commit recorded, and repeats of an id earlier in the same read (acked without
+        recording the id: the first one's effect is still owed)."""
         mids = [message_id(d.message) for d in candidates]
         if not any(mids):
             return candidates
-        seen = self._seen_key(candidates[0].stream)  # candidates come from one stream
-        scores = await self._redis.zmscore(seen, mids)
+        scores = await self._seen_scores(candidates, mids)
         fresh: list[Delivery] = []
-        dupes: list[Delivery] = []
+        dupes: list[str] = []
+        taken: set[str] = set()
         for delivery, mid, score in zip(candidates, mids, scores, strict=True):
-            (dupes if mid and score is not None else fresh).append(delivery)
+            if mid and (score is not None or mid in taken):
+                acks.append((delivery.stream, delivery.entry_id, mid if score is not None else ""))
+                dupes.append(delivery.stream)
+                continue
+            taken.add(mid)
+            fresh.append(delivery)
         if dupes:
-            for d in dupes:
-                DUPLICATES.labels(stream=d.stream, group=self._config.group).inc()
+            _count(DUPLICATES, dupes, group=self._config.group)
+            _count(ACKED, dupes, group=self._config.group)
             log.info("dropping %d duplicate entries", len(dupes))
-            await self.commit(dupes)
         return fresh
 
-    async def _dead_letter(
+    def _letter(
         self, stream: str, entry_id: str, fields: dict[bytes, bytes], reason: str, deliveries: int
-    ) -> None:
-        letter = DeadLetter(
-            source_stream=stream,
-            entry_id=entry_id,
-            reason=reason,
-            fields=dict(fields),
-            deliveries=deliveries,
-            consumer=self._config.consumer,
-        )
+    ) -> DeadLetter:
         log.warning("dead-lettering %s %s: %s", stream, entry_id, reason)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.xadd(self._deadletter_key(stream), encode(letter))  # type: ignore[arg-type]
-            pipe.xack(stream, self._config.group, entry_id)
-            await pipe.execute()
-        DEADLETTERED.labels(stream=stream).inc()
+        consumer = self._config.consumer
+        return DeadLetter(stream, entry_id, reason, dict(fields), deliveries, consumer)
 
     async def dead_letter(self, delivery: Delivery, reason: str) -> None:
         """Move a decoded entry the caller cannot use to the dead-letter stream, with the
         reason, and ack it, in one commit (its message id is recorded: never redone)."""
-        letter = DeadLetter(source_stream=delivery.stream, entry_id=delivery.entry_id,
-                            reason=reason, fields=encode(delivery.message),
-                            deliveries=delivery.deliveries, consumer=self._config.consumer)  # fmt: skip
-        log.warning("dead-lettering %s %s: %s", delivery.stream, delivery.entry_id, reason)
-        await self.commit([delivery], publish=[(self._deadletter_key(delivery.stream), letter)])
-        DEADLETTERED.labels(stream=delivery.stream).inc()
+        await self.commit([], dead_letters=[(delivery, reason)])
 
     async def keep_alive(self, stream: str, entry_ids: Sequence[str]) -> None:
         """Reset the idle time of entries this consumer is still working on, so that
@@ -403,11 +433,30 @@ class Consumer:
         self,
         deliveries: Sequence[Delivery],
         publish: Sequence[tuple[str, Message]] = (),
+        dead_letters: Sequence[tuple[Delivery, str]] = (),
     ) -> list[str]:
         """Atomically publish `publish` (skipping message ids already committed), ack
-        `deliveries` and record their message ids. Returns the published entry ids,
-        "" for each skipped one. Runs to completion even if the caller is cancelled."""
-        task = asyncio.ensure_future(self._run_commits(deliveries, publish))
+        `deliveries` and record their message ids, and move each `(delivery, reason)` of
+        `dead_letters` to the dead-letter stream (acked, its id recorded: never redone), all
+        in one script call. Returns the entry ids of `publish`, "" for each skipped one.
+        Runs to completion even if the caller is cancelled."""
+        acks: list[_Ack] = [(d.stream, d.entry_id, message_id(d.message)) for d in deliveries]
+        letters: list[tuple[str, Message]] = []
+        for d, reason in dead_letters:
+            acks.append((d.stream, d.entry_id, message_id(d.message)))
+            letter = self._letter(d.stream, d.entry_id, encode(d.message), reason, d.deliveries)
+            letters.append((self._deadletter_key(d.stream), letter))
+        published = await self._shielded(acks, [*publish, *letters])
+        _count(ACKED, [stream for stream, _, _ in acks], group=self._config.group)
+        _count(DEADLETTERED, [d.stream for d, _ in dead_letters])
+        return published[: len(publish)]
+
+    async def _shielded(
+        self, acks: Sequence[_Ack], publish: Sequence[tuple[str, Message]]
+    ) -> list[str]:
+        """Run the commit (one script per hash tag) to completion even if the caller is
+        cancelled."""
+        task = asyncio.ensure_future(self._run_commits(acks, publish))
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -415,33 +464,29 @@ class Consumer:
             raise
 
     async def _run_commit(
-        self, deliveries: Sequence[Delivery], publish: Sequence[tuple[str, Message]]
+        self, acks: Sequence[_Ack], publish: Sequence[tuple[str, Message]]
     ) -> list[str]:
-        stream_keys: list[str] = []
+        stream_keys: dict[str, int] = {}  # stream -> its index in KEYS (KEYS[1] is the seen set)
 
         def key_index(stream: str) -> int:
-            if stream not in stream_keys:
-                stream_keys.append(stream)
-            return stream_keys.index(stream) + 2  # KEYS[1] is the seen set
+            return stream_keys.setdefault(stream, len(stream_keys) + 2)
 
         args: list[object] = [self._config.group, time.time(), self._config.seen_ttl_s]
-        args.append(len(deliveries))
-        for d in deliveries:
-            args += [key_index(d.stream), d.entry_id, message_id(d.message)]
+        args.append(len(acks))
+        for stream, entry_id, mid in acks:
+            args += [key_index(stream), entry_id, mid]
         args.append(len(publish))
         for stream, message in publish:
             fields = encode(message)
             args += [key_index(stream), message_id(message), self._config.publish_maxlen]
             args += [fields[FIELD_KIND], fields[FIELD_VERSION], fields[FIELD_BODY]]
-        keys = [self._seen_key(stream_keys[0]), *stream_keys]
+        keys = [self._seen_key(next(iter(stream_keys))), *stream_keys]
         with redis_errors("commit"):
             result = await self._eval_commit(keys, args)
-        for d in deliveries:
-            ACKED.labels(stream=d.stream, group=self._config.group).inc()
         published = [_s(r) for r in result]
-        for (stream, _), entry_id in zip(publish, published, strict=True):
-            if entry_id:
-                PUBLISHED.labels(stream=stream).inc()
+        _count(
+            PUBLISHED, [stream for (stream, _), eid in zip(publish, published, strict=True) if eid]
+        )
         return published
 
     def _seen_key(self, stream: str) -> str:
@@ -452,20 +497,32 @@ class Consumer:
         """The dead-letter stream in the partition (hash tag) of `stream`."""
         return self._keys.deadletter_of(self._keys.partition_of(stream))
 
+    async def _seen_scores(self, candidates: list[Delivery], mids: list[str]) -> list[object]:
+        """ZMSCORE of each message id in its own partition's seen set (one call per set)."""
+        by_key: dict[str, list[int]] = {}
+        for i, d in enumerate(candidates):
+            by_key.setdefault(self._seen_key(d.stream), []).append(i)
+        scores: list[object] = [None] * len(candidates)
+        for key, index in by_key.items():
+            got = await self._redis.zmscore(key, [mids[i] for i in index])
+            for i, score in zip(index, got, strict=True):
+                scores[i] = score
+        return scores
+
     async def _run_commits(
-        self, deliveries: Sequence[Delivery], publish: Sequence[tuple[str, Message]]
+        self, acks: Sequence[_Ack], publish: Sequence[tuple[str, Message]]
     ) -> list[str]:
         """One commit script per hash tag (a script may not span cluster slots);
         the published ids come back in `publish` order."""
-        streams = [d.stream for d in deliveries] + [s for s, _ in publish]
+        streams = [a[0] for a in acks] + [s for s, _ in publish]
         tags = list(dict.fromkeys(hash_tag(s) for s in streams))
         if len(tags) <= 1:
-            return await self._run_commit(deliveries, publish) if tags else []
+            return await self._run_commit(acks, publish) if tags else []
         published: dict[int, str] = {}
         for tag in tags:
             mine = [i for i, (s, _) in enumerate(publish) if hash_tag(s) == tag]
             ids = await self._run_commit(
-                [d for d in deliveries if hash_tag(d.stream) == tag], [publish[i] for i in mine]
+                [a for a in acks if hash_tag(a[0]) == tag], [publish[i] for i in mine]
             )
             published.update(zip(mine, ids, strict=True))
         return [published[i] for i in range(len(publish))]
@@ -481,3 +538,9 @@ class Consumer:
             result, reached = await pipe.execute()
         check_wait(reached, cfg.wait_replicas, cfg.wait_timeout_ms, "commit")
         return result
+
+
+def _count(metric: Counter, streams: Sequence[str], **labels: str) -> None:
+    """Bump `metric` once per stream (a label lookup per stream, not per entry)."""
+    for stream, n in collections.Counter(streams).items():
+        metric.labels(stream=stream, **labels).inc(n)

@@ -1,9 +1,10 @@
-"""`farm` command line: `up`, `demo` and `status`.
+"""`farm` command line: `up`, `demo`, `status` and `images`.
 
 `farm up` runs the local stack until Ctrl-C; `farm demo` runs it with demo
 settings in a fresh directory and writes a reward curve and a summary; `farm
 status` prints a running farm's state from Redis with the broker's own
-`run_state`/`format_state`. Flags override `FARM_*` environment variables, which
+`run_state`/`format_state`; `farm images build` builds the compose stack's
+images offline (`farm.images`). Flags override `FARM_*` environment variables, which
 override `--config FILE.toml`. `--help` imports neither torch nor matplotlib.
 """
 
@@ -75,6 +76,14 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="Redis URL")
     status.add_argument("--run", default="demo", help="run name")
     status.add_argument("--watch", type=float, default=0.0, help="repeat every N seconds")
+    images = sub.add_parser("images", help="build the compose stack's images offline")
+    images_sub = images.add_subparsers(dest="images_command", required=True)
+    build = images_sub.add_parser("build", help="build what is missing (cached by content tag)")
+    build.add_argument("--env-file", type=Path, help="where to write the tags (default: "
+                       "deploy/compose/.env, which docker-compose reads)")  # fmt: skip
+    build.add_argument("--quiet", action="store_true", help="print only errors")
+    build.add_argument("--force", action="store_true", help="rebuild even if tagged")
+    images_sub.add_parser("tags", help="print the content tags a build produces")
     return root
 
 
@@ -107,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "status":
             return asyncio.run(_status(args))
+        if args.command == "images":
+            from farm.images import main_images
+
+            return main_images(args)
         if args.command == "up":
             return asyncio.run(_up(args))
         return asyncio.run(_demo(args))

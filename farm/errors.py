@@ -3,7 +3,8 @@
     FarmError
     ├── ConfigError     the farm's configuration is invalid (bad flag, env var, TOML)
     ├── StartupError    a child never became ready, or a tool it needs is missing
-    └── ChildFailed     a child kept crashing past its restart budget
+    ├── ChildFailed     a child kept crashing past its restart budget
+    └── ImageError      an image of the compose stack could not be built
 
 Library exceptions (pydantic, OSError from spawning) are translated at this boundary.
 """
@@ -25,3 +26,7 @@ class StartupError(FarmError):
 
 class ChildFailed(FarmError):
     """A child crashed more often than its restart policy allows."""
+
+
+class ImageError(FarmError):
+    """An image of the compose stack could not be built (`farm images build`)."""

@@ -60,6 +60,12 @@ class ServerConfig(RoleConfig):
     torch_threads: int | None = Field(
         None, ge=1, le=256, description="torch intra-op threads (default: min(4, CPU count))"
     )
+    weight_transfer_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="limit on forming the weight-transfer group and on each tensor's broadcast",
+    )
     log_level: LogLevel = Field("INFO", description="log level")
 
 

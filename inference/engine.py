@@ -239,10 +239,15 @@ class Engine:
         """Load safetensors weights from `path` (file or HF directory); all-or-nothing."""
         started = time.perf_counter()
         tensors = await asyncio.to_thread(_read_weights, path)
-        async with self._lock:
-            await asyncio.to_thread(_copy_weights, self.model, tensors)
-            self.prefix_cache.clear()  # its KV came from the old weights
+        await self.load_weights(tensors)
         metrics.RELOAD_SECONDS.observe(time.perf_counter() - started)
+
+    async def load_weights(self, tensors: dict[str, torch.Tensor], complete: bool = True) -> None:
+        """Copy `tensors` into the model between steps; all-or-nothing. `complete`: every
+        weight must be given (a file reload); a transfer may send a subset, as vLLM's may."""
+        async with self._lock:
+            await asyncio.to_thread(_copy_weights, self.model, tensors, complete)
+            self.prefix_cache.clear()  # its KV came from the old weights
 
     async def reset_prefix_cache(self) -> None:
         """Drop every cached block; between steps, so no forward pass is using the cache."""
@@ -456,7 +461,9 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _copy_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+def _copy_weights(
+    model: torch.nn.Module, tensors: dict[str, torch.Tensor], complete: bool = True
+) -> None:
     """Validate every name and shape first, then copy, so a bad file changes nothing."""
     state = model.state_dict()
     unknown = sorted(set(tensors) - set(state))
@@ -471,7 +478,7 @@ def _copy_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> N
     for name, tensor in state.items():
         by_storage.setdefault(tensor.data_ptr(), []).append(name)
     missing = [names[0] for names in by_storage.values() if not any(n in tensors for n in names)]
-    if missing:
+    if missing and complete:
         raise EngineError(f"weights lack tensors: {sorted(missing)[:5]}")
     with torch.no_grad():
         for name, tensor in tensors.items():

@@ -4,8 +4,8 @@
 Routes (shapes from vLLM's `serve/dev/rlhf`, `serve/dev/rpc` and `serve/cache` routers):
 `/v1/completions`, `/v1/models`, `/health`, `/metrics`, `/pause?mode=abort|wait|keep`, `/resume`,
 `/is_paused`, `/collective_rpc` (method `reload_weights`), `/update_weight_version`,
-`/weight_info`, `/reset_prefix_cache`, and the NCCL weight-transfer routes, answered by a
-file stand-in transport (see `transfer.py`). Every error is JSON in vLLM's ErrorResponse shape;
+`/weight_info`, `/reset_prefix_cache`, and the NCCL weight-transfer routes, whose tensors
+arrive over a gloo group as vLLM's worker receives them over NCCL (see `transfer.py`). Every error is JSON in vLLM's ErrorResponse shape;
 bad input is a 4xx, never a 500. With an API key, every route except /health and /metrics
 needs `Authorization: Bearer <key>` (vLLM guards only /v1; we also guard the control routes).
 """
@@ -59,7 +59,7 @@ class ServerState:
         self.tokenizer = tokenizer
         self.model_name = config.served_model_name or Path(config.model).name
         self.limits = Limits(vocab_size, engine.max_model_len, config.max_n)
-        self.transfer = TransferState()
+        self.transfer = TransferState(timeout_s=config.weight_transfer_timeout_s)
         self.created = int(time.time())
 
 
@@ -296,6 +296,8 @@ class PolicyServer:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.state is not None:
+            self.state.transfer.close()
         if self._engine_task is not None:
             self._engine_task.cancel()
             await asyncio.gather(self._engine_task, return_exceptions=True)

@@ -15,8 +15,9 @@ NCCL path (`NcclWeightSync`), vLLM 0.33's choreography: `init()` reads each serv
 lays out the ranks and posts `/init_weight_transfer_engine` to every server while the trainer
 joins the group; `push()` posts `/pause?mode=keep`, `/start_weight_update`, `/update_weights`
 (while the transport broadcasts), `/finish_weight_update {"weight_version"}`, `/resume`, then
-verifies. The tensor transport is pluggable: `inference.nccl.NcclTransport` (vLLM's
-trainer_init, or its gloo stand-in); the CPU server takes `FileStandInTransport`.
+verifies. The tensor transport is pluggable: `inference.nccl.NcclTransport` over vLLM's
+trainer_init, or over its gloo stand-in, which the CPU policy server receives with. A failed
+push leaves the group closed (`ready` is False): `init()` forms a new one before the next push.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import orjson
 from inference import metrics
 from inference.config import WeightSyncConfig
 from inference.errors import WeightSyncError, error_excerpt
-from inference.nccl import rank_offsets, tensor_metadata
+from inference.nccl import WeightStream, rank_offsets
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -206,47 +207,18 @@ def prune_versions(root: Path, keep: int, current: Path) -> None:
 class Transport(Protocol):
     """Moves tensors to the servers between /start_weight_update and /finish_weight_update."""
 
+    @property
+    def ready(self) -> bool: ...
+
     def init_info(self, rank_offset: int, world_size: int) -> dict[str, Any]: ...
 
     async def start(self, world_size: int) -> None: ...
 
-    def update_info(self, tensors: Mapping[str, Any]) -> dict[str, Any]: ...
+    def update_info(self, stream: WeightStream) -> dict[str, Any]: ...
 
-    async def send(self, tensors: Mapping[str, Any]) -> None: ...
+    async def send(self, stream: WeightStream) -> None: ...
 
-
-class FileStandInTransport:
-    """The CPU server's stand-in for NCCL: tensors go through a safetensors file it reads.
-
-    It must be written before the servers read it (`writes_first`); NCCL needs both at once.
-    """
-
-    writes_first = True
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = Path(directory)
-        self._file = self.directory / "transfer.safetensors"
-
-    def init_info(self, rank_offset: int, world_size: int) -> dict[str, Any]:
-        return {
-            "master_address": "file",
-            "master_port": 0,
-            "rank_offset": rank_offset,
-            "world_size": world_size,
-        }
-
-    async def start(self, world_size: int) -> None:
-        del world_size  # no group to form
-        self.directory.mkdir(parents=True, exist_ok=True)
-
-    def update_info(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
-        return tensor_metadata(tensors) | {"cpu_weights_path": str(self._file)}
-
-    async def send(self, tensors: Mapping[str, Any]) -> None:
-        from safetensors.torch import save_file
-
-        data = {k: v.detach().contiguous().clone() for k, v in tensors.items()}
-        await asyncio.to_thread(save_file, data, self._file)
+    def close(self) -> None: ...
 
 
 class NcclWeightSync(_ControlClient):
@@ -314,30 +286,47 @@ class NcclWeightSync(_ControlClient):
         if isinstance(trainer, BaseException) and not failures:
             failures = {u: f"trainer rendezvous: {trainer!r}" for u in self.urls}
         if failures:
+            self.transport.close()
             raise WeightSyncError(-1, failures, _NO_GROUP)
 
-    async def push(self, tensors: Mapping[str, Any], version: int) -> None:
-        """Pause, start, update (while broadcasting), finish with the version, resume, verify."""
-        writes_first = getattr(self.transport, "writes_first", False)
-        if writes_first:
-            await self.transport.send(tensors)
-        update = {"update_info": self.transport.update_info(tensors)}
+    @property
+    def ready(self) -> bool:
+        """Whether the group is formed; False before `init()` and after a failed push."""
+        return self.transport.ready
+
+    async def push(self, weights: Mapping[str, Any] | WeightStream, version: int) -> None:
+        """Pause, start, update (while broadcasting), finish with the version, resume, verify.
+
+        A failure closes the group on both sides (the servers keep their old version):
+        call `init()` again before the next push."""
+        if not self.transport.ready:
+            raise WeightSyncError(version, {u: "call init() first" for u in self.urls}, _NO_GROUP)
+        stream = weights if isinstance(weights, WeightStream) else WeightStream.of(weights)
+        update = {"update_info": self.transport.update_info(stream)}
         failures: dict[str, str] = {}
         async with self._session() as session:
 
             async def on_all(path: str, body: Any = None) -> None:
-                await asyncio.gather(
-                    *(self._call(session, "POST", u + path, body) for u in self.urls)
+                answers = await asyncio.gather(
+                    *(self._call(session, "POST", u + path, body) for u in self.urls),
+                    return_exceptions=True,
                 )
+                _raise_first(answers)
 
             try:
                 await on_all(f"/pause?mode={self.config.pause_mode}")
                 await on_all("/start_weight_update")
                 # The servers receive inside /update_weights: both sides must be in the collective.
-                sends = [] if writes_first else [self.transport.send(tensors)]
-                await asyncio.gather(on_all("/update_weights", update), *sends)
+                _raise_first(
+                    await asyncio.gather(
+                        on_all("/update_weights", update),
+                        self._send(stream),
+                        return_exceptions=True,
+                    )
+                )
                 await on_all("/finish_weight_update", {"weight_version": str(version)})
             except _StepFailed as exc:  # a collective transfer fails as a whole
+                self.transport.close()
                 failures = {u: str(exc) for u in self.urls}
                 for url in self.urls:
                     metrics.SYNC_FAILURES.labels(server=url).inc()
@@ -348,6 +337,26 @@ class NcclWeightSync(_ControlClient):
                     except _StepFailed:
                         pass  # verify() reports a server that cannot be reached
         await self.verify(version, failures)
+
+    async def _send(self, stream: WeightStream) -> None:
+        try:
+            await self.transport.send(stream)
+        except Exception as exc:  # gloo/NCCL errors, a stream that disagrees with its metadata
+            raise _StepFailed(f"trainer broadcast: {type(exc).__name__}: {exc}") from exc
+
+    def close(self) -> None:
+        """Leave the group (the servers notice at their next transfer)."""
+        self.transport.close()
+
+
+def _raise_first(answers: Sequence[Any]) -> None:
+    """Raise the first failure among gathered answers (all of them in its message)."""
+    errors = [a for a in answers if isinstance(a, BaseException)]
+    if not errors:
+        return
+    if all(isinstance(e, _StepFailed) for e in errors):
+        raise _StepFailed("; ".join(dict.fromkeys(str(e) for e in errors)))
+    raise errors[0]
 
 
 _NO_GROUP = "weight transfer group not formed"

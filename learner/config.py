@@ -98,6 +98,20 @@ class GroupStd(enum.StrEnum):
     UNBIASED = "unbiased"  # sqrt(sum (R - mean)^2 / (n - 1)), as torch.std in verl and TRL
 
 
+class WeightTransfer(enum.StrEnum):
+    """How pushed weights reach the inference servers."""
+
+    FILE = "file"  # safetensors directories every server reloads (shared or local disk)
+    NCCL = "nccl"  # vLLM 0.33's weight-transfer routes: broadcast from the learner, no files
+
+
+class TransferBackend(enum.StrEnum):
+    """The collective that carries an NCCL-route transfer."""
+
+    NCCL = "nccl"  # vLLM's trainer_init (CUDA and vLLM on the learner)
+    GLOO = "gloo"  # CPU: the CPU policy server's stand-in for NCCL (tests, CPU farms)
+
+
 class Precision(enum.StrEnum):
     """Numeric precision of the forward and backward passes."""
 
@@ -142,6 +156,22 @@ class ScaleConfig:
     )
     activation_checkpointing: bool = Field(False, description="recompute decoder layers")
     cpu_offload: bool = Field(False, description="FSDP: params, grads, AdamW state on the host")
+
+
+@dataclass(frozen=True, config=COMPONENT)
+class TransferConfig:
+    """NCCL-route weight transfer (--weight-transfer nccl): the group the servers join."""
+
+    backend: TransferBackend = Field(TransferBackend.NCCL, description="nccl (vLLM) | gloo (CPU)")
+    master_address: str = Field(
+        "127.0.0.1", min_length=1, description="address at which the servers reach the learner"
+    )
+    master_port: int = Field(
+        29600, ge=1, le=65535, description="port of the group's rendezvous store on the learner"
+    )
+    timeout_s: float = Field(
+        120.0, gt=0, le=3600, description="limit on forming the group and on each broadcast"
+    )
 
 
 @dataclass(frozen=True, config=COMPONENT)
@@ -278,6 +308,10 @@ class LearnerConfig(RoleConfig):
     # --- weight push --------------------------------------------------------------------------
     push_interval: int = Field(1, ge=0, description="push weights every K steps (0: never)")
     weights_dir: Path | None = Field(None, description="where pushed weights are written")
+    weight_transfer: WeightTransfer = Field(
+        WeightTransfer.FILE, description="file (reload from disk) | nccl (vLLM's NCCL routes)"
+    )
+    transfer: TransferConfig = section(TransferConfig, prefix="weight_transfer_")
     # --- task source and replay ---------------------------------------------------------------
     tasks: Path | None = Field(None, description="JSONL dataset of env specs (None: no feeding)")
     env_modules: CommaList = Field(

@@ -9,6 +9,11 @@ them as they arrive. The extra memory on any rank is one bucket, not a tensor an
 model. Tied weights are written once, under their first name (as ``save_pretrained``
 does). `export_hf_dir` adds the model config and tokenizer files, so the directory is what
 vLLM and the CPU server load.
+
+`full_weights(lm, main)` is the same walk for a weight transfer (vLLM's NCCL routes): each
+tensor is gathered whole on the main rank (the extra memory is the largest tensor) and
+yielded in the order `weight_metadata(lm)` announces, from the global shapes, before any
+gather. Every rank must run it to the end; stopped early, it finishes the gathers itself.
 """
 
 from __future__ import annotations
@@ -17,9 +22,8 @@ import json
 import math
 import shutil
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
 
 import torch
 import torch.distributed as dist
@@ -68,9 +72,11 @@ def _row_buckets(tensor: DTensor, bucket_bytes: int) -> Iterator[tuple[int, int,
             yield rank, start, min(held, start + step)
 
 
-def _stream_sharded(tensor: DTensor, out: BinaryIO | None, bucket_bytes: int) -> int:
-    """Broadcast each rank's rows bucket by bucket; the writer appends them. Returns the
-    largest bucket in bytes."""
+def _stream_sharded(
+    tensor: DTensor, sink: Callable[[torch.Tensor], None] | None, bucket_bytes: int
+) -> int:
+    """Broadcast each rank's rows bucket by bucket; `sink` (on the receiving rank) takes them
+    in order. Returns the largest bucket in bytes."""
     local = tensor.to_local().detach()
     me = tensor.device_mesh.get_local_rank()
     largest = 0
@@ -82,8 +88,8 @@ def _stream_sharded(tensor: DTensor, out: BinaryIO | None, bucket_bytes: int) ->
             bucket = torch.empty(shape, dtype=local.dtype, device=local.device)
         dist.broadcast(bucket, group=tensor.device_mesh.get_group(), group_src=src)
         largest = max(largest, bucket.numel() * bucket.element_size())
-        if out is not None:
-            out.write(bucket.cpu().reshape(-1).view(torch.uint8).numpy().data)  # no byte copy
+        if sink is not None:
+            sink(bucket)
         del bucket
     return largest
 
@@ -101,23 +107,69 @@ def write_safetensors(
     entries = list(_unique_entries(lm))
     largest = 0
     out = open(path, "wb") if writer else None
+    sink = None if out is None else lambda b: out.write(_raw(b))
     try:
         if out is not None:
             out.write(_header(entries))
         for _, tensor in entries:
             if _is_row_sharded(tensor):
-                largest = max(largest, _stream_sharded(tensor, out, bucket_bytes))  # type: ignore[arg-type]
+                largest = max(largest, _stream_sharded(tensor, sink, bucket_bytes))  # type: ignore[arg-type]
                 continue
             full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
             full = full.detach().to("cpu").contiguous()
             largest = max(largest, full.numel() * full.element_size())
             if out is not None:
-                out.write(full.reshape(-1).view(torch.uint8).numpy().data)  # no byte copy
+                out.write(_raw(full))
             del full
     finally:
         if out is not None:
             out.close()
     return largest
+
+
+def _raw(tensor: torch.Tensor) -> memoryview:
+    return tensor.cpu().reshape(-1).view(torch.uint8).numpy().data  # no byte copy
+
+
+def weight_metadata(lm: torch.nn.Module) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    """(name, dtype, global shape) of every weight `full_weights` yields, in its order;
+    read from the (sharded) parameters without gathering."""
+    return [(name, t.dtype, tuple(t.shape)) for name, t in _unique_entries(lm)]
+
+
+def full_weights(
+    lm: torch.nn.Module, main: bool, bucket_bytes: int = BUCKET_BYTES
+) -> Iterator[torch.Tensor | None]:
+    """Each weight gathered whole, on the model's device, on `main` (None elsewhere).
+
+    Collective under FSDP: every rank iterates it to the end (closing it early finishes the
+    remaining gathers without yielding), so a transfer that fails halfway leaves no rank
+    waiting in a gather."""
+    gathered = (_gathered(t, main, bucket_bytes) for _, t in _unique_entries(lm))
+    try:
+        # not `yield from`: it would close `gathered` on GeneratorExit and skip the drain
+        for tensor in gathered:  # noqa: UP028
+            yield tensor
+    finally:
+        for _ in gathered:  # the other ranks are still in these gathers
+            pass
+
+
+def _gathered(tensor: torch.Tensor, main: bool, bucket_bytes: int) -> torch.Tensor | None:
+    if not _is_row_sharded(tensor):
+        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        return full.detach() if main else None
+    local = tensor.to_local()  # type: ignore[attr-defined]
+    out = torch.empty(tensor.shape, dtype=local.dtype, device=local.device) if main else None
+    filled = 0
+
+    def put(bucket: torch.Tensor) -> None:
+        nonlocal filled
+        out[filled : filled + bucket.shape[0]].copy_(bucket)  # type: ignore[index]
+        filled += bucket.shape[0]
+
+    _stream_sharded(tensor, put if main else None, bucket_bytes)  # type: ignore[arg-type]
+    return out
 
 
 def export_hf_dir(

@@ -36,6 +36,7 @@ from broker.outage import retry_while_unavailable
 from broker.policy import current_policy, publish_policy
 from broker.producer import Producer
 from broker.status import refresh_stream_gauges
+from inference.nccl import WeightStream
 from learner import metrics as m
 from learner.batch import PreparedBatch, prepare_batch
 from learner.checkpoint import (
@@ -50,7 +51,7 @@ from learner.config import KLMode, LearnerConfig
 from learner.critic import Critic, restore_critic, save_critic
 from learner.distributed import DistContext
 from learner.errors import RunFailedError
-from learner.export import export_hf_dir
+from learner.export import export_hf_dir, full_weights
 from learner.health import DeadLetterWatch, FailureWatch
 from learner.record import SkipRecord, StepRecord, emit, emit_skip
 from learner.reference import Reference, kl_turn_penalties
@@ -63,7 +64,7 @@ from learner.tasks import (
 )
 from learner.tracking.base import Tracker
 from learner.trainer import StepStats, Trainer
-from learner.weights import WeightPusher
+from learner.weights import WeightPusher, weight_stream
 
 log = logging.getLogger("learner")
 
@@ -76,7 +77,7 @@ def resolve_device(cfg: LearnerConfig, local_rank: int) -> torch.device:
     return torch.device(cfg.device)
 
 
-TRAIN, SAVE, EXPORT, STOP = "train", "save", "export", "stop"  # rank 0's commands
+TRAIN, SAVE, EXPORT, STREAM, STOP = "train", "save", "export", "stream", "stop"  # rank 0's
 
 
 @dataclass
@@ -167,6 +168,10 @@ class Core:
         if self.dist.is_main:
             self.dist.broadcast_command(EXPORT, str(out_dir))
         return export_hf_dir(self.trainer.model, out_dir, self.dist.is_main, self.cfg.model)
+
+    def weight_stream(self) -> WeightStream:
+        """The full weights for an NCCL-route push, gathered as sent (collective, as `export`)."""
+        return weight_stream(self.trainer.model, lambda: self.dist.broadcast_command(STREAM))
 
     def stop_followers(self) -> None:
         """Release the other ranks (once; rank 0 calls it however its loop ended)."""
@@ -376,7 +381,7 @@ async def _push(
 ) -> float:
     started = time.perf_counter()
     version = core.state.step
-    result = await pusher.push(core.export, version)
+    result = await pusher.push(core, version)
     core.state.version = version
     policy = PolicyVersion(
         version=version,
@@ -403,5 +408,8 @@ def run_follower(core: Core) -> None:
             core.save()
         elif command == EXPORT:
             core.export(Path(arg))
+        elif command == STREAM:
+            for _ in full_weights(core.trainer.model, main=False):
+                pass  # rank 0 sends; this rank takes part in each gather
         else:
             return

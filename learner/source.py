@@ -185,21 +185,27 @@ class LiveSource:
 
     async def _screen(self) -> None:
         """Move what was read into the buffer, acking groups the checkpoint already holds and
-        dead-lettering bad ones; an entry leaves `unscreened` only once handled."""
-        while self.unscreened:
-            d = self.unscreened[0]
+        dead-lettering bad ones in one commit; nothing leaves `unscreened` before that commit."""
+        keep: list[Delivery] = []
+        done: list[Delivery] = []
+        dead: list[tuple[Delivery, str]] = []
+        for d in self.unscreened:
             assert isinstance(d.message, TrajectoryGroup)
             if d.message.group_id in self.already_trained:
                 log.info("group %s is in the checkpoint already; acking it", d.message.group_id)
-                await self.consumer.commit([d])
-                self.already_trained.discard(d.message.group_id)
+                done.append(d)
             elif (reason := problem_with(d.message, self.vocab_size)) is not None:
-                await self.consumer.dead_letter(d, f"group {d.message.group_id}: {reason}")
+                dead.append((d, f"group {d.message.group_id}: {reason}"))
             else:
-                self.buffer.append(self.unscreened.pop(0))
-                continue
-            self.released.discard((d.stream, d.entry_id))
-            self.unscreened.pop(0)
+                keep.append(d)
+        if done or dead:
+            await self.consumer.commit(done, dead_letters=dead)
+        for d in done:
+            self.already_trained.discard(d.message.group_id)  # type: ignore[union-attr]
+        settled = [*done, *(d for d, _ in dead)]
+        self.released.difference_update((d.stream, d.entry_id) for d in settled)
+        self.buffer += keep
+        self.unscreened = []
 
     async def commit_trained(
         self, deliveries: Sequence[Delivery], stop: asyncio.Event | None = None

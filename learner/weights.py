@@ -1,13 +1,24 @@
 """Pushing new weights to every inference server, through `inference.weight_sync`.
 
-`WeightPusher` writes each version into `weights_dir` (default: a ``weights``
-directory next to the checkpoints, or a temporary one) with an export callable
-that streams the full weights from the (possibly sharded) model one gathered
-tensor at a time (`learner.export`, collective under FSDP), renames the
-directory into place, has every server reload it through the inference
-package's file-based weight-sync client, and returns only when every server
-reports the new version; anything less raises `WeightPushError`. The import is
-lazy so that the CLI stays light.
+`WeightPusher.push(source, version)` returns only when every server reports the new
+version; anything less raises `WeightPushError`. `--weight-transfer` picks the path:
+
+- ``file`` (default): `source.export(dir)` streams the full weights from the (possibly
+  sharded) model one gathered tensor at a time (`learner.export`, collective under FSDP)
+  into ``weights_dir/v<version>`` (default: a ``weights`` directory next to the
+  checkpoints, or a temporary one), which is renamed into place and reloaded by every
+  server through the file-based weight-sync client.
+- ``nccl``: vLLM 0.33's weight-transfer routes (`NcclWeightSync`). The group of the
+  learner (rank 0) and every server's workers forms at the first push (the servers are up
+  by then: they produced the batch), and again at the push after a failed one (a failure
+  closes it on every side; `python -m learner` stops on the `WeightPushError`, as it
+  does for a failed file push, and `--resume` continues); each push broadcasts
+  `source.weight_stream()`, whose tensors are gathered one at a time as they are sent.
+  ``--weight-transfer-backend nccl`` uses vLLM's trainer_init (CUDA + vLLM);
+  ``gloo`` is the CPU policy server's stand-in. Nothing is written to disk: the published
+  `PolicyVersion.weights_path` is "".
+
+The inference imports are lazy so that the CLI stays light.
 """
 
 from __future__ import annotations
@@ -19,25 +30,36 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from learner.config import LearnerConfig
-from learner.errors import WeightPushError
+from learner.config import LearnerConfig, TransferBackend, WeightTransfer
+from learner.errors import ConfigError, WeightPushError
+
+
+class WeightSource(Protocol):
+    """What a push reads the weights from (`learner.service.Core`)."""
+
+    def export(self, out_dir: Path) -> int:
+        """Write a servable directory; returns the largest buffer held, in bytes."""
+        ...
+
+    def weight_stream(self) -> Any:
+        """An `inference.nccl.WeightStream` of the full weights (gathered as sent)."""
+        ...
 
 
 @dataclass(frozen=True)
 class PushResult:
     servers: tuple[str, ...]  # servers verified to serve the version
-    weights_path: str  # where the weights were written
-    largest_tensor_bytes: int  # the bound on the extra memory of the export
+    weights_path: str  # where the weights were written ("" for an NCCL-route push)
+    largest_tensor_bytes: int  # the bound on the extra memory of a file export (0: NCCL)
 
 
 class WeightPusher:
-    """Push + verify on every server; `close` releases the client."""
+    """Push + verify on every server; `close` releases the transfer group."""
 
     def __init__(self, cfg: LearnerConfig) -> None:
         from inference.config import WeightSyncConfig
-        from inference.weight_sync import FileWeightSync
 
         if cfg.weights_dir is not None:
             self.weights_dir = cfg.weights_dir
@@ -49,26 +71,87 @@ class WeightPusher:
         self._sync_config = WeightSyncConfig(
             root_dir=self.weights_dir, api_key=cfg.inference_api_key
         )
-        self._sync: Any = FileWeightSync(list(self.urls), self._sync_config)
+        self._sync: Any = None
+        if cfg.weight_transfer is WeightTransfer.NCCL:
+            # /update_weights answers only once the broadcast is through
+            timeout_s = max(self._sync_config.timeout_s, cfg.transfer.timeout_s + 60)
+            self._sync = _nccl_sync(
+                cfg, self._sync_config.model_copy(update={"timeout_s": timeout_s})
+            )
 
-    async def push(self, export: Callable[[Path], int], version: int) -> PushResult:
-        """`export(dir)` writes a servable directory; it becomes ``v<version>`` and is loaded."""
+    async def push(self, source: WeightSource, version: int) -> PushResult:
+        """Move every server to `version`'s weights and verify it."""
         from inference.errors import InferenceError
-        from inference.weight_sync import prune_versions
+
+        try:
+            if self._sync is not None:
+                if not self._sync.ready:
+                    await self._sync.init()
+                await self._sync.push(source.weight_stream(), version)
+                return PushResult(servers=self.urls, weights_path="", largest_tensor_bytes=0)
+            return await self._push_file(source, version)
+        except (InferenceError, OSError) as exc:  # translated at this boundary
+            raise WeightPushError(f"weight push of version {version} failed: {exc}") from exc
+
+    async def _push_file(self, source: WeightSource, version: int) -> PushResult:
+        from inference.weight_sync import FileWeightSync, prune_versions
 
         final = self.weights_dir / f"v{version:08d}"
         tmp = self.weights_dir / f".tmp-v{version:08d}-{os.getpid()}"
-        try:
-            shutil.rmtree(tmp, ignore_errors=True)
-            largest = export(tmp)
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
-            await self._sync.push_path(final, version)
-            keep = self._sync_config.keep_versions
-            await asyncio.to_thread(prune_versions, self.weights_dir, keep, final)
-        except (InferenceError, OSError) as exc:  # translated at this boundary
-            raise WeightPushError(f"weight push of version {version} failed: {exc}") from exc
+        shutil.rmtree(tmp, ignore_errors=True)
+        largest = source.export(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        await FileWeightSync(list(self.urls), self._sync_config).push_path(final, version)
+        keep = self._sync_config.keep_versions
+        await asyncio.to_thread(prune_versions, self.weights_dir, keep, final)
         return PushResult(servers=self.urls, weights_path=str(final), largest_tensor_bytes=largest)
 
     async def close(self) -> None:
-        """Nothing to release: the sync client opens one HTTP session per push."""
+        """Leave the transfer group (the file path holds nothing between pushes)."""
+        if self._sync is not None:
+            self._sync.close()
+
+
+def _nccl_sync(cfg: LearnerConfig, sync_config: Any) -> Any:
+    """The NCCL-route client over the configured backend; ConfigError if it cannot run here."""
+    from inference.nccl import NcclTransport, gloo_trainer_init, vllm_trainer_init
+    from inference.weight_sync import NcclWeightSync
+
+    transfer = cfg.transfer
+    trainer_init: Any = gloo_trainer_init(transfer.timeout_s)
+    if transfer.backend is TransferBackend.NCCL:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                "--weight-transfer-backend nccl needs CUDA (and vLLM 0.33); "
+                "use gloo with the CPU policy server"
+            )
+        trainer_init = vllm_trainer_init
+    transport = NcclTransport(
+        transfer.master_address, transfer.master_port, trainer_init=trainer_init
+    )
+    return NcclWeightSync(list(cfg.inference_urls), sync_config, transport)
+
+
+def weight_stream(lm: Any, announce: Callable[[], None]) -> Any:
+    """An `inference.nccl.WeightStream` of `lm`'s full weights, on rank 0.
+
+    The metadata comes from the global shapes, without a gather; `announce()` (rank 0
+    calling the other ranks into the gathers) runs when the sending starts."""
+    from inference.nccl import WeightStream, dtype_name
+    from learner.export import full_weights, weight_metadata
+
+    meta = weight_metadata(lm)
+
+    def produce() -> Any:
+        announce()
+        return full_weights(lm, main=True)
+
+    return WeightStream(
+        names=tuple(name for name, _, _ in meta),
+        dtype_names=tuple(dtype_name(dtype) for _, dtype, _ in meta),
+        shapes=tuple(shape for _, _, shape in meta),
+        produce=produce,
+    )

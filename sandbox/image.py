@@ -26,9 +26,13 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandbox.backends import agent_files
 from sandbox.errors import ImageBuildError
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 log = logging.getLogger(__name__)
 
@@ -171,13 +175,7 @@ def build(quiet: bool = False, force: bool = False) -> str:
                 return tag
             except ImageNotFound:
                 pass
-        base = base_tag()
-        try:
-            client.images.get(base)
-        except ImageNotFound:
-            tarball = rootfs_tarball(quiet)
-            log.info("importing %s as %s", tarball, base)
-            _run(["docker", "import", str(tarball), base], quiet)
+        base = ensure_base(client, quiet)
         context = _context(base)
         client.images.build(fileobj=context, custom_context=True, tag=tag, rm=True, forcerm=True)
         return tag
@@ -185,6 +183,23 @@ def build(quiet: bool = False, force: bool = False) -> str:
         raise ImageBuildError(f"building {tag} failed: {exc}") from exc
     finally:
         client.close()
+
+
+def ensure_base(client: DockerClient, quiet: bool) -> str:
+    """Import the debootstrap rootfs as the base image unless its tag exists; returns the tag.
+
+    The compose stack's images (`farm.images`) start from the same base.
+    """
+    from docker.errors import ImageNotFound
+
+    base = base_tag()
+    try:
+        client.images.get(base)
+    except ImageNotFound:
+        tarball = rootfs_tarball(quiet)
+        log.info("importing %s as %s", tarball, base)
+        _run(["docker", "import", str(tarball), base], quiet)
+    return base
 
 
 def _context(base: str) -> io.BytesIO:

@@ -2,8 +2,9 @@
 
 Invariants:
 - a task is acked only by the commit that publishes its complete group (one atomic
-  `Consumer.commit`), so a worker that dies at any point leaves its tasks pending, to be
-  reclaimed by another worker after `reclaim_idle_s`; consumers dedup on the group id;
+  `Consumer.commit`; groups that finish together share one, see `workers.commits`), so
+  a worker that dies at any point leaves its tasks pending, to be reclaimed by another
+  worker after `reclaim_idle_s`; consumers dedup on the group id;
 - the worker never holds more than `concurrency` episodes' worth of tasks (plus at most one
   group): it reads only as many tasks as its free slots allow;
 - a task whose spec cannot become an environment (`EnvSpecError`: unknown name, bad JSON
@@ -32,6 +33,7 @@ from broker.keys import WORKERS_GROUP, RunKeys
 from broker.messages import Task, TrajectoryGroup
 from broker.outage import Backoff
 from workers import metrics
+from workers.commits import GroupCommits
 from workers.config import WorkerConfig
 from workers.episode import EpisodeContext
 from workers.group import run_group
@@ -56,6 +58,9 @@ class Worker:
             config=ConsumerConfig.of(WORKERS_GROUP, cfg.worker_id, cfg.consumer),
             expect=Task,
         )
+        # finished groups, committed in batches; nobody else takes a task within half of
+        # reclaim_idle_s, so a commit may keep retrying that long through an outage
+        self._commits = GroupCommits(self._consumer, cfg.consumer.reclaim_idle_s / 2)
         self._reserved = 0  # episodes of tasks read and not yet finished
         self._freed = asyncio.Event()
         # (tasks stream, entry id) -> group task
@@ -79,6 +84,7 @@ class Worker:
             aux = [
                 tg.create_task(self.lag.run(), name="event-loop-lag"),
                 tg.create_task(self._keep_alive(), name="task-keep-alive"),
+                tg.create_task(self._commits.run(), name="group-commits"),
             ]
             try:
                 async with asyncio.TaskGroup() as groups:
@@ -161,27 +167,11 @@ class Worker:
             raise group.exceptions[0] from None
 
     async def _commit(self, delivery: Delivery, group: TrajectoryGroup) -> bool:
-        """Publish the group and ack its task, riding out an outage; False: left pending."""
-        task_id = group.task.task_id
-        # The task's own partition: the commit script stays within one hash tag (slot).
+        """Publish the group and ack its task, together with any other groups finishing now,
+        riding out an outage; False: left pending."""
+        # The task's own partition: its commit stays within one hash tag (cluster slot).
         stream = self.keys.trajectories(self.keys.partition_of(delivery.stream))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.cfg.consumer.reclaim_idle_s / 2
-        backoff = Backoff(f"committing {task_id}")
-        while True:
-            try:
-                await self._consumer.commit([delivery], publish=[(stream, group)])
-                backoff.reset()
-                return True
-            except RedisUnavailable as exc:
-                if loop.time() + backoff.delay > deadline:
-                    log.warning("could not commit %s (left pending): %s", task_id, exc)
-                    return False
-                await backoff.wait(exc)
-            except BrokerError as exc:
-                # Not acked: the task stays pending and is redone (here or elsewhere).
-                log.warning("could not commit %s (left pending): %s", task_id, exc)
-                return False
+        return await self._commits.commit(delivery, stream, group)
 
     async def _drain(self) -> None:
         """Let running groups finish within the grace period; cancel (not ack) the rest."""

@@ -1,15 +1,10 @@
-# Rollout worker image (also runs the CPU policy server and `farm`).
-# CPU only: torch comes from the PyTorch CPU wheel index so no CUDA wheels are pulled.
-# Build from the repository root:
-#   docker build -f deploy/docker/worker.Dockerfile -t rollout-farm/worker .
-FROM python:3.11-slim-bookworm
-
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
-# The Docker CLI is not needed (workers use the Docker SDK over the socket);
-# bubblewrap is the sandbox fallback where no engine is reachable.
-RUN apt-get update \
- && apt-get install -y --no-install-recommends bubblewrap ca-certificates \
- && rm -rf /var/lib/apt/lists/*
+# Rollout worker image of the compose stack (also runs the CPU policy server, the CPU
+# learner, `farm` and the tiny-model writer). Built offline by `farm images build`, on top
+# of the Python environment of python.Dockerfile (PYTHON_IMAGE, tagged by content), so a
+# change in the project's source rebuilds only this thin layer.
+# Build context: the project files listed in farm/images.py (SOURCES).
+ARG PYTHON_IMAGE
+FROM ${PYTHON_IMAGE}
 
 WORKDIR /opt/farm
 COPY pyproject.toml README.md ./
@@ -21,10 +16,12 @@ COPY inference ./inference
 COPY learner ./learner
 COPY farm ./farm
 COPY bench ./bench
-RUN pip install --index-url https://download.pytorch.org/whl/cpu torch \
- && pip install ".[train,sandbox]"
-
-RUN useradd --create-home --uid 10001 farm
+COPY launch ./launch
+# The dependencies are in the base already; the project installs without a network.
+RUN pip install --quiet --no-deps --no-index --no-build-isolation . \
+ && useradd --create-home --uid 10001 farm \
+ && install -d -o farm -g farm /weights /checkpoints
+# Empty named volumes mounted on /weights and /checkpoints take this ownership.
 USER farm
 EXPOSE 9101
 ENTRYPOINT ["python", "-m", "workers"]

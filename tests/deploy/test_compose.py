@@ -9,27 +9,13 @@ policy server, workers that scale).
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
 import pytest
 import yaml
 
-from tests.conftest import require
+from tests.deploy.compose import COMPOSE, compose_cli
 from tests.deploy.promql import DEPLOY, ROOT
-
-COMPOSE = DEPLOY / "compose" / "docker-compose.yml"
-
-
-def _compose_cli() -> list[str]:
-    if shutil.which("docker-compose"):
-        return ["docker-compose"]
-    if shutil.which("docker"):
-        probe = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=30)
-        if probe.returncode == 0:
-            return ["docker", "compose"]
-    require(False, "docker-compose (Debian package docker-compose) or the docker compose plugin")
-    raise AssertionError("unreachable")
 
 
 def _services() -> dict:
@@ -39,12 +25,14 @@ def _services() -> dict:
 @pytest.mark.parametrize("profile", ["cpu", "gpu"])
 def test_compose_config_resolves(profile: str) -> None:
     result = subprocess.run(
-        [*_compose_cli(), "-f", str(COMPOSE), "--profile", profile, "config"],
+        [*compose_cli(), "-f", str(COMPOSE), "--profile", profile, "config"],
         capture_output=True, text=True, timeout=60, cwd=COMPOSE.parent,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     resolved = yaml.safe_load(result.stdout)["services"]
     assert {"redis", "worker", "prometheus", "grafana"} <= set(resolved)
+    # (docker-compose 1.29's `config` lists every profile's services)
+    assert _services()["grafana"]["profiles"] == ["grafana"], "its image needs a registry: opt-in"
 
 
 def test_compose_rejects_a_broken_file(tmp_path) -> None:
@@ -52,7 +40,7 @@ def test_compose_rejects_a_broken_file(tmp_path) -> None:
     bad = tmp_path / "docker-compose.yml"
     bad.write_text("services:\n  redis:\n    image: redis\n    no_such_key: 1\n")
     result = subprocess.run(
-        [*_compose_cli(), "-f", str(bad), "config"], capture_output=True, text=True, timeout=60
+        [*compose_cli(), "-f", str(bad), "config"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode != 0
 
@@ -110,11 +98,30 @@ def test_dockerfiles_copy_only_what_exists(dockerfile: str) -> None:
 
 def test_nccl_override_starts_vllm_with_the_weight_transfer_flag() -> None:
     override = COMPOSE.parent / "nccl.override.yml"
-    cli = [*_compose_cli(), "-f", str(COMPOSE), "-f", str(override), "--profile", "gpu", "config"]
+    cli = [*compose_cli(), "-f", str(COMPOSE), "-f", str(override), "--profile", "gpu", "config"]
     result = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    command = yaml.safe_load(result.stdout)["services"]["vllm"]["command"]
+    services = yaml.safe_load(result.stdout)["services"]
+    command = services["vllm"]["command"]
     assert json.loads(command[command.index("--weight-transfer-config") + 1]) == {"backend": "nccl"}
+    learner = services["learner"]["environment"]  # the learner pushes over those routes
+    assert learner["FARM_WEIGHT_TRANSFER"] == "nccl" and "FARM_REDIS_URL" in learner
     assert command[command.index("--logprobs-mode") + 1] == "processed_logprobs"
     plain = _services()["vllm"]["command"]
     assert "--weight-transfer-config" not in plain and "processed_logprobs" in plain
+
+
+def test_the_offline_images_pull_nothing_and_hash_what_they_copy() -> None:
+    """Every FROM of the images `farm images build` makes is a build argument (the
+    debootstrap base or the python image built from it), never a registry image, and
+    the worker's content tag hashes exactly what its Dockerfile copies."""
+    from farm.images import PROMETHEUS, PYTHON, REDIS, SOURCES, WORKER
+
+    for image in (PYTHON, WORKER, REDIS, PROMETHEUS):
+        lines = (DEPLOY / "docker" / image.dockerfile).read_text().splitlines()
+        froms = [line.split()[1] for line in lines if line.startswith("FROM ")]
+        assert froms and all(f in ("${BASE}", "${PYTHON_IMAGE}") for f in froms), image
+    text = (DEPLOY / "docker" / WORKER.dockerfile).read_text()
+    copied = {src for line in text.splitlines() if line.startswith("COPY ")
+              for src in line.split()[1:-1]}  # fmt: skip
+    assert copied == set(SOURCES)

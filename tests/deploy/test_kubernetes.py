@@ -20,6 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from learner.cli import load_config
 from tests.conftest import require
 from tests.deploy.promql import DEPLOY
 
@@ -160,10 +161,19 @@ def test_vllm_is_0_33_with_temperature_scaled_logprobs_and_nccl_overlay() -> Non
     args = args["containers"][0]["args"]
     assert args[args.index("--logprobs-mode") + 1] == "processed_logprobs"
     assert "--weight-transfer-config" not in args  # only where NCCL is chosen
-    nccl = _named(_render("gpu-nccl"), "StatefulSet", "inference")["spec"]["template"]["spec"]
+    rendered = _render("gpu-nccl")
+    nccl = _named(rendered, "StatefulSet", "inference")["spec"]["template"]["spec"]
     nccl_args = nccl["containers"][0]["args"]
     config = nccl_args[nccl_args.index("--weight-transfer-config") + 1]
     assert json.loads(config) == {"backend": "nccl"}
+    # the learner pushes over those routes, reached through the headless learner-transfer
+    learner = _named(rendered, "Deployment", "learner")["spec"]["template"]["spec"]["containers"][0]
+    cfg = load_config([*learner["args"], "--model", "/m"])
+    assert cfg.weight_transfer == "nccl" and cfg.transfer.master_address == "learner-transfer"
+    service = _named(rendered, "Service", "learner-transfer")["spec"]
+    assert (
+        service["clusterIP"] == "None" and service["ports"][0]["port"] == cfg.transfer.master_port
+    )
     dockerfile = (K8S.parent / "docker" / "learner.Dockerfile").read_text()
     assert "ARG VLLM_IMAGE=vllm/vllm-openai:v0.33." in dockerfile
 

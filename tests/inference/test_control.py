@@ -1,4 +1,4 @@
-"""RL control routes: pause modes with requests in flight, weight reload, version labels, NCCL stand-in."""
+"""RL control routes: pause modes with requests in flight, weight reload, version labels."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ import torch
 from prometheus_client import REGISTRY
 from safetensors.torch import load_file
 
-from inference.config import WeightSyncConfig
-from inference.weight_sync import FileStandInTransport, NcclWeightSync
 from tests.inference.conftest import eventually, teacher_forced_logprobs
 from tests.inference.test_server import completion, get, post
 
@@ -166,36 +164,6 @@ async def test_bad_weights_leave_model_and_version_untouched(
     lp = torch.tensor(out["choices"][0]["logprobs"]["token_logprobs"])
     ref = teacher_forced_logprobs(model_dir, body["prompt"], out["choices"][0]["token_ids"])
     assert float((lp - ref).abs().max()) < 1e-4
-
-
-async def test_nccl_route_sequence_with_file_stand_in(
-    server_factory, other_model_dir: Path, tmp_path: Path
-) -> None:
-    servers = [await server_factory(), await server_factory()]
-    sync = NcclWeightSync(
-        [s.url for s in servers],
-        WeightSyncConfig(root_dir=tmp_path),
-        FileStandInTransport(tmp_path / "xfer"),
-    )
-    await sync.init()
-    tensors = load_file(other_model_dir / "model.safetensors")
-    await sync.push(tensors, version=3)
-    body = completion([7, 8], max_tokens=5, ignore_eos=True)
-    for server in servers:
-        assert (await get(server.url + "/weight_info"))[1] == '{"weight_version": "3"}'
-        assert (await get(server.url + "/is_paused"))[1] == '{"is_paused": false}'
-        _, out = await post(server.url + "/v1/completions", body)
-        lp = torch.tensor(out["choices"][0]["logprobs"]["token_logprobs"])
-        ref = teacher_forced_logprobs(
-            other_model_dir, body["prompt"], out["choices"][0]["token_ids"]
-        )
-        assert float((lp - ref).abs().max()) < 1e-4
-    # finish without start is refused: the session check is real
-    status, _ = await post(servers[0].url + "/finish_weight_update", {"weight_version": "9"})
-    assert (
-        status == 409
-        and (await get(servers[0].url + "/weight_info"))[1] == '{"weight_version": "3"}'
-    )
 
 
 async def test_pause_wait_after_keep_finishes_the_frozen_requests(server_factory) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.nccl import NcclTransport, rank_offsets
+from inference.nccl import NcclTransport, WeightStream, rank_offsets
 
 
 def test_servers_take_consecutive_rank_blocks_behind_the_trainer() -> None:
@@ -28,4 +28,4 @@ def test_init_info_carries_packed_only_when_packing() -> None:
 
 async def test_send_before_the_group_is_formed_is_an_error() -> None:
     with pytest.raises(RuntimeError, match="not formed"):
-        await NcclTransport("127.0.0.1", 1).send({})
+        await NcclTransport("127.0.0.1", 1).send(WeightStream.of({}))

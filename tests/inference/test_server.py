@@ -32,6 +32,14 @@ async def get(url: str, token: str | None = None) -> tuple[int, Any]:
             return r.status, text
 
 
+INIT = {
+    "master_address": "127.0.0.1",
+    "master_port": 9,
+    "rank_offset": 1,
+    "world_size": 2,
+}  # a well-formed init_info
+
+
 def completion(prompt: list[int], **kw: Any) -> dict[str, Any]:
     return {
         "prompt": prompt,
@@ -191,7 +199,20 @@ async def test_bad_control_requests_get_4xx(server_factory, tmp_path: Path) -> N
         (u + "/pause?mode=later", None, 400, "mode"),
         (u + "/update_weights", {"update_info": {}}, 409, "no weight update"),
         (u + "/start_weight_update", None, 409, "not initialised"),
-        (u + "/init_weight_transfer_engine", {"init_info": {"master_address": "x"}}, 400, "lacks"),
+        (u + "/init_weight_transfer_engine", {"init_info": {"master_address": "x"}}, 400, "needs"),
+        (
+            u + "/init_weight_transfer_engine",
+            {"init_info": INIT | {"rank_offset": 0}},
+            400,
+            "rank_offset",
+        ),
+        (u + "/init_weight_transfer_engine", {"init_info": INIT | {"packed": True}}, 400, "packed"),
+        (
+            u + "/init_weight_transfer_engine",
+            {"init_info": INIT | {"cpu_path": "x"}},
+            400,
+            "unexpected",
+        ),
     ]
     (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
     cases.append(

@@ -5,7 +5,9 @@
 On every rank: a Trainer sharded with FSDP2 (gloo), one step on a fixed batch, the full
 gradients gathered and written by rank 0 (``OUT/grads.safetensors``, plus the step's stats);
 then the weights streamed out of the shards in tiny buckets (``OUT/buckets.safetensors``)
-and gathered whole (``OUT/after_first.safetensors``), a checkpoint, a second step, a fresh trainer resumed from the checkpoint, the same
+and gathered whole (``OUT/after_first.safetensors``), the same weights as a weight transfer
+streams them, rank 1 following the learner's stream command (``OUT/transfer.safetensors``;
+first a transfer stopped after two tensors, whose gathers must finish on their own), a checkpoint, a second step, a fresh trainer resumed from the checkpoint, the same
 second step, and the full weights of both written (``OUT/continued.safetensors``,
 ``OUT/resumed.safetensors``); last, the first step again with CPU offload and activation
 checkpointing on (``OUT/offloaded_grads.safetensors``). The export directory of the checkpoint is left in ``OUT/ckpt``.
@@ -13,6 +15,7 @@ checkpointing on (``OUT/offloaded_grads.safetensors``). The export directory of 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from dataclasses import replace
@@ -24,8 +27,10 @@ from torch.distributed.tensor import DTensor
 
 from learner.batch import Sample
 from learner.checkpoint import LearnerState, load_training_state, save_checkpoint
+from learner.config import LearnerConfig
 from learner.distributed import DistContext, init_distributed
-from learner.export import write_safetensors
+from learner.export import full_weights, write_safetensors
+from learner.service import Core, run_follower
 from learner.trainer import Trainer
 from tests.learner.split import SCALE, batch_samples, make_trainer
 
@@ -56,6 +61,21 @@ def main(model: Path, out: Path) -> None:
     after_first = gathered(trainer, grads=False)
     # the streamed export in buckets far smaller than one row: many per tensor and rank
     write_safetensors(trainer.model, out / "buckets.safetensors", dist.is_main, bucket_bytes=100)
+    if dist.is_main:  # a transfer that fails after two tensors; rank 1 gathers them all
+        stopped = full_weights(trainer.model, main=True, bucket_bytes=100)
+        next(stopped), next(stopped)
+        stopped.close()
+    else:
+        list(full_weights(trainer.model, main=False, bucket_bytes=100))
+    # a push's stream as the learner runs it: rank 0 sends, rank 1 follows the stream command
+    core = Core(LearnerConfig(model=model), dist, trainer, LearnerState(step=1), None)
+    if dist.is_main:
+        stream = core.weight_stream()
+        with contextlib.closing(stream.checked()) as sent:  # checked against the metadata
+            streamed = dict(zip(stream.names, sent, strict=True))
+        core.stop_followers()
+    else:
+        run_follower(core)
     save_checkpoint(out / "ckpt", trainer.policy, trainer.optimizer, LearnerState(step=1), dist,
                     tokenizer_dir=model)  # fmt: skip
     step(trainer, second)
@@ -72,6 +92,7 @@ def main(model: Path, out: Path) -> None:
         save_file(offloaded_grads, out / "offloaded_grads.safetensors")
         save_file(grads, out / "grads.safetensors")
         save_file(after_first, out / "after_first.safetensors")
+        save_file(streamed, out / "transfer.safetensors")
         save_file(continued, out / "continued.safetensors")
         save_file(again, out / "resumed.safetensors")
         (out / "stats.json").write_text(json.dumps(stats))

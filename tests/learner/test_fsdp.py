@@ -5,7 +5,9 @@
 * Checkpoint (sharded, torch.distributed.checkpoint) then resume is exact: a fresh sharded
   trainer loaded from it takes the next step to bit-identical weights.
 * The checkpoint's Hugging Face export, streamed from the shards in bounded buckets (also
-  100-byte ones), loads with transformers and holds exactly the weights after the first step.
+  100-byte ones), loads with transformers and holds exactly the weights after the first step;
+  so do the whole tensors a weight transfer streams (`full_weights`), also after a transfer
+  stopped midway (its gathers finish, or the next collective would hang).
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ def test_fsdp_checkpoint_resume_is_exact_and_exports_a_loadable_model(fsdp_run: 
     for name, p in model.named_parameters():  # the export holds exactly the weights after step 1
         assert torch.equal(p.detach(), after_first[name]), name
     assert any(not torch.equal(after_first[n], v) for n, v in continued.items())
-    streamed = load_file(fsdp_run / "buckets.safetensors")  # 100-byte buckets, same bytes
-    assert streamed.keys() == after_first.keys() - {"lm_head.weight"}  # tied: written once
-    for name, value in streamed.items():
-        assert torch.equal(value, after_first[name]), name
+    for streamed_file in ("buckets", "transfer"):  # 100-byte buckets, same bytes
+        streamed = load_file(fsdp_run / f"{streamed_file}.safetensors")
+        assert streamed.keys() == after_first.keys() - {"lm_head.weight"}  # tied: sent once
+        for name, value in streamed.items():
+            assert torch.equal(value, after_first[name]), (streamed_file, name)

@@ -2,7 +2,8 @@
 
 The generation client, the file weight sync and the NCCL weight sync (over the gloo stand-in,
 between this process and the stub server process) are driven through vLLM's HTTP layer; the
-stub engine records what reached it, so each test checks the choreography and the data.
+stub engine records what reached it, so each test checks the choreography and the data. One
+group holds vLLM's workers and the CPU policy server together: both receive the same broadcasts.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from inference.client import ClientConfig, GenerationClient, SamplingParams
 from inference.config import WeightSyncConfig
@@ -169,11 +171,37 @@ async def test_nccl_weight_sync_reaches_every_worker_of_any_layout(
 async def test_nccl_init_info_rejected_by_vllm_is_reported(vllm_contract: VllmContract) -> None:
     class Unknown(NcclTransport):
         def init_info(self, rank_offset: int, world_size: int) -> dict:
-            return super().init_info(rank_offset, world_size) | {"cpu_weights_path": "x"}
+            return super().init_info(rank_offset, world_size) | {"not_a_vllm_field": "x"}
 
     transport = Unknown("127.0.0.1", free_port(), trainer_init=gloo_trainer_init(2))
     url = vllm_contract.urls["plain"]
     sync = NcclWeightSync([url], WeightSyncConfig(root_dir=Path("/x")), transport)
     with pytest.raises(WeightSyncError) as err:
         await asyncio.wait_for(sync.init(), 30)
-    assert "HTTP 400" in str(err.value) and "cpu_weights_path" in str(err.value)
+    assert "HTTP 400" in str(err.value) and "not_a_vllm_field" in str(err.value)
+
+
+async def test_one_group_feeds_vllm_workers_and_the_cpu_server_alike(
+    vllm_contract: VllmContract, server_factory, other_model_dir: Path
+) -> None:
+    """The CPU server's receive is wire-compatible with vLLM's: in one group, the same
+    broadcasts reach vLLM's own receive_weights (2 TP workers) and the CPU server."""
+    cpu = await server_factory()
+    urls = [vllm_contract.urls["tp2"], cpu.url]
+    transport = NcclTransport("127.0.0.1", free_port(), trainer_init=gloo_trainer_init(60))
+    sync = NcclWeightSync(urls, WeightSyncConfig(root_dir=Path("/nonexistent")), transport)
+    await asyncio.wait_for(sync.init(), 60)
+    assert sync.rank_offsets == [1, 3] and sync.world_size == 4
+    tensors = load_file(other_model_dir / "model.safetensors")
+    await asyncio.wait_for(sync.push(tensors, 11), 60)
+    expected = {name: digest(t) for name, t in tensors.items()}
+    async with _raw() as http:
+        async with http.session.post(
+            urls[0] + "/collective_rpc", json={"method": "received_weights"}
+        ) as resp:
+            per_worker = (await resp.json())["results"]  # every push of the session so far
+    assert [{name: got[name] for name in expected} for got in per_worker] == [expected] * 2
+    loaded = cpu.state.engine.model.state_dict()
+    assert {name: digest(loaded[name]) for name in tensors} == expected
+    assert vllm_contract.state("tp2")["version"] == "11" == cpu.state.engine.version
+    sync.close()

@@ -1,0 +1,345 @@
+"""Offline build of the compose stack's images, each tagged by a hash of what it is made of.
+
+No registry is reachable, so nothing is pulled. Every image starts from the sandbox image's
+debootstrap base (`sandbox.image.ensure_base`):
+
+- ``rollout-farm/python``: Debian's python3 plus a virtual environment with the project's
+  dependencies, installed from a wheelhouse that `pip download` fills on the host (from the
+  package index the host reaches, pinned to the versions installed in the running
+  environment; torch is the ``TORCH`` CPU wheel);
+- ``rollout-farm/worker``: the project on top of it (workers, CPU policy server, learner);
+- ``rollout-farm/redis`` and ``rollout-farm/prometheus``: Debian's packages from the apt
+  mirror that the base names.
+
+A tag exists only once its build succeeded, so `build` skips every image whose tag is
+present: a second run costs a few hashes, and a source change rebuilds only the worker
+layer. `build` writes the tags into an env file that docker-compose reads.
+
+    farm images build [--env-file deploy/compose/.env] [--quiet] [--force]
+    farm images tags
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import logging
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import tomllib
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from farm.errors import ImageError
+
+if TYPE_CHECKING:
+    from docker import DockerClient
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILES = ROOT / "deploy" / "docker"
+ENV_FILE = ROOT / "deploy" / "compose" / ".env"
+TORCH = "torch==2.13.0"  # the CPU wheel on this machine's disk (see scripts/bootstrap.sh)
+EXTRAS = ("train", "sandbox")
+# What the worker image copies (worker.Dockerfile); the tag hashes exactly these files.
+SOURCES = (
+    "pyproject.toml",
+    "README.md",
+    "broker",
+    "workers",
+    "envs",
+    "sandbox",
+    "inference",
+    "learner",
+    "farm",
+    "bench",
+    "launch",
+)
+
+
+@dataclass(frozen=True)
+class Image:
+    """One image of the stack: its compose variable, repository and Dockerfile."""
+
+    variable: str  # env-file variable the compose file reads the tag from
+    repository: str
+    dockerfile: str  # file name under deploy/docker
+
+
+PYTHON = Image("FARM_PYTHON_IMAGE", "rollout-farm/python", "python.Dockerfile")
+WORKER = Image("FARM_WORKER_IMAGE", "rollout-farm/worker", "worker.Dockerfile")
+REDIS = Image("FARM_REDIS_IMAGE", "rollout-farm/redis", "redis.Dockerfile")
+PROMETHEUS = Image("FARM_PROMETHEUS_IMAGE", "rollout-farm/prometheus", "prometheus.Dockerfile")
+
+
+def _digest(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(hashlib.sha256(part).digest())
+    return h.hexdigest()[:16]
+
+
+def requirements() -> list[str]:
+    """The project's runtime requirements (with EXTRAS), torch pinned first."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = [r for e in EXTRAS for r in project["optional-dependencies"][e]]
+    rest = [r for r in project["dependencies"] + extras if not r.startswith("torch")]
+    return [TORCH, *rest]
+
+
+def source_files() -> Iterator[Path]:
+    """The files of SOURCES, sorted, without bytecode."""
+    for name in SOURCES:
+        path = ROOT / name
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        yield from (f for f in files if "__pycache__" not in f.parts and f.suffix != ".pyc")
+
+
+def tags(base: str) -> dict[Image, str]:
+    """The content tag of every image, given the base image's tag."""
+    text = {
+        i: (DOCKERFILES / i.dockerfile).read_bytes() for i in (PYTHON, WORKER, REDIS, PROMETHEUS)
+    }
+    python = _digest(base.encode(), text[PYTHON], "\n".join(requirements()).encode())
+    python_tag = f"{PYTHON.repository}:{python}"
+    sources = [str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() for f in source_files()]
+    return {
+        PYTHON: python_tag,
+        WORKER: f"{WORKER.repository}:{_digest(python_tag.encode(), text[WORKER], *sources)}",
+        REDIS: f"{REDIS.repository}:{_digest(base.encode(), text[REDIS])}",
+        PROMETHEUS: f"{PROMETHEUS.repository}:{_digest(base.encode(), text[PROMETHEUS])}",
+    }
+
+
+def _constraints() -> str:
+    """Pins of every distribution in the running environment (the versions the tests ran)."""
+    pins = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name and name.lower() not in ("rollout-farm", "torch"):
+            pins[name.lower()] = f"{name}=={dist.version}"
+    return "\n".join(sorted(pins.values())) + "\n"
+
+
+def wheelhouse(into: Path, python_version: str, quiet: bool) -> None:
+    """Download every wheel the python image installs (and pip itself) into `into`.
+
+    pip evaluates dependency markers for the interpreter it runs on, not for the image's
+    (`--python-version` does not change that), so a dependency behind a marker such as
+    ``python_full_version < "3.11.3"`` is downloaded in further rounds until the
+    wheelhouse is closed for the image's `python_version`.
+    """
+    (into / "requirements.txt").write_text("\n".join(requirements()) + "\n")
+    constraints = into.parent / "constraints.txt"
+    constraints.write_text(_constraints())
+    wanted = [*requirements(), f"pip=={metadata.version('pip')}"]
+    for _ in range(5):
+        _pip_download(into, constraints, wanted, quiet)
+        wanted = _unmet(into, python_version)
+        if not wanted:
+            return
+        log.info("for python %s the wheelhouse also needs %s", python_version, wanted)
+    raise ImageError(f"the wheelhouse does not close for python {python_version}: {wanted}")
+
+
+def _pip_download(into: Path, constraints: Path, wanted: list[str], quiet: bool) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--disable-pip-version-check",
+        "--only-binary",
+        ":all:",
+        "-d",
+        str(into),
+        "-c",
+        str(constraints),
+        *wanted,
+    ]
+    log.info("downloading %d requirements into %s", len(wanted), into)
+    result = subprocess.run(cmd, capture_output=quiet, text=True, check=False)
+    if result.returncode != 0:
+        raise ImageError(f"pip download failed: {(result.stderr or '')[-2000:]}")
+
+
+def _unmet(into: Path, python_version: str) -> list[str]:
+    """Requirements of the wheels in `into` that apply on `python_version` and no wheel meets."""
+    from email.parser import Parser
+
+    from packaging.markers import default_environment
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
+    env = {
+        **default_environment(),
+        "python_full_version": python_version,
+        "python_version": ".".join(python_version.split(".")[:2]),
+        "extra": "",
+    }
+    wheels = sorted(into.glob("*.whl"))
+    have = {canonicalize_name(parse_wheel_filename(w.name)[0]) for w in wheels}
+    unmet: set[str] = set()
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as zf:
+            name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+            meta = Parser().parsestr(zf.read(name).decode(errors="replace"))
+        for line in meta.get_all("Requires-Dist") or []:
+            req = Requirement(line)
+            if canonicalize_name(req.name) in have:
+                continue
+            if req.marker is None or req.marker.evaluate(env):
+                req.marker = None
+                unmet.add(str(req))
+    return sorted(unmet)
+
+
+def _image_python(client: DockerClient, base: str) -> str:
+    """The python3 version in `base` (the wheelhouse is resolved for it)."""
+    out = client.containers.run(
+        base,
+        ["python3", "-c", "import platform; print(platform.python_version())"],
+        remove=True,
+        network_disabled=True,
+    )
+    return out.decode().strip()
+
+
+def _tar_dir(directory: Path, dockerfile: bytes, out: Path) -> None:
+    with tarfile.open(out, "w") as tar:
+        tar.add(directory, arcname=".")
+        _add_bytes(tar, "Dockerfile", dockerfile)
+
+
+def _tar_sources(dockerfile: bytes, out: Path) -> None:
+    with tarfile.open(out, "w") as tar:
+        for f in source_files():
+            tar.add(f, arcname=str(f.relative_to(ROOT)), recursive=False)
+        _add_bytes(tar, "Dockerfile", dockerfile)
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _build(client: DockerClient, tag: str, context: Path, buildargs: dict[str, str]) -> None:
+    from docker.errors import BuildError
+
+    log.info("building %s", tag)
+    try:
+        with context.open("rb") as fileobj:
+            client.images.build(
+                fileobj=fileobj,
+                custom_context=True,
+                tag=tag,
+                rm=True,
+                forcerm=True,
+                buildargs=buildargs,
+            )
+    except BuildError as exc:
+        tail = "".join(str(c.get("stream", c.get("error", ""))) for c in exc.build_log)[-3000:]
+        raise ImageError(f"building {tag} failed: {exc}\n{tail}") from exc
+
+
+def _missing(client: DockerClient, tag: str, force: bool) -> bool:
+    from docker.errors import ImageNotFound
+
+    if force:
+        return True
+    try:
+        client.images.get(tag)
+        return False
+    except ImageNotFound:
+        return True
+
+
+def build(
+    quiet: bool = False, force: bool = False, env_file: Path | None = ENV_FILE
+) -> dict[Image, str]:
+    """Build each image whose tag is missing (all with `force`), write `env_file`, return tags."""
+    import docker
+    from docker.errors import DockerException
+
+    from sandbox.errors import ImageBuildError
+    from sandbox.image import ensure_base
+
+    try:
+        client = docker.from_env(timeout=1800)
+    except DockerException as exc:
+        raise ImageError(f"no Docker engine: {exc}") from exc
+    try:
+        base = ensure_base(client, quiet)
+        wanted = tags(base)
+        with tempfile.TemporaryDirectory(prefix="rf-images-") as tmp:
+            _build_missing(client, base, wanted, Path(tmp), quiet, force)
+    except (DockerException, ImageBuildError) as exc:
+        raise ImageError(f"building the compose images failed: {exc}") from exc
+    finally:
+        client.close()
+    if env_file is not None:
+        write_env_file(env_file, wanted)
+    return wanted
+
+
+def _build_missing(
+    client: DockerClient, base: str, wanted: dict[Image, str], tmp: Path, quiet: bool, force: bool
+) -> None:
+    # The python image first: the worker image is built on it.
+    if _missing(client, wanted[PYTHON], force):
+        wheels = tmp / "wheels"
+        wheels.mkdir()
+        wheelhouse(wheels, _image_python(client, base), quiet)
+        _tar_dir(wheels, _dockerfile(PYTHON), tmp / "python.tar")
+        _build(client, wanted[PYTHON], tmp / "python.tar", {"BASE": base})
+    if _missing(client, wanted[WORKER], force):
+        _tar_sources(_dockerfile(WORKER), tmp / "worker.tar")
+        _build(client, wanted[WORKER], tmp / "worker.tar", {"PYTHON_IMAGE": wanted[PYTHON]})
+    for image in (REDIS, PROMETHEUS):
+        if _missing(client, wanted[image], force):
+            context = tmp / f"{image.dockerfile}.tar"
+            with tarfile.open(context, "w") as tar:
+                _add_bytes(tar, "Dockerfile", _dockerfile(image))
+            _build(client, wanted[image], context, {"BASE": base})
+
+
+def _dockerfile(image: Image) -> bytes:
+    return (DOCKERFILES / image.dockerfile).read_bytes()
+
+
+def write_env_file(path: Path, wanted: dict[Image, str]) -> None:
+    """The tags as ``VARIABLE=tag`` lines, which docker-compose substitutes into the file."""
+    lines = ["# Written by `farm images build`: content tags of the compose stack's images."]
+    lines += [f"{image.variable}={tag}" for image, tag in wanted.items() if image is not PYTHON]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main_images(args: argparse.Namespace) -> int:
+    """`farm images build|tags`."""
+    from sandbox.image import base_tag
+
+    if args.images_command == "tags":
+        for image, tag in tags(base_tag()).items():
+            print(f"{image.variable}={tag}")
+        return 0
+    if args.quiet:
+        logging.getLogger().setLevel(logging.WARNING)
+    started = time.monotonic()
+    wanted = build(quiet=args.quiet, force=args.force, env_file=args.env_file or ENV_FILE)
+    if not args.quiet:
+        print(
+            f"images ready in {time.monotonic() - started:.0f} s; tags in {args.env_file or ENV_FILE}"
+        )
+        for tag in wanted.values():
+            print(f"  {tag}")
+    return 0

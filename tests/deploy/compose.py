@@ -1,0 +1,89 @@
+"""docker-compose for the deploy tests: the CLI to use, and one project brought up for real.
+
+`Stack` runs ``docker-compose`` with a project name of its own (so its containers,
+network and volumes never meet another test's or another user's) and always tears
+down with ``down -v``. Containers are addressed through compose, never by name.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+from tests.conftest import require
+from tests.deploy.promql import DEPLOY
+
+COMPOSE = DEPLOY / "compose" / "docker-compose.yml"
+
+
+def compose_cli() -> list[str]:
+    """docker-compose (Debian's, what scripts/bootstrap.sh installs) or the v2 plugin."""
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    if shutil.which("docker"):
+        probe = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=30)
+        if probe.returncode == 0:
+            return ["docker", "compose"]
+    require(False, "docker-compose (Debian package docker-compose) or the docker compose plugin")
+    raise AssertionError("unreachable")
+
+
+class Stack:
+    """One compose project: `files` merged in order, `env` for variable substitution."""
+
+    def __init__(self, project: str, files: list[Path], env: dict[str, str]) -> None:
+        self.base = [*compose_cli(), "-p", project]
+        for f in files:
+            self.base += ["-f", str(f)]
+        self.env = env
+
+    def run(self, *args: str, timeout: float = 300) -> str:
+        """Run a compose command; its stdout, or AssertionError with its output."""
+        result = subprocess.run(
+            [*self.base, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+            cwd=COMPOSE.parent,
+        )
+        assert result.returncode == 0, (
+            f"{' '.join(args)}: {result.stdout[-2000:]}{result.stderr[-3000:]}"
+        )
+        return result.stdout
+
+    def port(self, service: str, port: int) -> int:
+        """The host port published for `service`'s container `port`."""
+        return int(self.run("port", service, str(port)).strip().rsplit(":", 1)[1])
+
+    def state(self, service: str) -> list[dict[str, object]]:
+        """`docker inspect` State of each container of `service`."""
+        ids = self.run("ps", "-q", service).split()
+        if not ids:
+            return []
+        out = subprocess.run(
+            ["docker", "inspect", *ids], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+        return [c["State"] for c in json.loads(out)]
+
+    def logs(self, *services: str, tail: int = 60) -> str:
+        result = subprocess.run(
+            [*self.base, "logs", "--no-color", "--tail", str(tail), *services],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=self.env,
+            cwd=COMPOSE.parent,
+        )
+        return result.stdout + result.stderr
+
+    def down(self) -> None:
+        subprocess.run(
+            [*self.base, "down", "-v", "--remove-orphans", "-t", "10"],
+            capture_output=True,
+            timeout=300,
+            env=self.env,
+            cwd=COMPOSE.parent,
+        )

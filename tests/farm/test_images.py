@@ -1,0 +1,87 @@
+"""`farm images`: the wheelhouse closes for the image's python, tags, and a clear error.
+
+The full offline build runs in tests/deploy/test_compose_stack.py; these are the parts
+that answer in seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from farm.images import PROMETHEUS, PYTHON, REDIS, WORKER, _unmet, write_env_file
+
+
+def _wheel(into: Path, name: str, version: str, requires: list[str]) -> None:
+    """A wheel holding only its METADATA: all `_unmet` reads."""
+    meta = [f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}"]
+    meta += [f"Requires-Dist: {r}" for r in requires]
+    with zipfile.ZipFile(into / f"{name}-{version}-py3-none-any.whl", "w") as zf:
+        zf.writestr(f"{name}-{version}.dist-info/METADATA", "\n".join(meta) + "\n")
+
+
+def test_a_dependency_behind_a_python_version_marker_is_found_for_the_image(
+    tmp_path: Path,
+) -> None:
+    """redis needs async-timeout below python 3.11.3 (bookworm's python3 is 3.11.2): pip on
+    a newer host skips it, and the wheelhouse must still get it."""
+    _wheel(
+        tmp_path,
+        "redis",
+        "8.1.0",
+        [
+            'async-timeout>=4.0.3; python_full_version < "3.11.3"',
+            'hiredis>=3.2; extra == "hiredis"',
+        ],
+    )
+    _wheel(tmp_path, "numpy", "2.3.0", [])
+    assert _unmet(tmp_path, "3.11.2") == ["async-timeout>=4.0.3"]
+    assert _unmet(tmp_path, "3.11.7") == []
+    _wheel(tmp_path, "async_timeout", "5.0.1", [])  # a wheel's name is normalized
+    assert _unmet(tmp_path, "3.11.2") == []
+
+
+def test_env_file_names_the_images_compose_uses(tmp_path: Path) -> None:
+    tags = {i: f"{i.repository}:abc" for i in (PYTHON, WORKER, REDIS, PROMETHEUS)}
+    env = tmp_path / ".env"
+    write_env_file(env, tags)
+    lines = [line for line in env.read_text().splitlines() if not line.startswith("#")]
+    assert lines == [
+        "FARM_WORKER_IMAGE=rollout-farm/worker:abc",
+        "FARM_REDIS_IMAGE=rollout-farm/redis:abc",
+        "FARM_PROMETHEUS_IMAGE=rollout-farm/prometheus:abc",
+    ]
+    compose = (Path(__file__).parents[2] / "deploy/compose/docker-compose.yml").read_text()
+    for image in (WORKER, REDIS, PROMETHEUS):
+        assert "${" + image.variable + ":-" in compose
+
+
+def test_tags_answer_without_docker_and_build_without_an_engine_says_so(tmp_path: Path) -> None:
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-such.sock"}
+    tags = subprocess.run(
+        [sys.executable, "-m", "farm", "images", "tags"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert tags.returncode == 0, tags.stderr
+    assert [line.split("=")[0] for line in tags.stdout.split()] == [
+        "FARM_PYTHON_IMAGE",
+        "FARM_WORKER_IMAGE",
+        "FARM_REDIS_IMAGE",
+        "FARM_PROMETHEUS_IMAGE",
+    ]
+    build = subprocess.run(
+        [sys.executable, "-m", "farm", "images", "build", "--env-file", str(tmp_path / ".env")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert build.returncode == 1
+    assert "farm: no Docker engine" in build.stderr
+    assert not (tmp_path / ".env").exists()
