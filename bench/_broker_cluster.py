@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.broker import READ_COUNT, make_group
+import bench.broker as single
+from bench.broker import make_group
 from broker.codec import encode
 from broker.connection import RedisSettings, connect
 from broker.consumer import Consumer, ConsumerConfig
@@ -63,7 +64,9 @@ async def _produce(url: str, run: str, tokens: int, count: int) -> None:
 async def _consume(url: str, run: str, count: int, pipe: Any) -> float:
     redis = await connect(RedisSettings.from_url(url))
     keys = RunKeys(run, PARTITIONS)
-    cfg = ConsumerConfig(group=LEARNER_GROUP, consumer="bench", block_ms=100, count=READ_COUNT)
+    cfg = ConsumerConfig(
+        group=LEARNER_GROUP, consumer="bench", block_ms=100, count=single.READ_COUNT
+    )
     consumer = Consumer(redis, keys, keys.all_trajectories, cfg, expect=TrajectoryGroup)
     await consumer.ensure_groups()
     await _start_together(pipe)
