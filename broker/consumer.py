@@ -47,6 +47,7 @@ from broker.keys import RunKeys, hash_tag
 from broker.messages import DeadLetter, Message, Task, TrajectoryGroup
 from broker.metrics import ACKED, CONSUMED, DEADLETTERED, DUPLICATES, PUBLISHED, RECLAIMED
 from broker.replication import check_wait, queue_wait
+from broker.slots import SlotReader
 
 log = logging.getLogger(__name__)
 
@@ -206,14 +207,7 @@ class Consumer:
         self._streams = list(streams)
         self._config = config
         self._expect = expect
-        # Cursor through this consumer's own pending entries (read once after a restart).
-        self._pending_cursor: dict[str, str] = {stream: "0" for stream in self._streams}
-        # Streams grouped by hash tag: one XREADGROUP may not span cluster slots.
-        by_tag: dict[str, list[str]] = {}
-        for stream in self._streams:
-            by_tag.setdefault(hash_tag(stream), []).append(stream)
-        self._slots = list(by_tag.values())
-        self._turn = 0  # which slot the next read starts with (fairness)
+        self._reader = SlotReader(redis, config.group, config.consumer, self._streams)
         self._last_reclaim = 0.0
         self._commit = redis.register_script(_COMMIT)
 
@@ -238,78 +232,17 @@ class Consumer:
         count = count or self._config.count
         block = self._config.block_ms if block_ms is None else block_ms
         with redis_errors(f"read from {self._streams}"):
-            while self._pending_cursor:
-                slot = self._pending_slot()
-                raw = await self._xreadgroup(slot, count, None)
-                self._advance_pending_cursor(slot, raw)
-                if any(entries for _, entries in raw):
-                    return await self._accept(raw, pending=True)
+            raw = await self._reader.pending(count)
+            if raw:
+                return await self._accept(raw, pending=True)
             now = time.monotonic()
             if now - self._last_reclaim >= self._config.reclaim_interval_s:
                 self._last_reclaim = now
                 claimed = await self._reclaim(count)
                 if claimed:
                     return claimed
-            raw = await self._read_new(count, block)
+            raw = await self._reader.new(count, block)
             return await self._accept(raw, pending=False)
-
-    def _pending_slot(self) -> dict[str, str]:
-        """The pending cursor of the first slot that still has one."""
-        for slot in self._slots:
-            ids = {s: self._pending_cursor[s] for s in slot if s in self._pending_cursor}
-            if ids:
-                return ids
-        raise AssertionError("no pending cursor left")
-
-    def _advance_pending_cursor(
-        self, slot: dict[str, str], raw: list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]]
-    ) -> None:
-        got = {stream: entries for stream, entries in raw if entries}
-        for stream in slot:
-            if stream in got:
-                self._pending_cursor[stream] = _s(got[stream][-1][0])
-            else:
-                del self._pending_cursor[stream]
-
-    async def _read_new(
-        self, count: int, block: int | None
-    ) -> list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]]:
-        """Up to `count` new entries in all: one XREADGROUP per slot.
-
-        A sweep without blocking first, starting at a rotating slot; when it finds
-        nothing, a blocking read on one slot, in turn, for a share of `block`
-        (at least 100 ms), so a read never waits much longer than `block`.
-        """
-        if len(self._slots) == 1:
-            return await self._xreadgroup({s: ">" for s in self._slots[0]}, count, block)
-        start = self._turn % len(self._slots)
-        self._turn += 1
-        order = self._slots[start:] + self._slots[:start]
-        out: list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]] = []
-        left = count
-        for slot in order:
-            if left <= 0:
-                break
-            got = await self._xreadgroup({s: ">" for s in slot}, left, None)
-            out += got
-            left -= sum(len(entries) for _, entries in got)
-        if left < count or block is None:
-            return out
-        share = max(block // len(order), min(block, 100))
-        return await self._xreadgroup({s: ">" for s in order[0]}, count, share)
-
-    async def _xreadgroup(
-        self, ids: dict[str, str], count: int, block: int | None
-    ) -> list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]]:
-        # COUNT bounds each stream: several streams of one slot split it (one per partition).
-        reply = await self._redis.xreadgroup(
-            self._config.group,
-            self._config.consumer,
-            ids,
-            count=count,
-            block=block,  # type: ignore[arg-type]
-        )
-        return [(_s(stream), entries) for stream, entries in (reply or [])]
 
     async def _reclaim(self, count: int) -> list[Delivery]:
         out: list[Delivery] = []
