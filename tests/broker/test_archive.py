@@ -6,24 +6,14 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from broker.archive import Archive, archive_stream
 from broker.codec import decode
-from broker.connection import RedisSettings, connect
 from broker.keys import RunKeys
 from broker.producer import Producer
 from broker.replay import ReplayFilter, archive_entries, replay, stream_entries
 from tests.broker.helpers import make_group
 
 KEYS = RunKeys("arc")
-
-
-@pytest.fixture
-async def redis(redis_server):
-    client = await connect(RedisSettings.from_url(redis_server.url))
-    yield client
-    await client.aclose()
 
 
 async def fill(redis, n: int, start: int = 0) -> list[str]:

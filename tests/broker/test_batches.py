@@ -15,7 +15,6 @@ import textwrap
 import pytest
 
 from broker.codec import decode, encode
-from broker.connection import RedisSettings, connect
 from broker.consumer import Consumer
 from broker.errors import RedisCommandFailed
 from broker.keys import WORKERS_GROUP, RunKeys
@@ -24,13 +23,6 @@ from broker.producer import Producer
 from tests.broker.helpers import make_group, make_task, task_consumer
 
 KEYS = RunKeys("bt")
-
-
-@pytest.fixture
-async def redis(redis_server):
-    client = await connect(RedisSettings.from_url(redis_server.url))
-    yield client
-    await client.aclose()
 
 
 def consumer(redis, name: str = "w1", **overrides) -> Consumer:
