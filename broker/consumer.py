@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import string
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,7 +39,8 @@ from prometheus_client import Counter
 from pydantic import Field
 from redis.exceptions import ResponseError
 
-from broker.codec import FIELD_BODY, FIELD_KIND, FIELD_VERSION, decode, encode
+from broker.codec import decode, encode
+from broker.commit import COMMIT_SCRIPT, Ack, commit_args
 from broker.connection import redis_errors
 from broker.errors import DecodeError
 from broker.keys import RunKeys, hash_tag
@@ -50,64 +50,6 @@ from broker.replication import check_wait, queue_wait
 from broker.slots import SlotReader
 
 log = logging.getLogger(__name__)
-
-# Publish (unless already committed), ack and mark seen, atomically.
-# KEYS[1] = seen zset, KEYS[2..] = streams. ARGV: group, now, seen_ttl_s, n_acks,
-# n_acks x (key index, entry id, message id), n_pubs, n_pubs x (key index,
-# message id, maxlen, kind, version, body). Returns published ids ("" if skipped).
-# Acks go out as one XACK per stream and one ZADD, in chunks that stay far under
-# Lua's unpack() limit: a batch costs a few calls, not two per entry. Key types are
-# checked before any write, so a batch fails whole rather than half-published.
-_COMMIT_LUA = """
-local group, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local chunk = 500
--- Scripts are not rolled back: refuse a wrong key type before the first write.
-for k = 1, #KEYS do
-  local t = redis.call('TYPE', KEYS[k])['ok']
-  if t ~= 'none' and t ~= (k == 1 and 'zset' or 'stream') then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[k] .. ' holds a ' .. t)
-  end
-end
-local i = 4
-local n_acks = tonumber(ARGV[i]); i = i + 1
-local acks, seen = {}, {}
-for a = 1, n_acks do
-  local key, eid, mid = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2]; i = i + 3
-  acks[key] = acks[key] or {}
-  table.insert(acks[key], eid)
-  if mid ~= '' then seen[#seen + 1] = now; seen[#seen + 1] = mid end
-end
-local n_pubs = tonumber(ARGV[i]); i = i + 1
-local published = {}
-for p = 1, n_pubs do
-  local key, mid, maxlen = KEYS[tonumber(ARGV[i])], ARGV[i + 1], tonumber(ARGV[i + 2])
-  local k, v, b = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
-  i = i + 6
-  if mid ~= '' and redis.call('ZSCORE', KEYS[1], mid) then
-    published[p] = ''
-  elseif maxlen > 0 then
-    published[p] = redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', $kind, k, $version, v, $body, b)
-  else
-    published[p] = redis.call('XADD', key, '*', $kind, k, $version, v, $body, b)
-  end
-end
-for key, ids in pairs(acks) do
-  for c = 1, #ids, chunk do
-    redis.call('XACK', KEYS[key], group, unpack(ids, c, math.min(c + chunk - 1, #ids)))
-  end
-end
-for c = 1, #seen, 2 * chunk do
-  redis.call('ZADD', KEYS[1], unpack(seen, c, math.min(c + 2 * chunk - 1, #seen)))
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
-return published
-"""
-# The entry's field names are the codec's, spelled here from its constants.
-_COMMIT = string.Template(_COMMIT_LUA).substitute(
-    kind=repr(FIELD_KIND.decode()),
-    version=repr(FIELD_VERSION.decode()),
-    body=repr(FIELD_BODY.decode()),
-)
 
 
 @pydantic.dataclasses.dataclass(frozen=True, config=pydantic.ConfigDict(extra="forbid"))
@@ -182,7 +124,6 @@ def message_id(message: Message) -> str:
 
 
 # An ack a commit makes: (stream, entry id, message id to record, "" for none).
-_Ack = tuple[str, str, str]
 
 
 def _s(value: bytes | str) -> str:
@@ -209,7 +150,7 @@ class Consumer:
         self._expect = expect
         self._reader = SlotReader(redis, config.group, config.consumer, self._streams)
         self._last_reclaim = 0.0
-        self._commit = redis.register_script(_COMMIT)
+        self._commit = redis.register_script(COMMIT_SCRIPT)
 
     @property
     def config(self) -> ConsumerConfig:
@@ -282,7 +223,7 @@ class Consumer:
     ) -> list[Delivery]:
         """Decode a read's entries; settle the bad, trimmed and duplicate ones in one commit."""
         candidates: list[Delivery] = []
-        acks: list[_Ack] = []  # entries to ack without handing them over
+        acks: list[Ack] = []  # entries to ack without handing them over
         letters: list[tuple[str, DeadLetter]] = []
         for stream, entries in raw:
             if not entries:
@@ -314,9 +255,7 @@ class Consumer:
             _count(DEADLETTERED, [stream for stream, _ in letters])
         return fresh
 
-    async def _drop_duplicates(
-        self, candidates: list[Delivery], acks: list[_Ack]
-    ) -> list[Delivery]:
+    async def _drop_duplicates(self, candidates: list[Delivery], acks: list[Ack]) -> list[Delivery]:
         """The candidates to hand over; the rest are appended to `acks`: those whose id a
         commit recorded, and repeats of an id earlier in the same read (acked without
         recording the id: the first one's effect is still owed)."""
@@ -373,7 +312,7 @@ class Consumer:
         `dead_letters` to the dead-letter stream (acked, its id recorded: never redone), all
         in one script call. Returns the entry ids of `publish`, "" for each skipped one.
         Runs to completion even if the caller is cancelled."""
-        acks: list[_Ack] = [(d.stream, d.entry_id, message_id(d.message)) for d in deliveries]
+        acks: list[Ack] = [(d.stream, d.entry_id, message_id(d.message)) for d in deliveries]
         letters: list[tuple[str, Message]] = []
         for d, reason in dead_letters:
             acks.append((d.stream, d.entry_id, message_id(d.message)))
@@ -385,7 +324,7 @@ class Consumer:
         return published[: len(publish)]
 
     async def _shielded(
-        self, acks: Sequence[_Ack], publish: Sequence[tuple[str, Message]]
+        self, acks: Sequence[Ack], publish: Sequence[tuple[str, Message]]
     ) -> list[str]:
         """Run the commit (one script per hash tag) to completion even if the caller is
         cancelled."""
@@ -397,23 +336,14 @@ class Consumer:
             raise
 
     async def _run_commit(
-        self, acks: Sequence[_Ack], publish: Sequence[tuple[str, Message]]
+        self, acks: Sequence[Ack], publish: Sequence[tuple[str, Message]]
     ) -> list[str]:
-        stream_keys: dict[str, int] = {}  # stream -> its index in KEYS (KEYS[1] is the seen set)
-
-        def key_index(stream: str) -> int:
-            return stream_keys.setdefault(stream, len(stream_keys) + 2)
-
-        args: list[object] = [self._config.group, time.time(), self._config.seen_ttl_s]
-        args.append(len(acks))
-        for stream, entry_id, mid in acks:
-            args += [key_index(stream), entry_id, mid]
-        args.append(len(publish))
-        for stream, message in publish:
-            fields = encode(message)
-            args += [key_index(stream), message_id(message), self._config.publish_maxlen]
-            args += [fields[FIELD_KIND], fields[FIELD_VERSION], fields[FIELD_BODY]]
-        keys = [self._seen_key(next(iter(stream_keys))), *stream_keys]
+        cfg = self._config
+        streams, args = commit_args(
+            cfg.group, cfg.seen_ttl_s, cfg.publish_maxlen, acks,
+            [(stream, message_id(m), encode(m)) for stream, m in publish],
+        )  # fmt: skip
+        keys = [self._seen_key(streams[0]), *streams]
         with redis_errors("commit"):
             result = await self._eval_commit(keys, args)
         published = [_s(r) for r in result]
@@ -443,7 +373,7 @@ class Consumer:
         return scores
 
     async def _run_commits(
-        self, acks: Sequence[_Ack], publish: Sequence[tuple[str, Message]]
+        self, acks: Sequence[Ack], publish: Sequence[tuple[str, Message]]
     ) -> list[str]:
         """One commit script per hash tag (a script may not span cluster slots);
         the published ids come back in `publish` order."""
@@ -466,7 +396,7 @@ class Consumer:
         if not cfg.wait_replicas:
             return await self._commit(keys=keys, args=args)
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.eval(_COMMIT, len(keys), *keys, *args)  # type: ignore[arg-type]
+            pipe.eval(COMMIT_SCRIPT, len(keys), *keys, *args)  # type: ignore[arg-type]
             queue_wait(pipe, self._redis, keys[0], cfg.wait_replicas, cfg.wait_timeout_ms)
             result, reached = await pipe.execute()
         check_wait(reached, cfg.wait_replicas, cfg.wait_timeout_ms, "commit")
