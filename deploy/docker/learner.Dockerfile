@@ -19,9 +19,11 @@ COPY inference ./inference
 COPY learner ./learner
 COPY farm ./farm
 COPY bench ./bench
+COPY launch ./launch
 # torch is already in the base image with its CUDA build; installing the project
-# without dependencies' upgrades keeps it (pip leaves satisfied requirements alone).
-RUN pip install ".[train]"
+# without dependencies' upgrades keeps it (pip leaves satisfied requirements alone);
+# `tracking` brings wandb and tensorboard for --tracker.
+RUN pip install ".[train,tracking]"
 
 EXPOSE 9102
 ENTRYPOINT ["python", "-m", "learner"]

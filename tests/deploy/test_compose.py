@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tomllib
 
 import pytest
 import yaml
@@ -83,6 +84,19 @@ def test_build_contexts_and_mounted_files_exist() -> None:
             source = volume.split(":")[0]
             if source.startswith("../"):
                 assert (COMPOSE.parent / source).exists(), f"{name}: {source} missing"
+
+
+@pytest.mark.parametrize("dockerfile", ["worker", "learner"])
+def test_project_images_copy_every_package_the_project_installs(dockerfile: str) -> None:
+    """`pip install .` in the image finds only the packages copied in: one left out (the
+    learner image once lacked `launch/`) fails at the first import, not at build time."""
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"
+    ]["find"]["include"]
+    packages = {pattern.rstrip("*") for pattern in include}
+    text = (DEPLOY / "docker" / f"{dockerfile}.Dockerfile").read_text()
+    copied = {line.split()[1] for line in text.splitlines() if line.startswith("COPY ")}
+    assert packages <= copied, f"{dockerfile}.Dockerfile lacks {sorted(packages - copied)}"
 
 
 @pytest.mark.parametrize("dockerfile", ["worker", "learner", "sandbox"])
