@@ -37,7 +37,14 @@ from learner.config import OptimConfig
 from learner.distributed import DistContext
 from learner.errors import CheckpointError
 from learner.losses import aggregate, clipped_value_loss
-from learner.trainer import autocast_context, collate, micro_batches, split
+from learner.trainer import (
+    Scoring,
+    autocast_context,
+    collate,
+    micro_batches,
+    score_tokens,
+    split,
+)
 
 
 @dataclass(frozen=True)
@@ -94,17 +101,8 @@ class Critic:
 
     def estimate(self, samples: Sequence[Sample]) -> list[np.ndarray]:
         """Values in input coordinates (entry 0, before which there is no state, is 0)."""
-        rows: list[np.ndarray] = []
-        with torch.no_grad():
-            for chunk in micro_batches(samples, self.optim.micro_batch_size):
-                with autocast_context(self.device, self.bf16):
-                    v = self.values(collate(chunk, self.pad_id, self.device))
-                v = v.float().cpu().numpy()
-                for i, s in enumerate(chunk):
-                    row = np.zeros(len(s.input_ids), np.float64)
-                    row[1:] = v[i, : len(s.input_ids) - 1]
-                    rows.append(row)
-        return rows
+        scoring = Scoring(self.optim.micro_batch_size, self.bf16, self.pad_id, self.device)
+        return score_tokens(samples, scoring, self.values, np.float64)
 
     def annotate(self, samples: Sequence[Sample]) -> list[Sample]:
         """Samples with GAE advantages (whitened), the values and the returns."""

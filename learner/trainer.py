@@ -26,7 +26,7 @@ import contextlib
 import dataclasses
 import itertools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -355,14 +355,26 @@ def sequence_logprobs(
 
     Entry t scores token t (entry 0, which nothing predicts, is 0), like `behaviour_logp`.
     """
+    return score_tokens(samples, scoring, lambda batch: token_logprobs(model, batch)[0], np.float32)
+
+
+def score_tokens(
+    samples: Sequence[Sample],
+    scoring: Scoring,
+    score: Callable[[dict[str, torch.Tensor]], torch.Tensor],
+    dtype: type[np.floating],
+) -> list[np.ndarray]:
+    """`score(batch)` ([B, T-1], position t about input token t+1) for each sample, no
+    gradient, micro-batch by micro-batch, moved to input coordinates: entry t is about
+    token t and entry 0, before which there is nothing, is 0."""
     out: list[np.ndarray] = []
     with torch.no_grad():
         for chunk in micro_batches(samples, scoring.micro_batch_size):
             with autocast_context(scoring.device, scoring.bf16):
-                logp, _ = token_logprobs(model, collate(chunk, scoring.pad_id, scoring.device))
-            logp = logp.float().cpu().numpy()
+                scores = score(collate(chunk, scoring.pad_id, scoring.device))
+            scores_np = scores.float().cpu().numpy()
             for i, s in enumerate(chunk):
-                row = np.zeros(len(s.input_ids), np.float32)
-                row[1:] = logp[i, : len(s.input_ids) - 1]
+                row = np.zeros(len(s.input_ids), dtype)
+                row[1:] = scores_np[i, : len(s.input_ids) - 1]
                 out.append(row)
     return out
