@@ -40,6 +40,20 @@ def test_quiet_console_keeps_children_in_files_only(tmp_path: Path) -> None:
     assert (tmp_path / "learner.log").read_text() == "step 1\n"
 
 
+def _drain(master: int) -> bytes:
+    """Everything the closed slave side wrote: one read may return only part of it."""
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the slave is closed and the buffer is empty
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def test_tty_keeps_the_status_line_at_the_bottom() -> None:
     """On a real pseudo-terminal, log lines go above the status, which is redrawn."""
     master, slave = os.openpty()
@@ -50,7 +64,7 @@ def test_tty_keeps_the_status_line_at_the_bottom() -> None:
             console.status("step 1")
             console.line("learner", "log line")
             console.close()
-        written = os.read(master, 4096).decode().replace("\r\n", "\n")
+        written = _drain(master).decode().replace("\r\n", "\n")
     finally:
         os.close(master)
     clear = "\r\x1b[2K"
