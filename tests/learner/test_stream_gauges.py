@@ -29,13 +29,20 @@ async def test_stream_gauges_follow_redis(redis_server):
         await budget.set_limit(9)
         await budget.try_acquire(4)
         await redis.hset(keys.admission, "in_flight", 3)  # another process released one
-        task = asyncio.create_task(export_stream_gauges(redis, keys, period_s=0.05))
-        await asyncio.sleep(0.3)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
         def value(name: str, **labels: str) -> float | None:
             return REGISTRY.get_sample_value(name, labels)
+
+        task = asyncio.create_task(export_stream_gauges(redis, keys, period_s=2.0))
+        # The first export runs at once and writes the admission gauges last (this process
+        # set them to 4/9 above; Redis says 3). A fixed sleep and a 50 ms period, which is
+        # also the refresh timeout, failed under load.
+        deadline = asyncio.get_running_loop().time() + 10
+        while value("farm_admission_in_flight") != 3:
+            assert asyncio.get_running_loop().time() < deadline, "no export in 10 s"
+            await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
         assert value("farm_stream_length_entries", stream=keys.tasks) == 5
         assert value("farm_stream_pending_entries", stream=keys.tasks, group=WORKERS_GROUP) == 2
