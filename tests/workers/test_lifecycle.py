@@ -39,7 +39,7 @@ async def test_sigterm_exits_0_finishes_what_it_can_and_leaves_the_rest_pending(
         await publish_tasks(redis, keys, [*short, *long, *queued])
         w = worker_factory(
             redis_server.url, "term", [policy_server.url],
-            "--worker-id", "w-term", "--concurrency", "4", "--shutdown-grace-s", "4",
+            "--worker-id", "w-term", "--concurrency", "4", "--shutdown-grace-s", "10",
         )  # fmt: skip
 
         async def both_running() -> bool:
@@ -49,6 +49,8 @@ async def test_sigterm_exits_0_finishes_what_it_can_and_leaves_the_rest_pending(
         for _ in range(4):  # concurrency 4 = two groups of 2: the queued tasks are not hoarded
             assert (await pending_by_consumer(redis, keys)) == {"w-term": 2}
             await asyncio.sleep(0.2)
+        # The grace (10 s) covers the short task's 3 s step with room for a loaded machine,
+        # and not the long task's 30 s one.
         assert await asyncio.to_thread(w.terminate) == 0, w.output()[-3000:]
         published = [g.group_id for g in await groups(redis, keys)]
         assert published == ["short0"]  # finished within the grace period, then acked
