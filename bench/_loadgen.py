@@ -28,9 +28,9 @@ from typing import Any
 
 from aiohttp import web
 
-from inference.engine import GenParams, GenRequest
 from inference.protocol import CompletionRequest, completion_response, error_body
 from inference.sampling import SampleSpec
+from inference.sequence import GenParams, GenRequest
 
 VOCAB = 256  # random tokens are bytes, which every tokenizer of the farm decodes
 MODEL = "loadgen"

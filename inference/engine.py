@@ -20,107 +20,22 @@ import asyncio
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from transformers import DynamicCache
 
 from inference import metrics
 from inference.errors import EngineError
 from inference.prefix_cache import PrefixCache
-from inference.sampling import SampleSpec, sample_rows
+from inference.sampling import sample_rows
+from inference.sequence import GenRequest, Sequence
+from inference.weight_files import copy_weights, read_weights
 
 log = logging.getLogger(__name__)
 
 PauseMode = Literal["abort", "wait", "keep"]
-
-
-@dataclass(frozen=True)
-class GenParams:
-    """Validated sampling parameters of one request (shared by its `n` sequences)."""
-
-    n: int
-    max_tokens: int
-    spec: SampleSpec
-    seed: int | None
-    stop_token_ids: frozenset[int]
-    ignore_eos: bool
-
-
-class Sequence:
-    """One choice being generated: its tokens, reported logprobs, versions and KV cache."""
-
-    def __init__(self, prompt: list[int], params: GenParams, index: int) -> None:
-        self.prompt = prompt
-        self.params = params
-        self.tokens: list[int] = []
-        self.logprobs: list[float] = []
-        self.tops: list[list[tuple[int, float]]] = []
-        self.versions: list[str] = []
-        self.pending: list[int] = list(prompt)  # tokens not yet in the KV cache
-        self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self._buffers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self.cache_epoch = -1  # the prefix cache's epoch when this sequence's KV began
-        self.prompt_keys: list[bytes] = []  # prefix-cache keys of the full blocks prefilled first
-        self.finish_reason: str | None = None
-        self.stop_reason: int | None = None
-        self.generator: torch.Generator | None = None
-        if params.seed is not None:
-            # Choice i of a seeded request draws from seed + i, so choices differ yet repeat.
-            self.generator = torch.Generator().manual_seed(params.seed + index)
-
-    @property
-    def past_len(self) -> int:
-        return 0 if self.kv is None else self.kv[0][0].shape[1]
-
-    def extend_kv(self, new: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Append per-layer (keys, values) of new tokens; `kv` stays a view of a buffer that
-        grows geometrically, so a decode step copies its one new token, not the whole past."""
-        old, added = self.past_len, new[0][0].shape[1]
-        size = old + added
-        if self._buffers is None or self._buffers[0][0].shape[1] < size:
-            capacity = max(size, 2 * old, 64)
-            buffers = []
-            for layer, (k, v) in enumerate(new):
-                kb = k.new_empty((k.shape[0], capacity, k.shape[2]))
-                vb = v.new_empty((v.shape[0], capacity, v.shape[2]))
-                if self.kv is not None:
-                    kb[:, :old], vb[:, :old] = self.kv[layer]
-                buffers.append((kb, vb))
-            self._buffers = buffers
-        for (kb, vb), (k, v) in zip(self._buffers, new, strict=True):
-            kb[:, old:size], vb[:, old:size] = k, v
-        self.kv = [(kb[:, :size], vb[:, :size]) for kb, vb in self._buffers]
-
-    def drop_kv(self) -> None:
-        self.kv = self._buffers = None
-
-
-class GenRequest:
-    """A submitted completion: `n` sequences and a future resolved once all have finished."""
-
-    def __init__(self, prompt: list[int], params: GenParams) -> None:
-        self.seqs = [Sequence(prompt, params, i) for i in range(params.n)]
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def finished(self) -> bool:
-        return all(s.finish_reason is not None for s in self.seqs)
-
-    def stepped(self) -> None:
-        """Called after each engine step while the request runs; it may finish sequences
-        (stop strings). Streaming requests override it; plain token requests do nothing."""
-
-    def resolve(self, error: Exception | None = None) -> None:
-        if self.done.done():
-            return
-        if error is None:
-            self.done.set_result(None)
-        else:
-            self.done.set_exception(error)
 
 
 def version_number(label: str) -> int:
@@ -238,7 +153,7 @@ class Engine:
     async def reload_weights(self, path: Path) -> None:
         """Load safetensors weights from `path` (file or HF directory); all-or-nothing."""
         started = time.perf_counter()
-        tensors = await asyncio.to_thread(_read_weights, path)
+        tensors = await asyncio.to_thread(read_weights, path)
         await self.load_weights(tensors)
         metrics.RELOAD_SECONDS.observe(time.perf_counter() - started)
 
@@ -246,7 +161,7 @@ class Engine:
         """Copy `tensors` into the model between steps; all-or-nothing. `complete`: every
         weight must be given (a file reload); a transfer may send a subset, as vLLM's may."""
         async with self._lock:
-            await asyncio.to_thread(_copy_weights, self.model, tensors, complete)
+            await asyncio.to_thread(copy_weights, self.model, tensors, complete)
             self.prefix_cache.clear()  # its KV came from the old weights
 
     async def reset_prefix_cache(self) -> None:
@@ -440,46 +355,3 @@ class Engine:
                     values[i, :, past - v.shape[1] :] = v
             layers.append((keys, values))
         return DynamicCache(ddp_cache_data=layers, config=self.model.config)
-
-
-def _read_weights(path: Path) -> dict[str, torch.Tensor]:
-    path = Path(path)
-    if path.is_dir():
-        files = sorted(path.glob("*.safetensors"))
-    elif path.is_file():
-        files = [path]
-    else:
-        raise EngineError(f"weights path {str(path)!r} does not exist")
-    if not files:
-        raise EngineError(f"no *.safetensors files in {str(path)!r}")
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        try:
-            tensors.update(load_file(file))
-        except (SafetensorError, OSError) as exc:
-            raise EngineError(f"cannot read {file.name}: {exc}") from exc
-    return tensors
-
-
-def _copy_weights(
-    model: torch.nn.Module, tensors: dict[str, torch.Tensor], complete: bool = True
-) -> None:
-    """Validate every name and shape first, then copy, so a bad file changes nothing."""
-    state = model.state_dict()
-    unknown = sorted(set(tensors) - set(state))
-    if unknown:
-        raise EngineError(f"weights contain unknown tensors: {unknown[:5]}")
-    for name, tensor in tensors.items():
-        if tuple(tensor.shape) != tuple(state[name].shape):
-            raise EngineError(
-                f"shape of {name} is {tuple(tensor.shape)}, model has {tuple(state[name].shape)}"
-            )
-    by_storage: dict[int, list[str]] = {}
-    for name, tensor in state.items():
-        by_storage.setdefault(tensor.data_ptr(), []).append(name)
-    missing = [names[0] for names in by_storage.values() if not any(n in tensors for n in names)]
-    if missing and complete:
-        raise EngineError(f"weights lack tensors: {sorted(missing)[:5]}")
-    with torch.no_grad():
-        for name, tensor in tensors.items():
-            state[name].copy_(tensor)

@@ -13,7 +13,6 @@ from typing import Any
 
 from aiohttp import web
 
-from inference.engine import Sequence
 from inference.openai.errors import ApiError
 from inference.openai.models import TextCompletionRequest
 from inference.openai.responses import OutputFormat, StreamHead, token_fields, usage
@@ -31,6 +30,7 @@ from inference.openai_routes import (
     token_namer,
     validate,
 )
+from inference.sequence import Sequence
 
 
 def wants_openai_path(body: Any) -> bool:

@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from inference.engine import Engine, GenParams, GenRequest
+from inference.engine import Engine
 from inference.openai.errors import ApiError
 from inference.openai.models import SamplingFields
 from inference.openai.render import TokenizerRenderer
 from inference.openai.text import ChoiceText
 from inference.protocol import Limits, engine_params
+from inference.sequence import GenParams, GenRequest
 
 
 def check_ids(ids: Sequence[int], limits: Limits, param: str) -> None:

@@ -17,7 +17,6 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from inference.engine import Sequence
 from inference.openai.errors import ApiError, from_validation, model_not_found
 from inference.openai.models import (
     ChatCompletionRequest,
@@ -48,6 +47,7 @@ from inference.openai.sse import SSE_DONE, open_event_stream, sse_event
 from inference.openai.stream import ChatChoiceStream
 from inference.openai.tools import ParsedMessage, extract_tool_calls
 from inference.openai_generate import WatchedRequest, abort_all, check_ids, gen_params, generate
+from inference.sequence import Sequence
 
 RENDERER = web.AppKey("openai_renderer", TokenizerRenderer)
 SERVER = web.AppKey("openai_server_state", Any)  # the policy server's ServerState

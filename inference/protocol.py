@@ -19,9 +19,9 @@ from typing import Annotated, Any, Protocol
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
-from inference.engine import GenParams, GenRequest
 from inference.openai.models import NEUTRAL_VALUES
 from inference.sampling import SampleSpec
+from inference.sequence import GenParams, GenRequest
 
 Token = Annotated[StrictInt, Field(ge=0)]
 
