@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -14,7 +16,7 @@ from redis.exceptions import ResponseError
 from broker.admission import AdmissionBudget
 from broker.codec import decode
 from broker.connection import redis_errors
-from broker.errors import DecodeError
+from broker.errors import BrokerError, DecodeError
 from broker.keys import RunKeys
 from broker.messages import DeadLetter, PolicyVersion
 from broker.metrics import (
@@ -25,6 +27,8 @@ from broker.metrics import (
     STREAM_PENDING,
 )
 from broker.policy import current_policy
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,17 @@ async def refresh_stream_gauges(redis: aioredis.Redis, keys: RunKeys) -> RunStat
     ADMISSION_IN_FLIGHT.set(state.admission_in_flight)
     ADMISSION_LIMIT.set(state.admission_limit)
     return state
+
+
+async def export_stream_gauges(redis: aioredis.Redis, keys: RunKeys, period_s: float = 5.0) -> None:
+    """Refresh stream length, lag, pending and admission gauges until cancelled."""
+    while True:
+        try:
+            async with asyncio.timeout(period_s):
+                await refresh_stream_gauges(redis, keys)
+        except (BrokerError, TimeoutError) as exc:
+            log.warning("stream gauges not refreshed: %s", exc)
+        await asyncio.sleep(period_s)
 
 
 def format_state(state: RunState) -> str:

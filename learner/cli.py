@@ -72,9 +72,10 @@ async def _train(ctx: RoleContext[LearnerConfig]) -> None:
 
     import torch  # noqa: F401  (heavy imports only after the config and dataset checked)
 
+    from learner.core import build_core, resolve_device, run_follower
     from learner.distributed import init_distributed
     from learner.replay import run_replay
-    from learner.service import build_core, resolve_device, run_follower, run_live
+    from learner.service import run_live
 
     cfg = ctx.config
     device = resolve_device(cfg, int(os.environ.get("LOCAL_RANK", "0")))

@@ -1,7 +1,7 @@
 """The learner's optional parts built from its config: reference, critic, dynamic sampling.
 
 Each function reads `LearnerConfig` and returns one part, or None where the config
-switches it off, so `learner.service` wires parts together without knowing the
+switches it off, so `learner.core` and `learner.service` wire parts together without knowing the
 knobs of each: the reference model is loaded only when ``kl_coef > 0``, the
 critic only for ``--algorithm ppo``, dynamic sampling only when asked.
 """

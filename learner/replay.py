@@ -24,9 +24,9 @@ from broker.errors import DecodeError
 from broker.keys import RunKeys
 from broker.messages import TrajectoryGroup
 from learner.checkpoint import LearnerState
+from learner.core import Core, skip_record, step_record
 from learner.errors import ReplayError
 from learner.record import emit, emit_skip
-from learner.service import Core, skip_record, step_record
 from learner.source import problem_with
 
 log = logging.getLogger("learner")

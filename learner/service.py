@@ -22,207 +22,30 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import redis.asyncio as aioredis
-import torch
 
 from broker.connection import RedisSettings, connect
 from broker.consumer import Delivery
-from broker.errors import BrokerError, RedisUnavailable
+from broker.errors import RedisUnavailable
 from broker.keys import LEARNER_GROUP, WORKERS_GROUP, RunKeys
-from broker.messages import PolicyVersion, TrajectoryGroup
+from broker.messages import PolicyVersion
 from broker.outage import retry_while_unavailable
 from broker.policy import current_policy, publish_policy
 from broker.producer import Producer
-from broker.status import refresh_stream_gauges
-from inference.nccl import WeightStream
+from broker.status import export_stream_gauges
 from learner import metrics as m
-from learner.batch import PreparedBatch, prepare_batch
-from learner.checkpoint import (
-    LearnerState,
-    latest_checkpoint,
-    load_state,
-    load_training_state,
-    save_checkpoint,
-)
-from learner.components import critic_for, dynamic_sampling, reference_for
-from learner.config import KLMode, LearnerConfig
-from learner.critic import Critic, restore_critic, save_critic
-from learner.distributed import DistContext
+from learner.checkpoint import LearnerState
+from learner.components import dynamic_sampling
+from learner.core import Core, skip_record, step_record
 from learner.errors import RunFailedError
-from learner.export import export_hf_dir, full_weights
 from learner.health import DeadLetterWatch, FailureWatch
-from learner.record import SkipRecord, StepRecord, emit, emit_skip
-from learner.reference import Reference, kl_turn_penalties
+from learner.record import emit, emit_skip
 from learner.source import LiveSource
-from learner.tasks import (
-    TaskFeeder,
-    TaskSampler,
-    count_in_flight,
-    load_dataset,
-)
-from learner.tracking.base import Tracker
-from learner.trainer import StepStats, Trainer
-from learner.weights import WeightPusher, weight_stream
+from learner.tasks import TaskFeeder, TaskSampler, count_in_flight, load_dataset
+from learner.weights import WeightPusher
 
 log = logging.getLogger("learner")
-
-
-def resolve_device(cfg: LearnerConfig, local_rank: int) -> torch.device:
-    if cfg.device == "auto":
-        return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
-    if cfg.device == "cuda":
-        return torch.device(f"cuda:{local_rank}")
-    return torch.device(cfg.device)
-
-
-TRAIN, SAVE, EXPORT, STREAM, STOP = "train", "save", "export", "stream", "stop"  # rank 0's
-
-
-@dataclass
-class Core:
-    """Model, optimizer and learner state, identical on every rank."""
-
-    cfg: LearnerConfig
-    dist: DistContext
-    trainer: Trainer
-    state: LearnerState
-    checkpoint: Path | None  # the checkpoint resumed from
-    reference: Reference | None = None  # KL as a reward penalty (the trainer holds the loss one)
-    critic: Critic | None = None  # --algorithm ppo
-    stopped: bool = False  # rank 0 has released the other ranks
-    tracker: Tracker = dataclasses.field(default_factory=Tracker.off)  # rank 0's (--tracker)
-
-    def prepare(self, groups: list[TrajectoryGroup], replay: bool) -> PreparedBatch:
-        """The batch's sequences; with a KL reward penalty, rewards shaped by the reference.
-
-        A replay trains what was recorded: its versions are not this run's."""
-        rules, version, judge = self.cfg.batch, self.state.step, not replay
-        if self.reference is None:
-            return prepare_batch(groups, rules, version, judge_staleness=judge)
-        # every group's sequences, as the penalty may give a zero-variance group variance
-        every = prepare_batch(groups, dataclasses.replace(rules, skip_zero_variance=False),
-                              version, judge_staleness=judge)  # fmt: skip
-        loss = self.cfg.loss
-        penalties = kl_turn_penalties(self.reference, every.samples, self.trainer.scoring,
-                                      loss.kl_estimator, loss.kl_coef)  # fmt: skip
-        return prepare_batch(groups, rules, version, penalties, judge_staleness=judge)
-
-    def _update(self, prepared: PreparedBatch) -> StepStats:
-        """Optimizer steps on the batch (and the critic's, with --algorithm ppo)."""
-        samples = prepared.samples
-        if self.critic is not None:
-            samples = self.critic.annotate(samples)
-            prepared.advantages = [float(a) for s in samples for a in s.advantages[s.loss_mask > 0]]
-        stats = self.trainer.update(samples)
-        if self.critic is not None:
-            loss = self.cfg.loss
-            value_loss = self.critic.update(samples, loss.ppo_epochs, loss.mini_batches)
-            stats = dataclasses.replace(stats, value_loss=value_loss)
-        return stats
-
-    def train(
-        self, groups: list[TrajectoryGroup], replay: bool
-    ) -> tuple[PreparedBatch, StepStats | None]:
-        """Prepare and train one batch (rank 0 announces and broadcasts it; every rank trains
-        its share). A batch with no trainable sample is not a step: the step, the policy
-        version and --max-steps stay where they are (stats None)."""
-        if self.dist.is_main:
-            self.dist.broadcast_command(TRAIN)
-            self.dist.broadcast_groups(groups)
-        prepared = self.prepare(groups, replay)
-        stats = None
-        if prepared.samples:
-            stats = self._update(prepared)
-            self.state.step += 1
-            self.state.record_step([g.group_id for g in groups])
-        else:
-            self.state.count("skipped_batches", 1)
-        self.state.count("groups", len(groups))
-        self.state.count("trained_groups", len(prepared.trained_groups))
-        self.state.count("infra_failed", len(prepared.infra_failed))
-        self.state.count("no_action_timeouts", len(prepared.no_action_timeouts))
-        self.state.count("overlong", prepared.overlong)
-        self.state.count("zero_variance", len(prepared.zero_variance))
-        self.state.count("stale_dropped", len(prepared.dropped_stale))
-        self.state.count("stale_corrected", len(prepared.corrected_stale))
-        return prepared, stats
-
-    def save(self) -> Path | None:
-        """Write a checkpoint (collective: rank 0 announces it to the others)."""
-        if self.cfg.checkpoint_dir is None:
-            return None
-        if self.critic is not None and self.dist.is_main:  # first: no checkpoint without it
-            save_critic(self.critic, self.cfg.checkpoint_dir, self.state.step,
-                        self.cfg.keep_checkpoints)  # fmt: skip
-        if self.dist.is_main:
-            self.dist.broadcast_command(SAVE)
-        return save_checkpoint(self.cfg.checkpoint_dir, self.trainer.policy,
-                               self.trainer.optimizer, self.state, self.dist,
-                               tokenizer_dir=self.cfg.model,
-                               keep=self.cfg.keep_checkpoints)  # fmt: skip
-
-    def export(self, out_dir: Path) -> int:
-        """Stream the full weights into a servable directory (collective, as `save`)."""
-        if self.dist.is_main:
-            self.dist.broadcast_command(EXPORT, str(out_dir))
-        return export_hf_dir(self.trainer.model, out_dir, self.dist.is_main, self.cfg.model)
-
-    def weight_stream(self) -> WeightStream:
-        """The full weights for an NCCL-route push, gathered as sent (collective, as `export`)."""
-        return weight_stream(self.trainer.model, lambda: self.dist.broadcast_command(STREAM))
-
-    def stop_followers(self) -> None:
-        """Release the other ranks (once; rank 0 calls it however its loop ended)."""
-        if self.dist.is_main and self.dist.enabled and not self.stopped:
-            self.stopped = True
-            self.dist.broadcast_command(STOP)
-
-
-def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> Core:
-    """Load the model (from the latest checkpoint when resuming) and the optimizer."""
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    torch.manual_seed(cfg.seed)
-    if device.type == "cpu":
-        torch.use_deterministic_algorithms(True)
-    checkpoint = None
-    if cfg.resume and cfg.checkpoint_dir is not None:
-        checkpoint = latest_checkpoint(cfg.checkpoint_dir)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
-    reference = reference_for(cfg, device)
-    kl_loss = cfg.loss.kl_mode is KLMode.LOSS
-    trainer = Trainer(model, cfg.optim, device, dist, cfg.scale, cfg.loss,
-                      reference=reference if kl_loss else None)  # fmt: skip
-    log.info("training on %s, world %d (%s)", device, dist.world,
-             "FSDP2" if dist.enabled else "one process")  # fmt: skip
-    critic = critic_for(cfg, device, dist)
-    state = LearnerState()
-    if checkpoint is not None:
-        state = load_state(checkpoint)
-        load_training_state(checkpoint, trainer.policy, trainer.optimizer)
-        if critic is not None and cfg.checkpoint_dir is not None:
-            restore_critic(critic, cfg.checkpoint_dir, state.step)
-        log.info("resumed from %s at step %d", checkpoint, state.step)
-    return Core(cfg, dist, trainer, state, checkpoint, None if kl_loss else reference, critic)
-
-
-def step_record(
-    core: Core, prepared: PreparedBatch, stats: StepStats | None, wait_s: float, push_s: float
-) -> StepRecord:
-    """The typed record of the step just trained."""
-    state = core.state
-    groups = len(state.trained[-1])
-    return StepRecord.measure(state.step, state.version, groups, prepared, stats, wait_s, push_s)
-
-
-def skip_record(core: Core, prepared: PreparedBatch, groups: int, wait_s: float) -> SkipRecord:
-    """The typed record of a batch that trained nothing (not a step)."""
-    state = core.state
-    return SkipRecord.measure(state.step, state.version, groups, prepared, wait_s)
 
 
 async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
@@ -345,17 +168,6 @@ async def _make_source(
     return source
 
 
-async def export_stream_gauges(redis: aioredis.Redis, keys: RunKeys, period_s: float = 5.0) -> None:
-    """Refresh stream length, lag, pending and admission gauges until cancelled."""
-    while True:
-        try:
-            async with asyncio.timeout(period_s):
-                await refresh_stream_gauges(redis, keys)
-        except (BrokerError, TimeoutError) as exc:
-            log.warning("stream gauges not refreshed: %s", exc)
-        await asyncio.sleep(period_s)
-
-
 async def _make_feeder(core: Core, redis: aioredis.Redis, keys: RunKeys) -> TaskFeeder | None:
     cfg = core.cfg
     if cfg.tasks is None:
@@ -395,21 +207,3 @@ async def _push(
     elapsed = time.perf_counter() - started
     m.PUSH_SECONDS.observe(elapsed)
     return elapsed
-
-
-def run_follower(core: Core) -> None:
-    """Ranks other than 0: join whatever rank 0 announces (train, save, export) until stop."""
-    replay = core.cfg.replay is not None
-    while True:
-        command, arg = core.dist.broadcast_command(None)
-        if command == TRAIN:
-            core.train(core.dist.broadcast_groups(None), replay=replay)
-        elif command == SAVE:
-            core.save()
-        elif command == EXPORT:
-            core.export(Path(arg))
-        elif command == STREAM:
-            for _ in full_weights(core.trainer.model, main=False):
-                pass  # rank 0 sends; this rank takes part in each gather
-        else:
-            return

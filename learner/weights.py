@@ -37,7 +37,7 @@ from learner.errors import ConfigError, WeightPushError
 
 
 class WeightSource(Protocol):
-    """What a push reads the weights from (`learner.service.Core`)."""
+    """What a push reads the weights from (`learner.core.Core`)."""
 
     def export(self, out_dir: Path) -> int:
         """Write a servable directory; returns the largest buffer held, in bytes."""

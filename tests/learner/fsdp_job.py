@@ -28,9 +28,9 @@ from torch.distributed.tensor import DTensor
 from learner.batch import Sample
 from learner.checkpoint import LearnerState, load_training_state, save_checkpoint
 from learner.config import LearnerConfig
+from learner.core import Core, run_follower
 from learner.distributed import DistContext, init_distributed
 from learner.export import full_weights, write_safetensors
-from learner.service import Core, run_follower
 from learner.trainer import Trainer
 from tests.learner.split import SCALE, batch_samples, make_trainer
 

@@ -13,10 +13,10 @@ from broker.messages import Trajectory, TrajectoryGroup, Turn
 from learner.algorithms import Algorithm
 from learner.batch import BatchRules, Sample, prepare_batch
 from learner.config import LearnerConfig, LossConfig
+from learner.core import Core, build_core
 from learner.critic import CriticConfig, load_critic, restore_critic, save_critic, token_rewards
 from learner.distributed import DistContext
 from learner.reference import Reference
-from learner.service import Core, build_core
 from learner.trainer import Trainer, sequence_logprobs
 from tests.learner.factories import make_group
 from tests.learner.test_trainer import _trainer, optim

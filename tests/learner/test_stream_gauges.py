@@ -1,4 +1,4 @@
-"""The learner exports the run's stream gauges from Redis while it runs."""
+"""The learner exports the run's stream gauges from Redis while it runs (broker.status)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from broker.connection import RedisSettings, connect
 from broker.keys import WORKERS_GROUP, RunKeys
 from broker.messages import Task
 from broker.producer import Producer
-from learner.service import export_stream_gauges
+from broker.status import export_stream_gauges
 from tests.broker.helpers import task_consumer
 
 

@@ -165,7 +165,7 @@ def test_tracker_none_imports_neither_library(tiny_model_dir: Path) -> None:
         "import sys, json, torch\n"
         "from learner.cli import load_config\n"
         "from learner.distributed import init_distributed\n"
-        "from learner.service import build_core\n"
+        "from learner.core import build_core\n"
         "from learner.tracking.base import open_tracker\n"
         f"cfg = load_config(['--model', {str(tiny_model_dir)!r}, '--tracker', 'none'])\n"
         "core = build_core(cfg, init_distributed(torch.device('cpu')), torch.device('cpu'))\n"
