@@ -50,7 +50,7 @@ async def run_farm(
     redis = RedisSettings.from_url(
         stack.redis_url, socket_timeout_s=3.0, connect_timeout_s=2.0
     ).client()
-    view = FarmView(stack.metrics_urls, redis, RunKeys(cfg.run))
+    view = FarmView(stack.metrics_urls, redis, RunKeys(cfg.run, cfg.partitions))
     last: list[FarmStatus] = []
 
     async def status_view(stop: asyncio.Event) -> None:

@@ -43,6 +43,7 @@ def _stack_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--tasks", type=Path, help="learner's JSONL dataset (default: from env-spec)")
     p.add_argument("--max-steps", type=int, help="stop after this many learner steps")
+    p.add_argument("--partitions", type=int, help="stream partitions (default 1; see docs/farm.md)")
     p.add_argument("--work-dir", type=Path, help="run directory (default .farm)")
     p.add_argument("--metrics-port", type=int, help="supervisor /metrics port (0: none)")
     p.add_argument("--status-interval-s", type=float, help="status refresh period (s)")
@@ -75,6 +76,7 @@ def parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="a running farm's state from Redis")
     status.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="Redis URL")
     status.add_argument("--run", default="demo", help="run name")
+    status.add_argument("--partitions", type=int, default=1, help="the run's stream partitions")
     status.add_argument("--watch", type=float, default=0.0, help="repeat every N seconds")
     images = sub.add_parser("images", help="build the compose stack's images offline")
     images_sub = images.add_subparsers(dest="images_command", required=True)
@@ -101,6 +103,7 @@ def _config_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "env_spec",
         "tasks",
         "max_steps",
+        "partitions",
         "work_dir",
         "metrics_port",
         "status_interval_s",
@@ -171,7 +174,7 @@ async def _status(args: argparse.Namespace) -> int:
     from broker.status import format_state, run_state
 
     try:
-        keys = RunKeys(args.run)
+        keys = RunKeys(args.run, args.partitions)
         redis = await connect(RedisSettings.from_url(args.redis_url, retry_budget_s=2.0))
     except (ValueError, BrokerError) as exc:
         raise FarmError(str(exc)) from exc

@@ -56,6 +56,12 @@ class FarmConfig(RoleConfig):
         None, description="learner's JSONL task dataset; None writes one line with env_spec"
     )
     max_steps: int = Field(0, ge=0, description="learner steps before the farm stops (0: never)")
+    partitions: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="task/trajectory stream partitions (one slot each on a cluster)",
+    )
     learner_args: list[str] = Field(
         default_factory=list, description="extra flags passed to `python -m learner`"
     )

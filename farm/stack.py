@@ -114,6 +114,8 @@ def build_stack(cfg: FarmConfig, model: Path, tasks: Path) -> Stack:
         "--model",
         str(model),
     ]
+    if cfg.partitions > 1:  # the learner and every worker must agree on the stream layout
+        common += ["--partitions", str(cfg.partitions)]
     specs.append(_learner(cfg, work, tasks, common))
     for i in range(cfg.workers):
         specs.append(_worker(cfg, i, common))

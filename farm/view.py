@@ -213,6 +213,11 @@ def _sandbox(samples: Samples) -> dict[str, int]:
     return dict(states)
 
 
+def _sum(values: list[int | None]) -> int | None:
+    """A total, or unknown when any part is (Redis reports no lag after some trims)."""
+    return None if any(v is None for v in values) else sum(v for v in values if v is not None)
+
+
 def _from_redis(state: RunState | None, keys: RunKeys) -> dict[str, object]:
     if state is None:
         return {}
@@ -221,12 +226,20 @@ def _from_redis(state: RunState | None, keys: RunKeys) -> dict[str, object]:
         "latest_dead_letter": state.latest_dead_letter,
         "admission": (state.admission_in_flight, state.admission_limit),
     }
-    for stream in state.streams:
+    tasks_lag: list[int | None] = []
+    tasks_pending: list[int] = []
+    trajectories_lag: list[int | None] = []
+    for stream in state.streams:  # every partition's streams: the figures are summed
         for group in stream.groups:
-            if stream.name == keys.tasks and group.name == WORKERS_GROUP:
-                out["tasks_lag"], out["tasks_pending"] = group.lag, group.pending
-            elif stream.name == keys.trajectories(0) and group.name == LEARNER_GROUP:
-                out["trajectories_lag"] = group.lag
+            if stream.name in keys.all_tasks and group.name == WORKERS_GROUP:
+                tasks_lag.append(group.lag)
+                tasks_pending.append(group.pending)
+            elif stream.name in keys.all_trajectories and group.name == LEARNER_GROUP:
+                trajectories_lag.append(group.lag)
+    if tasks_pending:
+        out["tasks_lag"], out["tasks_pending"] = _sum(tasks_lag), sum(tasks_pending)
+    if trajectories_lag:
+        out["trajectories_lag"] = _sum(trajectories_lag)
     if state.policy is not None:
         out["policy_version"] = state.policy.version
     return out

@@ -118,6 +118,32 @@ def test_status_line_shows_the_latest_dead_letter_clipped() -> None:
     assert tail.endswith("...)") and len(tail) == len("dead 3 (latest: )") + 160
 
 
+async def test_view_sums_lag_and_pending_over_every_partition(redis_server) -> None:
+    from broker.connection import RedisSettings, connect
+    from broker.keys import LEARNER_GROUP, WORKERS_GROUP
+    from broker.messages import Task
+    from broker.producer import Producer
+
+    keys = RunKeys("parts", partitions=3)
+    redis = await connect(RedisSettings.from_url(redis_server.url))
+    view = FarmView({}, redis, keys)
+    try:
+        for p, stream in enumerate(keys.all_tasks):  # partition p: p + 1 tasks, one delivered
+            await Producer(redis).publish(stream, [Task(f"t{p}{i}", "toy@{}", 2, i, 0)
+                                                   for i in range(p + 1)])  # fmt: skip
+            await redis.xgroup_create(stream, WORKERS_GROUP, id="0")
+            await redis.xreadgroup(WORKERS_GROUP, "w", {stream: ">"}, count=1)
+        for stream in keys.all_trajectories:
+            await redis.xgroup_create(stream, LEARNER_GROUP, id="0", mkstream=True)
+        status = await view.poll()
+    finally:
+        await view.close()
+        await redis.aclose()
+    # 6 tasks, 3 delivered and pending, 3 not yet delivered; no trajectories yet.
+    assert (status.tasks_lag, status.tasks_pending, status.trajectories_lag) == (3, 3, 0)
+    assert "lag tasks 3/traj 0 | pending 3" in status.line()
+
+
 async def test_view_reads_dead_letters_from_redis(redis_server) -> None:
     from broker.connection import RedisSettings, connect
     from broker.consumer import Consumer, ConsumerConfig

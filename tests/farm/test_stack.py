@@ -53,6 +53,15 @@ def test_given_redis_and_servers_are_used_not_started(tmp_path: Path) -> None:
     assert _flag(learner, "--redis-url") == "redis://10.0.0.1:6379/2"
     assert learner[-2:] == ("--learning-rate", "1e-4")
     assert not stack.specs[0].finishes_stack  # no --max-steps: the farm runs until stopped
+    assert "--partitions" not in learner  # one partition: the roles' own default
+
+
+def test_partitions_reach_the_learner_and_every_worker(tmp_path: Path) -> None:
+    cfg = load_config(None, work_dir=tmp_path, workers=2, partitions=3,
+                      redis_url="redis+cluster://10.0.0.1:7000/0")  # fmt: skip
+    stack = build_stack(cfg, tmp_path / "model", tmp_path / "tasks.jsonl")
+    assert [s.name for s in stack.specs] == ["inference", "learner", "worker-0", "worker-1"]
+    assert [_flag(s.argv, "--partitions") for s in stack.specs[1:]] == ["3", "3", "3"]
 
 
 async def test_prepare_writes_the_task_file_and_rejects_missing_inputs(tmp_path: Path) -> None:
