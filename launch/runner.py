@@ -15,6 +15,10 @@
    A component task that dies ends the role loudly (exit 1) instead of leaving it
    half-alive.
 
+SIGUSR1 writes every thread's Python stack to stderr (`faulthandler`) and the process
+goes on: how to see where a process that stopped making progress is waiting, with no
+debugger in the container (``docker kill -s USR1``, ``kubectl exec … kill -USR1 1``).
+
 Exit codes: 0 done, 1 runtime failure, 2 bad configuration (argparse's own errors too).
 """
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import json
 import logging
 import os
@@ -102,6 +107,7 @@ def start(role: Role[C], argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     setup_logging(config.log_level)  # type: ignore[attr-defined]
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     log = logging.getLogger(role.name)
     log.info("%s", json.dumps({"event": "config", **masked(config)}))
     try:

@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -35,6 +36,24 @@ def test_a_stop_signal_sets_the_stop_event_and_exits_0(sig: signal.Signals) -> N
     logged = json.loads(line.split(" probe ", 1)[1])
     assert logged["redis_url"] == "redis://u:***@h:1/0"
     assert "secret" not in err
+
+
+def test_sigusr1_dumps_every_threads_stack_and_the_role_goes_on() -> None:
+    proc = _spawn()
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "READY"
+        for _ in range(2):  # still alive after the first dump: it answers again
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(0.5)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and out.strip() == "stopping", err
+    # The main thread is waiting in the event loop: its stack names the selector.
+    assert err.count("Current thread") == 2 and "in select" in err, err
 
 
 def test_a_failed_component_ends_the_role_with_status_1() -> None:
