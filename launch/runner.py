@@ -107,7 +107,7 @@ def start(role: Role[C], argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     setup_logging(config.log_level)  # type: ignore[attr-defined]
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _dump_stacks_on_sigusr1()
     log = logging.getLogger(role.name)
     log.info("%s", json.dumps({"event": "config", **masked(config)}))
     try:
@@ -146,6 +146,13 @@ async def _supervise(role: Role[C], config: C, args: argparse.Namespace) -> int 
         raise
     finally:
         remove()
+
+
+def _dump_stacks_on_sigusr1() -> None:
+    # The process's own stderr (fd 2), not sys.stderr: a role started in-process (the CLI
+    # tests) may have it replaced by an object without a file descriptor.
+    if sys.__stderr__ is not None:
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
 
 
 def on_stop_signals(callback: Callable[[signal.Signals], Any]) -> Callable[[], None]:
