@@ -5,17 +5,25 @@ limit to ``(max_staleness + 1) * groups_per_batch`` and acquires a slot per task
 it issues, passing what it already buffers as ``reserve``; a slot is released
 once the task's group has been consumed. Acquire and release are single Lua
 scripts, so any number of processes can use the budget at once and the count
-of slots in flight never exceeds the limit.
+of slots in flight never exceeds the limit. With ``wait_replicas`` (a replicated
+Redis or a cluster) each acquire and release is followed by WAIT on its connection,
+so a failover does not roll the count back under the tasks already published.
 """
 
 from __future__ import annotations
 
+import logging
+
 import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
 
 from broker.connection import redis_errors
 from broker.errors import BudgetError
 from broker.keys import RunKeys
 from broker.metrics import ADMISSION_IN_FLIGHT, ADMISSION_LIMIT
+from broker.replication import queue_wait
+
+log = logging.getLogger(__name__)
 
 # KEYS[1] = budget hash; ARGV[1] = wanted, ARGV[2] = reserve. Returns granted.
 _ACQUIRE = """
@@ -42,11 +50,32 @@ return redis.call('HINCRBY', KEYS[1], 'in_flight', -n)
 class AdmissionBudget:
     """A counting semaphore in Redis with a settable limit."""
 
-    def __init__(self, redis: aioredis.Redis, keys: RunKeys) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: RunKeys,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
+    ) -> None:
         self._redis = redis
         self._key = keys.admission
         self._acquire = redis.register_script(_ACQUIRE)
         self._release = redis.register_script(_RELEASE)
+        self._wait = (wait_replicas, wait_timeout_ms)
+
+    async def _run(self, script: AsyncScript, args: list[int]) -> int:
+        """Run an admission script; with wait_replicas, WAIT on the same connection."""
+        if not self._wait[0]:
+            return int(await script(keys=[self._key], args=args))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.eval(script.script, 1, self._key, *args)  # type: ignore[arg-type]
+            queue_wait(pipe, self._redis, self._key, *self._wait)
+            result, reached = await pipe.execute()
+        if int(reached) < self._wait[0]:
+            # Applied all the same: a retry would count the slots twice. Only while the
+            # shard has lost its replica.
+            log.warning("admission update reached %s of %d replicas", reached, self._wait[0])
+        return int(result)
 
     async def set_limit(self, limit: int) -> None:
         if limit < 1:
@@ -68,7 +97,7 @@ class AdmissionBudget:
         if wanted == 0:
             return 0
         with redis_errors("acquiring admission slots"):
-            granted = int(await self._acquire(keys=[self._key], args=[wanted, reserve]))
+            granted = await self._run(self._acquire, [wanted, reserve])
         if granted:
             ADMISSION_IN_FLIGHT.inc(granted)
         return granted
@@ -78,7 +107,7 @@ class AdmissionBudget:
         if n < 0:
             raise BudgetError("cannot release a negative number of slots")
         with redis_errors("releasing admission slots"):
-            left = int(await self._release(keys=[self._key], args=[n]))
+            left = await self._run(self._release, [n])
         if left < 0:
             ADMISSION_IN_FLIGHT.set(0)
             raise BudgetError(f"released {n} slots, more than were in flight")

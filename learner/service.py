@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
+from broker.admission import AdmissionBudget
 from broker.connection import RedisSettings, connect
 from broker.consumer import Delivery
 from broker.errors import RedisUnavailable
@@ -174,11 +175,12 @@ async def _make_feeder(core: Core, redis: aioredis.Redis, keys: RunKeys) -> Task
         return None
     sampler = TaskSampler(load_dataset(cfg.tasks), cfg.seed, cfg.curriculum)
     sampler.restore(core.state.sampler)
-    # Tasks are written like commits: on as many replicas before they count as issued.
-    producer = Producer(redis, None, cfg.consumer.wait_replicas, cfg.consumer.wait_timeout_ms)
-    feeder = TaskFeeder(
-        redis, keys, sampler, cfg.horizon, cfg.group_size, cfg.admission_limit, producer
-    )
+    # Tasks and their admission slots are written like commits: on as many replicas.
+    wait = (cfg.consumer.wait_replicas, cfg.consumer.wait_timeout_ms)
+    producer = Producer(redis, None, *wait)
+    budget = AdmissionBudget(redis, keys, *wait)
+    feeder = TaskFeeder(redis, keys, sampler, cfg.horizon, cfg.group_size,
+                        cfg.admission_limit, producer, budget)  # fmt: skip
     await feeder.start(await count_in_flight(redis, keys, WORKERS_GROUP, LEARNER_GROUP))
     return feeder
 

@@ -161,6 +161,7 @@ class TaskFeeder:
         group_size: int,
         limit: int,
         producer: Producer | None = None,
+        budget: AdmissionBudget | None = None,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -168,8 +169,8 @@ class TaskFeeder:
         self.horizon = horizon
         self.group_size = group_size
         self.limit = limit
-        self.budget = AdmissionBudget(redis, keys)
-        self.producer = producer or Producer(redis)  # the learner's waits for replicas
+        self.budget = budget or AdmissionBudget(redis, keys)  # the learner's, like the
+        self.producer = producer or Producer(redis)  # producer, waits for replicas
         self._next_partition = 0  # where the next task is published
 
     async def start(self, in_flight: int) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 from collections import Counter
 
 import pytest
@@ -22,6 +23,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from broker.admission import AdmissionBudget
 from broker.connection import RedisSettings, connect, redis_errors
 from broker.consumer import Consumer, ConsumerConfig
 from broker.deadletters import list_dead_letters, requeue
@@ -234,6 +236,48 @@ async def test_wait_replicas_on_the_cluster_and_without_replicas(redis_cluster, 
             assert node.xpending(KEYS.tasks, WORKERS_GROUP)["pending"] == 0
         finally:
             await redis.aclose()
+
+
+async def test_admission_waits_for_a_replica_on_the_cluster(redis_cluster, redis_server, caplog):
+    """With wait_replicas=1 every acquire and release is followed by WAIT on the master
+    that owns the budget (its WAIT count grows by two), so the replica holds the count when
+    they return; on a node with no replica the slots are granted anyway, with a warning,
+    as a retry would count them twice."""
+    redis_cluster.flush()
+    master = redis_cluster.node(redis_cluster.master_of(KEYS.admission))
+    deadline = time.monotonic() + 30  # a fresh cluster's replica may still be syncing
+    while (replica := master.info("replication").get("slave0", {})).get("state") != "online":
+        assert time.monotonic() < deadline, "the budget's master has no online replica"
+        time.sleep(0.1)
+
+    def waits() -> int:
+        return int(master.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
+
+    redis = await connect(RedisSettings.from_url(redis_cluster.url))
+    try:
+        plain, replicated = AdmissionBudget(redis, KEYS), AdmissionBudget(redis, KEYS, 1, 300)
+        await plain.set_limit(8)
+        before = waits()
+        assert await plain.try_acquire(3) == 3
+        assert waits() == before  # no replicas asked for: no WAIT
+        assert await replicated.try_acquire(4) == 4
+        assert await replicated.release(2) == 5
+        assert waits() == before + 2
+        node = redis_cluster.node(int(replica["port"]))
+        assert node.execute_command("READONLY")
+        assert int(node.hget(KEYS.admission, "in_flight")) == 5
+    finally:
+        await redis.aclose()
+    assert "replicas" not in caplog.text
+    lone = await connect(RedisSettings.from_url(redis_server.url))
+    try:
+        budget = AdmissionBudget(lone, KEYS, 1, 100)
+        await budget.set_limit(4)
+        assert await budget.try_acquire(2) == 2
+        assert await budget.in_flight() == 2
+    finally:
+        await lone.aclose()
+    assert "admission update reached 0 of 1 replicas" in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,8 @@ backoff) and the run finishes. The killed node comes back 4 s later (as a restar
 pod would) and rejoins as the new master's replica: until then a shard has no replica,
 so with ``wait_replicas=1`` its commits cannot count and the run pauses. Then the books: every task issued is trained, in
 flight or dead-lettered; nothing trained twice; every acked commit (the workers' and
-the learner's seen marks) is on the promoted replica.
+the learner's seen marks) is on the promoted replica, and the admission budget counts
+exactly the tasks issued and not yet read.
 
 With ``wait_replicas=1`` those books are guaranteed: a commit or task publish returns
 only once a replica holds it. With 0 they hold unless the kill lands inside the
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.admission import AdmissionBudget
 from broker.consumer import ConsumerSettings
 from broker.keys import LEARNER_GROUP, WORKERS_GROUP, RunKeys
 from broker.producer import Producer
@@ -68,8 +70,10 @@ async def test_master_sigkill_mid_run_loses_nothing(
     async with redis_client(cluster.url) as redis, redis_client(cluster.url) as worker_redis:
         rows = [TaskRow('wk-dialogue@{"turns": 2, "step_s": 0.1}')]
         producer = Producer(redis, None, wait_replicas)
+        budget = AdmissionBudget(redis, KEYS, wait_replicas)
         feeder = TaskFeeder(redis, KEYS, TaskSampler(rows, 0, CurriculumRules()),
-                            HorizonSchedule(), group_size=2, limit=12, producer=producer)  # fmt: skip
+                            HorizonSchedule(), group_size=2, limit=12, producer=producer,
+                            budget=budget)  # fmt: skip
         await feeder.start(0)
         watch = DeadLetterWatch(redis, KEYS, limit=0)
         await watch.start()
@@ -99,6 +103,10 @@ async def test_master_sigkill_mid_run_loses_nothing(
         in_flight = await _in_flight(redis)
         assert issued + source.issued == len(trained) + in_flight + dead  # none lost
         assert dead == 0
+        # The budget survived the failover: a slot for every task issued and not yet read
+        # by the learner (each read frees one, trained or still buffered).
+        read = len(trained) + len(source.buffer)
+        assert await budget.in_flight() == issued + source.issued - read
         # every acked commit is on the promoted master (once a replica of the victim)
         for group_id in trained:
             marks = [
