@@ -191,7 +191,10 @@ async def cmd_deadletters(redis: aioredis.Redis, keys: RunKeys, ctx: Context) ->
 
 
 async def cmd_show(redis: aioredis.Redis, keys: RunKeys, ctx: Context) -> int:
-    return await show(redis, resolve_stream(keys, ctx.args.stream), ctx.args)
+    # Plain `trajectories` means the run's groups wherever they were published.
+    named = ctx.args.stream
+    streams = keys.all_trajectories if named == "trajectories" else [resolve_stream(keys, named)]
+    return await show(redis, streams, ctx.args)
 
 
 COMMANDS: dict[str, Callable[[aioredis.Redis, RunKeys, Context], Awaitable[int]]] = {
@@ -207,7 +210,7 @@ COMMANDS: dict[str, Callable[[aioredis.Redis, RunKeys, Context], Awaitable[int]]
 async def amain(ctx: Context) -> int:
     cfg = ctx.config
     if ctx.args.command == "show" and ctx.args.archive:  # an archive needs no Redis
-        return await show(None, None, ctx.args)
+        return await show(None, [], ctx.args)
     settings = RedisSettings.from_url(
         cfg.redis_url, retry_budget_s=cfg.redis_wait, tls_ca_file=cfg.redis_ca_file
     )

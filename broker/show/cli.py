@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,7 @@ from broker.show.source import (
     Selector,
     ShowError,
     from_archive,
-    from_stream,
+    from_streams,
 )
 
 if TYPE_CHECKING:
@@ -46,7 +47,9 @@ def add_show_command(sub: Any) -> None:
     which.add_argument("--entry", help="stream entry id, as `tail` prints it")
     where = sh.add_mutually_exclusive_group()
     where.add_argument(
-        "--stream", default="trajectories", help="live stream (default: %(default)s)"
+        "--stream",
+        default="trajectories",
+        help="live stream (default: %(default)s, every partition's; `trajectories:2` one)",
     )
     where.add_argument("--archive", help="archive directory (`python -m broker archive --out`)")
     sh.add_argument("--tokenizer", help="model or tokenizer directory that decodes the tokens")
@@ -83,20 +86,23 @@ def _decoder(tokenizer: str | None) -> Decoder:
     return lambda ids: codec.decode(ids, skip_special=False)
 
 
-async def _locate(redis: aioredis.Redis | None, stream: str | None, args: Any) -> Located:
+async def _locate(redis: aioredis.Redis | None, streams: Sequence[str], args: Any) -> Located:
     want = Selector(group_id=args.group, entry_id=args.entry)  # ShowError: a bad entry id
     if args.archive:
         return await asyncio.to_thread(from_archive, args.archive, want)
-    assert redis is not None and stream is not None
-    return await from_stream(redis, stream, want)
+    assert redis is not None and streams
+    return await from_streams(redis, streams, want)
 
 
-async def show(redis: aioredis.Redis | None, stream: str | None, args: argparse.Namespace) -> int:
-    """Run `show`; `redis` and `stream` may be None with ``--archive``."""
+async def show(
+    redis: aioredis.Redis | None, streams: Sequence[str], args: argparse.Namespace
+) -> int:
+    """Run `show` over `streams` (every partition's, or the one named); `redis` may be None
+    and `streams` empty with ``--archive``."""
     try:
         rules, tokenizer = _run_settings(args)
         decode = _decoder(tokenizer)
-        found = await _locate(redis, stream, args)
+        found = await _locate(redis, streams, args)
     except ShowError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CODES[type(exc)]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +39,10 @@ class ShowError(BrokerError):
 
 class GroupNotFound(ShowError):
     """No entry matches the requested group id or entry id."""
+
+    def __init__(self, message: str, malformed: int = 0) -> None:
+        super().__init__(message)
+        self.malformed = malformed  # entries that could not be searched
 
 
 class MalformedEntry(ShowError):
@@ -101,7 +105,34 @@ def _decode(entry: Entry, origin: str) -> Located:
 
 def _not_found(want: Selector, origin: str, malformed: int) -> GroupNotFound:
     note = f" ({malformed} malformed entries could not be searched)" if malformed else ""
-    return GroupNotFound(f"{want.describe()} not found in {origin}{note}")
+    return GroupNotFound(f"{want.describe()} not found in {origin}{note}", malformed)
+
+
+async def from_streams(redis: aioredis.Redis, streams: Sequence[str], want: Selector) -> Located:
+    """The selected group of a run's live streams (one per partition): the latest entry
+    of them all, the group asked for, or the entry id asked for, which must be in only
+    one of them (each stream numbers its own entries)."""
+    found: list[Located] = []
+    malformed = 0
+    for stream in streams:
+        try:
+            found.append(await from_stream(redis, stream, want))
+        except GroupNotFound as exc:
+            malformed += exc.malformed
+            continue
+        if want.group_id is not None:
+            break  # a group is published to one partition
+    if not found:
+        raise _not_found(want, ", ".join(streams), malformed)
+    if want.entry_id is not None and len(found) > 1:
+        where = ", ".join(f.origin for f in found)
+        raise ShowError(f"entry {want.entry_id} is in {where}: name one with --stream")
+    return max(found, key=lambda f: _id_key(f.entry_id))
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 async def from_stream(redis: aioredis.Redis, stream: str, want: Selector) -> Located:

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from broker.archive import Archive
 from broker.codec import decode, encode
+from broker.keys import RunKeys
 from broker.messages import ErrorCategory, FinishReason, TrajectoryGroup, Truncation
 from broker.show.html import render_html
 from broker.show.terminal import render
@@ -80,6 +81,42 @@ def test_show_by_group_id_pages_back_past_malformed_entries(run, codec, tiny_mod
     assert "wanted" in out and "tokenizer  none: token ids shown" in out
     ids = " ".join(str(i) for i in codec.encode("W ep0 says 5"))
     assert ids in out  # without a tokenizer the ids themselves
+
+
+def test_a_partitioned_run_is_searched_in_every_partition(run, codec, monkeypatch):
+    """With --partitions, `show` finds a group in whichever partition it was published,
+    and the latest group of them all; `trajectories:N` still names one partition."""
+    monkeypatch.setenv("FARM_PARTITIONS", "3")
+    keys = RunKeys(run.keys.run, partitions=3)
+    # Explicit ids: entries of different streams added in one millisecond share an id.
+    early, late, newest = "10-1", "20-1", "30-1"
+    for p, entry, name in ((1, early, "in-p1"), (2, late, "in-p2"), (0, newest, "in-p0")):
+        group = encode(make_group(codec, name, arithmetic(name[-1])))
+        run.client.xadd(keys.trajectories(p), group, id=entry)  # type: ignore[arg-type]
+    code, out, err = run.cli("show", "--group", "in-p1")
+    assert code == 0, err
+    assert f"{early} in {keys.trajectories(1)}" in out
+    code, out, err = run.cli("show", "--entry", late)
+    assert code == 0 and "in-p2" in out, err
+    code, out, err = run.cli("show")
+    assert code == 0 and "in-p0" in out, err
+    run.client.delete(keys.trajectories(0))
+    code, out, err = run.cli("show")  # now the newest is partition 2's
+    assert code == 0 and f"{late} in {keys.trajectories(2)}" in out, err
+    code, _, err = run.cli("show", "--stream", "trajectories:2", "--group", "in-p1")
+    assert code == 3 and f"not found in {keys.trajectories(2)}" in err
+    code, _, err = run.cli("show", "--group", "nope")
+    assert code == 3
+    assert f"not found in {', '.join(keys.all_trajectories)}" in err
+    # Each stream numbers its own entries: an id in two partitions needs --stream.
+    for p in (0, 1):
+        run.client.xadd(keys.trajectories(p), encode(make_group(codec, f"twin{p}", arithmetic("T"))),
+                        id="40-1")  # fmt: skip
+    code, _, err = run.cli("show", "--entry", "40-1")
+    assert code == 2
+    assert f"entry 40-1 is in {keys.trajectories(0)}, {keys.trajectories(1)}" in err
+    code, out, err = run.cli("show", "--entry", "40-1", "--stream", "trajectories:1")
+    assert code == 0 and "twin1" in out, err
 
 
 def test_missing_group_and_entry_exit_3_naming_them(run, codec):
