@@ -238,8 +238,10 @@ async def count_in_flight(
     Workers publish a group and ack its task in one transaction, so every issued
     task whose group the learner has not acked is exactly one of: undelivered or
     pending on the tasks stream, or its group undelivered or pending (read, not yet
-    acked) on a trajectories stream. A lag Redis cannot tell counts the whole
-    stream: over-counting only makes admission stricter.
+    acked) on a trajectories stream. Where Redis cannot tell a group's lag (an entry
+    deleted past its last delivery, or a failover), the entries past the last
+    delivery are counted: counting the whole stream instead would hold admission
+    slots that nothing ever releases, and stall the run once they crowd out a batch.
     """
     total = 0
     streams = [(s, workers_group) for s in keys.all_tasks]
@@ -250,6 +252,22 @@ async def count_in_flight(
             total += int(await redis.xlen(stream))
             continue
         lag = info.get("lag")
-        total += int(await redis.xlen(stream)) if lag is None else int(lag)
-        total += int(info.get("pending", 0))
+        if lag is None:
+            lag = await _entries_after(redis, stream, info["last-delivered-id"])
+        total += int(lag) + int(info.get("pending", 0))
     return total
+
+
+async def _entries_after(redis: aioredis.Redis, stream: str, entry_id: bytes | str) -> int:
+    """How many entries `stream` holds past `entry_id` (what a group would read next).
+
+    In pages; at most what the admission limit let be issued and not consumed."""
+    page, count = 64, 0
+    low = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    while True:
+        rows = await redis.xrange(stream, min=f"({low}", max="+", count=page)
+        count += len(rows)
+        if len(rows) < page:
+            return count
+        last = rows[-1][0]
+        low = last.decode() if isinstance(last, bytes) else last

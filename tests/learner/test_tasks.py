@@ -117,6 +117,25 @@ def test_horizon_schedule() -> None:
     assert HorizonSchedule().at(50) is None
 
 
+async def test_in_flight_without_a_lag_counts_past_the_last_delivery_over_pages(
+    redis_server: RedisServer,
+) -> None:
+    redis = await connect(RedisSettings.from_url(redis_server.url))
+    keys = RunKeys("lagless")
+    try:
+        for i in range(150):  # more than two pages of the count
+            await redis.xadd(keys.tasks, {b"i": str(i).encode()})
+        await redis.xgroup_create(keys.tasks, "workers", id="0")
+        await redis.xreadgroup("workers", "w", {keys.tasks: ">"}, count=10)
+        tail = [e for e, _ in await redis.xrange(keys.tasks)][-1]
+        await redis.xdel(keys.tasks, tail)
+        assert (await redis.xinfo_groups(keys.tasks))[0]["lag"] is None
+        # 10 pending + 139 undelivered; no trajectories stream yet
+        assert await count_in_flight(redis, keys, "workers", "learner") == 149
+    finally:
+        await redis.aclose()
+
+
 async def test_feeder_issues_only_inside_the_budget(redis_server: RedisServer) -> None:
     redis = await connect(RedisSettings.from_url(redis_server.url))
     keys = RunKeys("feed")
@@ -133,6 +152,14 @@ async def test_feeder_issues_only_inside_the_budget(redis_server: RedisServer) -
         assert {t.max_turns for t in first} == {3} and {t.group_size for t in first} == {4}
         # a restarted learner re-counts what is in flight from the streams
         assert await count_in_flight(redis, keys, "workers", "learner") == 6
+        # ... also where Redis cannot tell the group's lag: 2 pending, 3 of 4 left undelivered
+        await redis.xgroup_create(keys.tasks, "workers", id="0")
+        await redis.xreadgroup("workers", "w", {keys.tasks: ">"}, count=2)
+        undelivered = [e for e, _ in await redis.xrange(keys.tasks)][2:]
+        await redis.xdel(keys.tasks, undelivered[1])  # a tombstone past the last delivery
+        [info] = await redis.xinfo_groups(keys.tasks)
+        assert info["lag"] is None
+        assert await count_in_flight(redis, keys, "workers", "learner") == 5
         await feeder.release(3)
         later = await feeder.top_up(buffered=0, version=1, step=3)
         assert len(later) == 3 and {t.max_turns for t in later} == {5}  # the horizon rides the task

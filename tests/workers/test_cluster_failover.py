@@ -39,6 +39,7 @@ from learner.tasks import (
     TaskFeeder,
     TaskRow,
     TaskSampler,
+    count_in_flight,
 )
 from tests.cluster import LocalCluster
 from tests.conftest import require
@@ -101,6 +102,7 @@ async def test_master_sigkill_mid_run_loses_nothing(
         assert len(trained) == STEPS * BATCH and max(trained.values()) == 1  # none twice
         dead = sum([await redis.xlen(s) for s in KEYS.all_deadletters])
         in_flight = await _in_flight(redis)
+        assert await count_in_flight(redis, KEYS, WORKERS_GROUP, LEARNER_GROUP) == in_flight
         assert issued + source.issued == len(trained) + in_flight + dead  # none lost
         assert dead == 0
         # The budget survived the failover: a slot for every task issued and not yet read
@@ -119,8 +121,8 @@ async def test_master_sigkill_mid_run_loses_nothing(
 
 async def _in_flight(redis) -> int:
     """Tasks issued and not yet trained, exactly: entries past each group's last delivered
-    id plus its pending ones. (`count_in_flight` counts a whole stream when Redis cannot
-    tell a group's lag, which a failover can cause: stricter admission, not exact books.)"""
+    id plus its pending ones, read off the streams whole (the oracle `count_in_flight`,
+    which a restarted learner uses, must agree with, lag or no lag after the failover)."""
     total = 0
     streams = [(s, WORKERS_GROUP) for s in KEYS.all_tasks]
     streams += [(s, LEARNER_GROUP) for s in KEYS.all_trajectories]
