@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from broker.admission import AdmissionBudget
+from broker.archive import id_key
 from broker.codec import decode
 from broker.connection import redis_errors
 from broker.errors import BrokerError, DecodeError
@@ -95,10 +96,10 @@ async def stream_state(redis: aioredis.Redis, stream: str) -> StreamState:
 
 async def latest_dead_letter(redis: aioredis.Redis, keys: RunKeys) -> str | None:
     """Where the newest dead letter came from and why, or None when there is none."""
-    newest: list[tuple[tuple[int, ...], dict[bytes, bytes]]] = []
+    newest: list[tuple[tuple[int, int], dict[bytes, bytes]]] = []
     for stream in keys.all_deadletters:  # one per partition; the newest id wins
         for raw_id, fields in await redis.xrevrange(stream, count=1):
-            newest.append((tuple(int(x) for x in _s(raw_id).split("-")), fields))
+            newest.append((id_key(_s(raw_id)), fields))
     if not newest:
         return None
     try:

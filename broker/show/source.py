@@ -22,7 +22,7 @@ from pathlib import Path
 import msgpack
 import redis.asyncio as aioredis
 
-from broker.archive import INDEX, Archive, Entry
+from broker.archive import INDEX, Archive, Entry, id_key
 from broker.codec import FIELD_BODY, FIELD_KIND, decode
 from broker.connection import redis_errors
 from broker.errors import BrokerError, DecodeError
@@ -127,12 +127,7 @@ async def from_streams(redis: aioredis.Redis, streams: Sequence[str], want: Sele
     if want.entry_id is not None and len(found) > 1:
         where = ", ".join(f.origin for f in found)
         raise ShowError(f"entry {want.entry_id} is in {where}: name one with --stream")
-    return max(found, key=lambda f: _id_key(f.entry_id))
-
-
-def _id_key(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
+    return max(found, key=lambda f: id_key(f.entry_id))
 
 
 async def from_stream(redis: aioredis.Redis, stream: str, want: Selector) -> Located:

@@ -14,6 +14,7 @@ import textwrap
 
 import pytest
 
+from broker.archive import id_key
 from broker.codec import decode, encode
 from broker.consumer import Consumer
 from broker.errors import RedisCommandFailed
@@ -188,18 +189,13 @@ async def test_sigkill_during_batch_commits_leaves_whole_batches(redis, redis_se
     assert all(await seen(redis, *published))
     pending = set(await pending_ids(redis))
     [group] = await redis.xinfo_groups(KEYS.tasks)
-    delivered = entry_key(group["last-delivered-id"].decode())
+    delivered = id_key(group["last-delivered-id"].decode())
     for eid, fields in await redis.xrange(KEYS.tasks):
         eid = eid.decode()
         if decode(fields).task_id in published:
             assert eid not in pending  # its group is out: acked in the same script
         else:  # not committed: pending if it was delivered, to be reclaimed
-            assert (eid in pending) == (entry_key(eid) <= delivered)
-
-
-def entry_key(entry_id: str) -> tuple[int, int]:
-    ms, seq = entry_id.split("-")
-    return int(ms), int(seq)
+            assert (eid in pending) == (id_key(eid) <= delivered)
 
 
 async def test_pending_batches_are_read_back_after_a_restart(redis):
