@@ -47,6 +47,14 @@ async def since(redis, before: dict[str, int], *names: str) -> dict[str, int]:
     return {n: after.get(n, 0) - before.get(n, 0) for n in names}
 
 
+async def read_fresh(redis, prefix: str, n: int) -> tuple[Consumer, list]:
+    """`n` new tasks (`prefix0`...), published and read by one consumer."""
+    await Producer(redis).publish(KEYS.tasks, [make_task(f"{prefix}{i}") for i in range(n)])
+    c = consumer(redis)
+    await c.ensure_groups()
+    return c, await c.read(count=n)
+
+
 async def pending_ids(redis) -> list[str]:
     rows = await redis.xpending_range(KEYS.tasks, WORKERS_GROUP, "-", "+", 1000)
     return [r["message_id"].decode() for r in rows]
@@ -127,10 +135,7 @@ async def test_a_batch_with_already_committed_ids_drops_them_in_the_same_settle(
 
 async def test_a_cancelled_batch_commit_still_completes_whole(redis):
     n = 40
-    await Producer(redis).publish(KEYS.tasks, [make_task(f"c{i}") for i in range(n)])
-    c = consumer(redis)
-    await c.ensure_groups()
-    got = await c.read(count=n)
+    c, got = await read_fresh(redis, "c", n)
     pubs = [(KEYS.trajectories(), make_group(d.message.task_id, tokens=256)) for d in got]
     task = asyncio.create_task(c.commit(got, publish=pubs))
     await asyncio.sleep(0)  # the commit has started
@@ -223,10 +228,7 @@ async def test_pending_batches_are_read_back_after_a_restart(redis):
 async def test_commit_of_many_entries_spans_chunks(redis):
     """More acks than one XACK chunk (500) still ack and record every entry."""
     n = 1200
-    await Producer(redis).publish(KEYS.tasks, [make_task(f"m{i}") for i in range(n)])
-    c = consumer(redis)
-    await c.ensure_groups()
-    got = await c.read(count=n)
+    c, got = await read_fresh(redis, "m", n)
     assert len(got) == n
     before = await calls(redis)
     await c.commit(got)
@@ -240,10 +242,7 @@ async def test_commit_of_many_entries_spans_chunks(redis):
 
 
 async def test_dead_letters_and_acks_of_a_caller_go_in_one_commit(redis):
-    await Producer(redis).publish(KEYS.tasks, [make_task(f"d{i}") for i in range(4)])
-    c = consumer(redis)
-    await c.ensure_groups()
-    got = await c.read(count=10)
+    c, got = await read_fresh(redis, "d", 4)
     before = await calls(redis)
     await c.commit(got[:2], dead_letters=[(d, "unusable") for d in got[2:]])
     assert await since(redis, before, "evalsha", "xack") == {"evalsha": 1, "xack": 1}
