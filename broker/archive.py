@@ -23,6 +23,7 @@ import msgpack
 import redis.asyncio as aioredis
 
 from broker.codec import decode
+from broker.connection import as_str
 from broker.errors import DecodeError
 from broker.messages import Task, TrajectoryGroup
 
@@ -202,7 +203,7 @@ async def archive_stream(
     while True:
         rows = await redis.xrange(stream, min=f"({cursor}", max="+", count=segment_entries)
         for raw_id, fields in rows:
-            cursor = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
+            cursor = as_str(raw_id)
             buffer.append((cursor, dict(fields)))
         if buffer and (len(buffer) >= segment_entries or not rows):
             archive.append(buffer)

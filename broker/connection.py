@@ -60,6 +60,11 @@ REDIS_SCHEMES = ("redis://", "rediss://", "unix://", *CLUSTER_SCHEMES)
 Client = aioredis.Redis | RedisCluster
 
 
+def as_str(value: bytes | str) -> str:
+    """A key, id or name from a reply: bytes from our clients (decode_responses=False)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _transient(exc: BaseException) -> bool:
     """Whether `exc` is an outage: worth waiting out, not a bad command."""
     if isinstance(exc, TRANSIENT):

@@ -41,7 +41,7 @@ from redis.exceptions import ResponseError
 
 from broker.codec import decode, encode
 from broker.commit import COMMIT_SCRIPT, Ack, commit_args
-from broker.connection import redis_errors
+from broker.connection import as_str, redis_errors
 from broker.errors import DecodeError
 from broker.keys import RunKeys, hash_tag
 from broker.messages import DeadLetter, Message, Task, TrajectoryGroup
@@ -121,13 +121,6 @@ def message_id(message: Message) -> str:
     if isinstance(message, TrajectoryGroup):
         return message.group_id
     return ""
-
-
-# An ack a commit makes: (stream, entry id, message id to record, "" for none).
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 class Consumer:
@@ -216,7 +209,7 @@ class Consumer:
             count=len(ids) + 64,
             consumername=self._config.consumer,
         )
-        return {_s(r["message_id"]): int(r["times_delivered"]) for r in rows}
+        return {as_str(r["message_id"]): int(r["times_delivered"]) for r in rows}
 
     async def _accept(
         self, raw: list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]], pending: bool
@@ -229,7 +222,7 @@ class Consumer:
             if not entries:
                 continue
             CONSUMED.labels(stream=stream, group=self._config.group).inc(len(entries))
-            ids = [_s(eid) for eid, _ in entries]
+            ids = [as_str(eid) for eid, _ in entries]
             counts = await self._delivery_counts(stream, ids) if pending else {}
             for entry_id, (_, fields) in zip(ids, entries, strict=True):
                 deliveries = counts.get(entry_id, 1)
@@ -346,7 +339,7 @@ class Consumer:
         keys = [self._seen_key(streams[0]), *streams]
         with redis_errors("commit"):
             result = await self._eval_commit(keys, args)
-        published = [_s(r) for r in result]
+        published = [as_str(r) for r in result]
         _count(
             PUBLISHED, [stream for (stream, _), eid in zip(publish, published, strict=True) if eid]
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from broker.codec import decode
+from broker.connection import as_str
 from broker.errors import DecodeError
 from broker.keys import RunKeys
 from broker.messages import DeadLetter
@@ -30,7 +31,7 @@ async def _letters(
     out = []
     for stream in keys.all_deadletters:
         for raw_id, fields in await redis.xrange(stream, count=count):
-            entry_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
+            entry_id = as_str(raw_id)
             try:
                 letter = decode(fields, expect=DeadLetter)
             except DecodeError as exc:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from broker.archive import Archive, Entry, SegmentInfo, entry_facts, id_key
+from broker.connection import as_str
 from broker.producer import Producer, Retention
 
 
@@ -102,7 +103,7 @@ async def stream_entries(
         if not rows:
             return
         for raw_id, fields in rows:
-            cursor = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
+            cursor = as_str(raw_id)
             if flt.admits(cursor, fields):
                 yield cursor, dict(fields)
         inclusive = False

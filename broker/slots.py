@@ -13,14 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from broker.connection import as_str
 from broker.keys import hash_tag
 
 # XREADGROUP's reply, per stream: (stream, [(entry id, fields), ...]).
 Raw = list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]]
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 class SlotReader:
@@ -46,7 +43,7 @@ class SlotReader:
             got = {stream: entries for stream, entries in raw if entries}
             for stream in slot:
                 if stream in got:
-                    self._pending_cursor[stream] = _s(got[stream][-1][0])
+                    self._pending_cursor[stream] = as_str(got[stream][-1][0])
                 else:
                     del self._pending_cursor[stream]
             if got:
@@ -89,4 +86,4 @@ class SlotReader:
         reply = await self._redis.xreadgroup(
             self._group, self._consumer, ids, count=count, block=block
         )
-        return [(_s(stream), entries) for stream, entries in (reply or [])]
+        return [(as_str(stream), entries) for stream, entries in (reply or [])]

@@ -16,7 +16,7 @@ from redis.exceptions import ResponseError
 from broker.admission import AdmissionBudget
 from broker.archive import id_key
 from broker.codec import decode
-from broker.connection import redis_errors
+from broker.connection import as_str, redis_errors
 from broker.errors import BrokerError, DecodeError
 from broker.keys import RunKeys
 from broker.messages import DeadLetter, PolicyVersion
@@ -60,10 +60,6 @@ class RunState:
     latest_dead_letter: str | None = None  # reason of the newest dead letter, if any
 
 
-def _s(v: bytes | str) -> str:
-    return v.decode() if isinstance(v, bytes) else v
-
-
 async def stream_state(redis: aioredis.Redis, stream: str) -> StreamState:
     try:
         length = int(await redis.xlen(stream))
@@ -74,12 +70,12 @@ async def stream_state(redis: aioredis.Redis, stream: str) -> StreamState:
         return StreamState(stream, 0, ())
     groups = []
     for g in groups_raw:
-        name = _s(g["name"])
+        name = as_str(g["name"])
         per_consumer: dict[str, int] = {}
         if int(g["pending"]):
             for c in await redis.xinfo_consumers(stream, name):
                 if int(c["pending"]):
-                    per_consumer[_s(c["name"])] = int(c["pending"])
+                    per_consumer[as_str(c["name"])] = int(c["pending"])
         lag = g.get("lag")
         groups.append(
             GroupState(
@@ -87,7 +83,7 @@ async def stream_state(redis: aioredis.Redis, stream: str) -> StreamState:
                 consumers=int(g["consumers"]),
                 pending=int(g["pending"]),
                 lag=None if lag is None else int(lag),
-                last_delivered_id=_s(g["last-delivered-id"]),
+                last_delivered_id=as_str(g["last-delivered-id"]),
                 pending_per_consumer=per_consumer,
             )
         )
@@ -99,7 +95,7 @@ async def latest_dead_letter(redis: aioredis.Redis, keys: RunKeys) -> str | None
     newest: list[tuple[tuple[int, int], dict[bytes, bytes]]] = []
     for stream in keys.all_deadletters:  # one per partition; the newest id wins
         for raw_id, fields in await redis.xrevrange(stream, count=1):
-            newest.append((id_key(_s(raw_id)), fields))
+            newest.append((id_key(as_str(raw_id)), fields))
     if not newest:
         return None
     try:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 
 from broker.codec import decode
-from broker.connection import redis_errors
+from broker.connection import as_str, redis_errors
 from broker.errors import DecodeError
 from broker.keys import RunKeys
 from broker.messages import DeadLetter, TrajectoryGroup
@@ -96,7 +96,7 @@ class DeadLetterWatch:
                 last = await self.redis.xrevrange(stream, count=1)
             if last:
                 raw = last[0][0]
-                self._last_ids[stream] = raw.decode() if isinstance(raw, bytes) else raw
+                self._last_ids[stream] = as_str(raw)
 
     async def poll(self) -> int:
         """Task dead letters since the last poll (their slots are the caller's to release)."""
@@ -112,7 +112,7 @@ class DeadLetterWatch:
     def _count_tasks(self, stream: str, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> int:
         tasks = 0
         for raw_id, fields in entries:
-            self._last_ids[stream] = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
+            self._last_ids[stream] = as_str(raw_id)
             try:
                 letter = decode(fields, expect=DeadLetter)
             except DecodeError:

@@ -31,6 +31,7 @@ import redis.asyncio as aioredis
 
 import envs
 from broker.admission import AdmissionBudget
+from broker.connection import as_str
 from broker.keys import RunKeys
 from broker.messages import Task
 from broker.producer import Producer
@@ -225,7 +226,7 @@ async def _group_info(redis: aioredis.Redis, stream: str, group: str) -> dict[st
         return None
     for info in await redis.xinfo_groups(stream):
         name = info["name"]
-        if (name.decode() if isinstance(name, bytes) else name) == group:
+        if as_str(name) == group:
             return info
     return None
 
@@ -263,11 +264,10 @@ async def _entries_after(redis: aioredis.Redis, stream: str, entry_id: bytes | s
 
     In pages; at most what the admission limit let be issued and not consumed."""
     page, count = 64, 0
-    low = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    low = as_str(entry_id)
     while True:
         rows = await redis.xrange(stream, min=f"({low}", max="+", count=page)
         count += len(rows)
         if len(rows) < page:
             return count
-        last = rows[-1][0]
-        low = last.decode() if isinstance(last, bytes) else last
+        low = as_str(rows[-1][0])
