@@ -119,7 +119,7 @@ def _nccl_sync(cfg: LearnerConfig, sync_config: Any) -> Any:
     from inference.weight_sync import NcclWeightSync
 
     transfer = cfg.transfer
-    trainer_init: Any = gloo_trainer_init(transfer.timeout_s)
+    trainer_init: Any
     if transfer.backend is TransferBackend.NCCL:
         import torch
 
@@ -129,6 +129,8 @@ def _nccl_sync(cfg: LearnerConfig, sync_config: Any) -> Any:
                 "use gloo with the CPU policy server"
             )
         trainer_init = vllm_trainer_init
+    else:
+        trainer_init = gloo_trainer_init(transfer.timeout_s)
     transport = NcclTransport(
         transfer.master_address, transfer.master_port, trainer_init=trainer_init
     )
