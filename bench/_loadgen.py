@@ -28,6 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
+from broker.messages import Sampling
 from inference.protocol import CompletionRequest, completion_response, error_body
 from inference.sampling import SampleSpec
 from inference.sequence import GenParams, GenRequest
@@ -101,7 +102,7 @@ class LoadGenerator:
             k = min(req.max_tokens, len(text) + 1)
             ids = list(text[: k - 1])
         ids.append(stops[0] if stops else self.rng.randrange(VOCAB))
-        spec = SampleSpec(1.0, 1.0, None, req.logprobs or 0)
+        spec = SampleSpec(Sampling(), req.logprobs or 0)
         params = GenParams(1, k, spec, None, frozenset(stops), req.ignore_eos)
         gen = GenRequest(list(req.prompt), params)
         seq = gen.seqs[0]

@@ -17,11 +17,13 @@ import numpy as np
 
 from broker.errors import DecodeError
 from broker.messages import (
+    DEFAULT_SAMPLING,
     DeadLetter,
     ErrorCategory,
     FinishReason,
     Message,
     PolicyVersion,
+    Sampling,
     Task,
     Trajectory,
     TrajectoryGroup,
@@ -67,6 +69,32 @@ def _bin(arr: np.ndarray) -> memoryview:
     return memoryview(np.ascontiguousarray(arr))
 
 
+def _sampling_to(s: Sampling) -> list[Any] | None:
+    if s is DEFAULT_SAMPLING or s == DEFAULT_SAMPLING:
+        return None  # the common case costs one byte
+    ids = None if s.allowed_token_ids is None else _bin(s.allowed_token_ids)
+    return [s.temperature, s.top_k, s.top_p, s.min_p, ids]
+
+
+# Decoded sampling records, interned: the turns of a run share a handful of distributions.
+_SAMPLINGS: dict[tuple[Any, ...], Sampling] = {}
+
+
+def _sampling_from(v: list[Any] | None) -> Sampling:
+    if v is None:
+        return DEFAULT_SAMPLING
+    temperature, top_k, top_p, min_p, ids = v
+    key = (float(temperature), int(top_k), float(top_p), float(min_p),
+           None if ids is None else bytes(ids))  # fmt: skip
+    found = _SAMPLINGS.get(key)
+    if found is None:
+        allowed = None if ids is None else np.frombuffer(ids, dtype="<i4")
+        found = Sampling(*key[:4], allowed_token_ids=allowed)  # validates every field
+        if len(_SAMPLINGS) < 4096:  # bounded: a hostile producer cannot grow it without end
+            _SAMPLINGS[key] = found
+    return found
+
+
 def _turn_to(t: Turn) -> list[Any]:
     return [
         _bin(t.prompt_ids),
@@ -77,17 +105,15 @@ def _turn_to(t: Turn) -> list[Any]:
         t.terminated,
         t.truncated,
         t.segment_start,
-        t.temperature,
+        _sampling_to(t.sampling),
     ]
 
 
-def _turn_from(v: list[Any]) -> Turn:
+def _turn_from(v: list[Any], sampling_from: Any = _sampling_from) -> Turn:
     # Hot path of every consumer: build the frozen Turn without __post_init__'s
     # asarray round trips, keeping its checks (frombuffer already gives int32/float32).
     prompt, completion, logprobs, weight_version, reward, terminated, truncated = v[:7]
-    segment_start, temp = v[7:]  # schema 3 has all nine fields
-    if not float(temp) >= 0.0:
-        raise ValueError(f"temperature must be >= 0, got {temp}")
+    segment_start, sampling = v[7:]  # schemas 3 and 4 have all nine fields
     completion_ids = np.frombuffer(completion, dtype="<i4")
     lp = np.frombuffer(logprobs, dtype="<f4")
     if len(lp) != len(completion_ids):
@@ -102,9 +128,19 @@ def _turn_from(v: list[Any]) -> Turn:
         terminated=bool(terminated),
         truncated=bool(truncated),
         segment_start=bool(segment_start),
-        temperature=float(temp),
+        sampling=sampling_from(sampling),
     )
     return turn
+
+
+def _temperature_only(temp: Any) -> Sampling:
+    """Schema 3 recorded the temperature alone (the allowed-token mask went unrecorded)."""
+    t = float(temp)
+    return DEFAULT_SAMPLING if t == 1.0 else _sampling_from([t, 0, 1.0, 0.0, None])
+
+
+def _turn_from_v3(v: list[Any]) -> Turn:
+    return _turn_from(v, _temperature_only)
 
 
 def _turn_from_v2(v: list[Any]) -> Turn:
@@ -112,7 +148,7 @@ def _turn_from_v2(v: list[Any]) -> Turn:
     # segment_start came later in schema 2 as an optional eighth field.
     if len(v) not in (7, 8):
         raise ValueError(f"a schema-1/2 turn has 7 or 8 fields, got {len(v)}")
-    return _turn_from([*v[:7], v[7] if len(v) > 7 else False, 1.0])
+    return _turn_from([*v[:7], v[7] if len(v) > 7 else False, None])
 
 
 _CATEGORIES = {c.value: c for c in ErrorCategory}
@@ -239,6 +275,7 @@ _CODECS: dict[str, tuple[type, int, Any, Any]] = {
 _OLDER: dict[tuple[str, int], Any] = {
     (TrajectoryGroup.KIND, 1): _group_from_v1,
     (TrajectoryGroup.KIND, 2): lambda v: _group_from(v, lambda t: _traj_from(t, _turn_from_v2)),
+    (TrajectoryGroup.KIND, 3): lambda v: _group_from(v, lambda t: _traj_from(t, _turn_from_v3)),
 }
 
 

@@ -13,6 +13,7 @@ of one task, published once all of them have finished.
 from __future__ import annotations
 
 import enum
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -78,7 +79,7 @@ class Task:
     task_id: str  # unique; the group built from it carries the same id (dedup key)
     env_spec: str  # "name@{json kwargs}", resolved by envs.make
     group_size: int  # number of episodes (samples) in the group
-    seed: int  # base seed; episode i of the group uses seed + i
+    seed: int  # reset seed: every episode of the group resets with it, so all see one prompt
     policy_version: int  # learner's policy version when the task was issued
     issued_at: float = field(default_factory=time.time)  # unix seconds
     max_turns: int | None = None  # horizon for this task (None: the env's own limit)
@@ -89,6 +90,76 @@ class Task:
             raise ValueError("group_size must be >= 1")
         if not self.task_id:
             raise ValueError("task_id must not be empty")
+
+    def sampling_seed(self, index: int, turn: int) -> int:
+        """The sampling seed of turn `turn` of episode `index`: distinct per episode and turn,
+        the same on every re-run (a redelivered task samples what the first run sampled)."""
+        digest = hashlib.blake2b(f"{self.seed}:{index}:{turn}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") >> 1  # 63 bits: vLLM's and the server's range
+
+
+@dataclass(frozen=True, eq=False)
+class Sampling:
+    """The distribution a turn's completion tokens were drawn from, as vLLM 0.33 applies it.
+
+    In order: the allowed-token mask, the temperature (0: greedy, scored at 1), min-p, top-k,
+    then top-p. The turn's logprobs are under this processed, renormalised distribution (vLLM's
+    ``--logprobs-mode processed_logprobs``), and the learner scores its own policy under the
+    same one (`inference.sampling.processed_logits`). Schema 4; a schema-3 turn carried the
+    temperature alone, and older ones nothing (decoded as the defaults).
+    """
+
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # keep the k most likely tokens; 0 = off
+    top_p: float = 1.0  # keep the smallest set whose mass reaches top_p; 1 = off
+    min_p: float = 0.0  # drop tokens below min_p x the top probability; 0 = off
+    allowed_token_ids: np.ndarray | None = None  # int32, sorted, unique; None = whole vocabulary
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0: off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.allowed_token_ids is not None:
+            ids = np.unique(np.asarray(self.allowed_token_ids, dtype="<i4"))
+            if ids.ndim != 1 or not len(ids) or ids[0] < 0:
+                raise ValueError("allowed_token_ids must be a non-empty set of token ids >= 0")
+            object.__setattr__(self, "allowed_token_ids", ids)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def truncated(self) -> bool:
+        """Whether anything beyond the temperature shapes the distribution."""
+        return (
+            self.allowed_token_ids is not None
+            or self.top_k > 0
+            or self.top_p < 1.0
+            or self.min_p > 0.0
+        )
+
+    def key(self) -> tuple[float, int, float, float, bytes | None]:
+        """A hashable identity (equal keys, equal distributions)."""
+        ids = self.allowed_token_ids
+        return (self.temperature, self.top_k, self.top_p, self.min_p,
+                None if ids is None else ids.tobytes())  # fmt: skip
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sampling):
+            return NotImplemented
+        return self.key() == other.key()
+
+    def __hash__(self) -> int:
+        return hash(self.key())
+
+
+DEFAULT_SAMPLING = Sampling()
 
 
 @dataclass(frozen=True, eq=False)
@@ -105,13 +176,10 @@ class Turn:
     # True: prompt_ids is a whole new prompt that does not extend the turns before it (an
     # agent rewrote its history); the learner trains it as a separate sequence.
     segment_start: bool = False
-    # sampling temperature of the completion (0: greedy); `logprobs` are under
-    # softmax(logits / temperature), raw logits when 0 (schema 3; older entries decode as 1.0)
-    temperature: float = 1.0
+    # the distribution the completion was sampled from; `logprobs` are under it (schema 4)
+    sampling: Sampling = DEFAULT_SAMPLING
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         object.__setattr__(self, "prompt_ids", _as_i32(self.prompt_ids))
         object.__setattr__(self, "completion_ids", _as_i32(self.completion_ids))
         object.__setattr__(self, "logprobs", _as_f32(self.logprobs))
@@ -132,7 +200,7 @@ class Turn:
             and self.terminated == other.terminated
             and self.truncated == other.truncated
             and self.segment_start == other.segment_start
-            and self.temperature == other.temperature
+            and self.sampling == other.sampling
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -146,7 +214,7 @@ class Trajectory:
     finish_reason: FinishReason
     error: ErrorCategory = ErrorCategory.NONE  # category when finish_reason is ERROR
     error_detail: str = ""  # short human-readable detail, capped by the producer
-    sample_index: int = 0  # index within the group; the episode used seed + index
+    sample_index: int = 0  # index within the group; it chose the episode's sampling seeds
     timings: dict[str, float] = field(default_factory=dict)  # seconds: inference, env, total
     truncation: Truncation | None = None  # which limit, when finish_reason is TRUNCATED
 
@@ -170,7 +238,8 @@ class TrajectoryGroup:
     """Every episode of one task; the learner only ever sees whole groups."""
 
     KIND: ClassVar[str] = "group"
-    VERSION: ClassVar[int] = 3  # 2: finish reason enum + truncation cause; 3: Turn.temperature
+    # 2: finish reason enum + truncation cause; 3: Turn.temperature; 4: Turn.sampling
+    VERSION: ClassVar[int] = 4
 
     group_id: str  # equals the task's task_id; consumers dedup on it
     task: Task  # the task this group answers

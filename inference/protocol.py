@@ -16,11 +16,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Annotated, Any, Protocol
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
+from broker.messages import Sampling
 from inference.openai.models import NEUTRAL_VALUES
-from inference.sampling import SampleSpec
+from inference.sampling import GREEDY_EPS, SampleSpec
 from inference.sequence import GenParams, GenRequest
 
 Token = Annotated[StrictInt, Field(ge=0)]
@@ -53,6 +53,8 @@ class CompletionRequest(BaseModel):
     max_tokens: StrictInt = Field(16, ge=1)
     temperature: float | None = Field(1.0, ge=0.0, le=100.0)
     top_p: float | None = Field(1.0, gt=0.0, le=1.0)
+    top_k: StrictInt | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
     seed: StrictInt | None = Field(None, ge=0, le=2**63 - 1)
     stop_token_ids: list[Token] | None = None
     allowed_token_ids: list[Token] | None = Field(None, min_length=1)
@@ -77,6 +79,8 @@ class _Sampled(Protocol):
     n: int
     temperature: float | None
     top_p: float | None
+    top_k: int | None
+    min_p: float | None
     seed: int | None
     stop_token_ids: list[int] | None
     allowed_token_ids: list[int] | None
@@ -85,16 +89,19 @@ class _Sampled(Protocol):
 
 def engine_params(req: _Sampled, max_tokens: int, top_logprobs: int) -> GenParams:
     """The engine's parameters of an already validated request; defaults follow vLLM."""
-    allowed = (
-        torch.tensor(sorted(set(req.allowed_token_ids)), dtype=torch.long)
-        if req.allowed_token_ids
-        else None
-    )
     temperature = 1.0 if req.temperature is None else req.temperature
+    greedy = temperature < GREEDY_EPS  # vLLM resets truncation for greedy requests
+    sampling = Sampling(
+        temperature=temperature,
+        top_k=0 if greedy else max(req.top_k or 0, 0),  # -1 and 0 both mean off
+        top_p=1.0 if greedy else req.top_p or 1.0,
+        min_p=0.0 if greedy else req.min_p or 0.0,
+        allowed_token_ids=req.allowed_token_ids or None,
+    )
     return GenParams(
         n=req.n,
         max_tokens=max_tokens,
-        spec=SampleSpec(temperature, req.top_p or 1.0, allowed, top_logprobs),
+        spec=SampleSpec(sampling, top_logprobs),
         seed=req.seed,
         stop_token_ids=frozenset(req.stop_token_ids or ()),
         ignore_eos=req.ignore_eos,
@@ -111,7 +118,7 @@ def parse_completion(body: Any, limits: Limits) -> tuple[CompletionRequest, list
         and not isinstance(body["prompt"][0], int)
     ):
         raise ProtocolError("prompt must be a single list of token ids", "prompt")
-    for name in ("temperature", "top_p"):
+    for name in ("temperature", "top_p", "min_p"):
         value = body.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise ProtocolError(f"{name} must be a number", name)

@@ -2,9 +2,9 @@
 
 Field names and defaults follow vLLM 0.33's `ChatCompletionRequest`, `TokenizeCompletionRequest`,
 `TokenizeChatRequest` and `DetokenizeRequest`; unknown fields are ignored, as vLLM does. Fields
-that change sampling in ways no endpoint of this project implements (penalties, `top_k`, beam
-search, structured outputs, forced tool choice, ...) are refused unless they hold their neutral
-value, so a client never gets silently different sampling than it asked for.
+that change sampling in ways no endpoint of this project implements (penalties, beam search,
+structured outputs, forced tool choice, ...) are refused unless they hold their neutral value,
+so a client never gets silently different sampling than it asked for.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ _INT64 = 2**63 - 1
 
 # Fields that change sampling in vLLM; accepted only at a neutral value.
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
-    "top_k": (None, 0, -1),
-    "min_p": (None, 0, 0.0),
     "repetition_penalty": (None, 1, 1.0),
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
@@ -127,6 +125,8 @@ class SamplingFields(_Model):
     max_tokens: int | None = Field(None, ge=1, description="most tokens to generate")
     temperature: float | None = Field(None, ge=0.0, le=100.0, description="0 means greedy")
     top_p: float | None = Field(None, gt=0.0, le=1.0, description="nucleus mass")
+    top_k: int | None = Field(None, ge=-1, description="keep the k most likely tokens (0, -1: off)")
+    min_p: float | None = Field(None, ge=0.0, le=1.0, description="drop below min_p x the top")
     seed: int | None = Field(None, ge=0, le=_INT64, description="choice i draws from seed + i")
     stop: str | list[str] | None = Field(None, description="stop strings (cut from the text)")
     stop_token_ids: list[int] | None = Field(None, description="token ids that end a choice")

@@ -15,6 +15,7 @@ from broker.messages import (
     ErrorCategory,
     FinishReason,
     PolicyVersion,
+    Sampling,
     Task,
     Trajectory,
     TrajectoryGroup,
@@ -42,6 +43,17 @@ tasks = st.builds(
 )
 
 
+samplings = st.builds(
+    Sampling,
+    temperature=st.floats(0, 10, width=32),
+    top_k=st.integers(0, 1000),
+    top_p=st.floats(0.0, 1.0, width=32, exclude_min=True),
+    min_p=st.floats(0.0, 1.0, width=32),
+    allowed_token_ids=st.none()
+    | st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=20).map(np.array),
+)
+
+
 @st.composite
 def turns(draw: st.DrawFn) -> Turn:
     n = draw(st.integers(0, 50))
@@ -55,7 +67,7 @@ def turns(draw: st.DrawFn) -> Turn:
         reward=draw(floats),
         terminated=draw(st.booleans()),
         truncated=draw(st.booleans()),
-        temperature=draw(st.floats(0, 10, width=32)),
+        sampling=draw(samplings),
     )
 
 
@@ -134,30 +146,64 @@ def test_logprob_count_must_match_tokens():
         Turn([1], [2, 3], [-1.0], 0, 0.0, False, False)
 
 
-def test_schema_2_groups_decode_with_temperature_one_and_bad_temperatures_fail() -> None:
-    """Schema 3 added Turn.temperature; entries written as schema 2 still decode."""
-    turn = Turn([1, 2], [3], [-0.5], 4, 1.0, True, False, temperature=0.7)
-    group = TrajectoryGroup(
-        "g", Task("g", "toy@{}", 1, 0, 0), (Trajectory((turn,), FinishReason.TERMINATED),), "w"
-    )
-    fields = encode(group)
-    assert fields[b"v"] == b"3"
-    assert decode(fields).trajectories[0].turns[0].temperature == 0.7  # type: ignore[union-attr]
+def _one_turn_group(turn: Turn) -> TrajectoryGroup:
+    trajectory = Trajectory((turn,), FinishReason.TERMINATED)
+    return TrajectoryGroup("g", Task("g", "toy@{}", 1, 0, 0), (trajectory,), "w")
+
+
+def _with_turn_fields(fields: dict[bytes, bytes], version: bytes, turn_fields: list) -> dict:
     body = msgpack.unpackb(fields[b"b"], raw=False)
-    old_turn = body[2][0][0][0][:7]  # a schema-2 writer wrote 7 turn fields
-    body[2][0][0][0] = old_turn
-    old = {b"k": b"group", b"v": b"2", b"b": msgpack.packb(body, use_bin_type=True)}
-    decoded = decode(old)
-    assert isinstance(decoded, TrajectoryGroup)
-    assert decoded.trajectories[0].turns[0].temperature == 1.0
-    assert np.array_equal(decoded.trajectories[0].turns[0].completion_ids, [3])
-    with pytest.raises(DecodeError, match="7 or 8 fields"):  # a schema-3 body under a 2 tag
+    body[2][0][0][0] = turn_fields
+    return {b"k": b"group", b"v": version, b"b": msgpack.packb(body, use_bin_type=True)}
+
+
+def test_schema_4_records_the_whole_sampled_distribution() -> None:
+    sampling = Sampling(0.7, top_k=5, top_p=0.9, min_p=0.05, allowed_token_ids=[9, 3, 3, 4])
+    turn = Turn([1, 2], [3], [-0.5], 4, 1.0, True, False, sampling=sampling)
+    fields = encode(_one_turn_group(turn))
+    assert fields[b"v"] == b"4"
+    decoded = decode(fields).trajectories[0].turns[0].sampling  # type: ignore[union-attr]
+    assert decoded == sampling and decoded.allowed_token_ids.tolist() == [3, 4, 9]
+    assert (decoded.top_k, decoded.top_p, decoded.min_p) == (5, np.float32(0.9), np.float32(0.05))
+    plain = encode(_one_turn_group(Turn([1], [3], [-0.5], 4, 1.0, True, False)))
+    assert decode(plain).trajectories[0].turns[0].sampling == Sampling()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        ([-1.0, 0, 1.0, 0.0, None], "temperature"),
+        ([1.0, -3, 1.0, 0.0, None], "top_k"),
+        ([1.0, 0, 0.0, 0.0, None], "top_p"),
+        ([1.0, 0, 1.0, 1.5, None], "min_p"),
+        ([1.0, 0, 1.0, 0.0, b""], "allowed_token_ids"),
+        ([1.0, 0, 1.0, 0.0, b"\xff\xff\xff\xff"], "allowed_token_ids"),
+        ([1.0, 0, 1.0], "unpack"),
+    ],
+)
+def test_bad_sampling_records_fail_to_decode(bad: list, reason: str) -> None:
+    fields = encode(_one_turn_group(Turn([1, 2], [3], [-0.5], 4, 1.0, True, False)))
+    turn = msgpack.unpackb(fields[b"b"], raw=False)[2][0][0][0]
+    with pytest.raises(DecodeError, match=reason):
+        decode(_with_turn_fields(fields, b"4", [*turn[:8], bad]))
+
+
+def test_older_schemas_decode_with_what_they_recorded() -> None:
+    """Schema 3 recorded the temperature alone, schema 2 nothing: both still decode."""
+    fields = encode(_one_turn_group(Turn([1, 2], [3], [-0.5], 4, 1.0, True, False)))
+    turn = msgpack.unpackb(fields[b"b"], raw=False)[2][0][0][0]
+    v3 = decode(_with_turn_fields(fields, b"3", [*turn[:8], 0.7]))
+    assert v3.trajectories[0].turns[0].sampling == Sampling(0.7)  # type: ignore[union-attr]
+    v2 = decode(_with_turn_fields(fields, b"2", turn[:7]))  # a schema-2 writer wrote 7 fields
+    assert isinstance(v2, TrajectoryGroup)
+    assert v2.trajectories[0].turns[0].sampling == Sampling()
+    assert np.array_equal(v2.trajectories[0].turns[0].completion_ids, [3])
+    with pytest.raises(DecodeError, match="7 or 8 fields"):  # a schema-4 body under a 2 tag
         decode({**fields, b"v": b"2"})
-    body[2][0][0][0] = [*old_turn, False, -1.0]  # segment_start, then a bad temperature
     with pytest.raises(DecodeError, match="temperature"):
-        decode({**fields, b"b": msgpack.packb(body, use_bin_type=True)})
-    with pytest.raises(DecodeError, match="unsupported schema version 4"):
-        decode({**fields, b"v": b"4"})
+        decode(_with_turn_fields(fields, b"3", [*turn[:8], -1.0]))
+    with pytest.raises(DecodeError, match="unsupported schema version 5"):
+        decode({**fields, b"v": b"5"})
 
 
 def test_group_schema_1_entries_still_decode() -> None:
@@ -178,9 +224,9 @@ def test_group_schema_1_entries_still_decode() -> None:
     assert cut.outcome == "truncated:context" and cut.turns[0].truncated
     assert (failed.finish_reason, failed.truncation) == (FinishReason.ERROR, None)
     assert failed.error is ErrorCategory.INFERENCE
-    assert encode(group)[b"v"] == b"3"  # re-encoded in the current schema
-    with pytest.raises(DecodeError, match="unsupported schema version 4"):
-        decode({b"k": b"group", b"v": b"4", b"b": body})
+    assert encode(group)[b"v"] == b"4"  # re-encoded in the current schema
+    with pytest.raises(DecodeError, match="unsupported schema version 5"):
+        decode({b"k": b"group", b"v": b"5", b"b": body})
 
 
 def test_a_truncation_cause_goes_only_with_truncated() -> None:

@@ -16,7 +16,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from broker.messages import Sampling
 from inference.config import ServerConfig
+from inference.sampling import RowSampling, processed_logits
 from inference.server import PolicyServer
 from inference.tiny import build_tiny_model
 
@@ -33,15 +35,16 @@ def other_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def teacher_forced_logprobs(
-    model_path: Path, prompt: list[int], completion: list[int], temperature: float = 1.0
+    model_path: Path, prompt: list[int], completion: list[int], sampling: Sampling | None = None
 ) -> torch.Tensor:
-    """What the learner recomputes: one plain forward pass, log_softmax(logits / temperature)."""
+    """What the learner recomputes: one plain forward pass, then the processed distribution
+    (`inference.sampling.processed_logits`: allowed mask, temperature, truncation)."""
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     with torch.no_grad():
         logits = model(torch.tensor([prompt + completion])).logits[0].float()
-    lp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)[
-        len(prompt) - 1 : len(prompt) - 1 + len(completion)
-    ]
+    rows = logits[len(prompt) - 1 : len(prompt) - 1 + len(completion)]
+    spec = RowSampling.of([sampling or Sampling()] * len(rows), rows.shape[-1])
+    lp = torch.log_softmax(processed_logits(rows, spec), dim=-1)
     return lp.gather(1, torch.tensor(completion)[:, None])[:, 0]
 
 

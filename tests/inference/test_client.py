@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from broker.messages import Sampling
 from inference.client import (
     ClientConfig,
     GenerationClient,
@@ -32,7 +33,7 @@ async def test_generation_fields_match_the_model(server_factory, model_dir: Path
         )
     assert gen.server == server.url and 1 <= len(gen.token_ids) <= 10
     assert gen.weight_versions == [0] * len(gen.token_ids)
-    ref = teacher_forced_logprobs(model_dir, [1, 2, 3], gen.token_ids, temperature=0.9)
+    ref = teacher_forced_logprobs(model_dir, [1, 2, 3], gen.token_ids, Sampling(0.9))
     assert float((torch.tensor(gen.logprobs) - ref).abs().max()) < 1e-4
     assert gen.finish_reason in ("stop", "length")
 
