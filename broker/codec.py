@@ -106,6 +106,7 @@ def _turn_to(t: Turn) -> list[Any]:
         t.truncated,
         t.segment_start,
         _sampling_to(t.sampling),
+        t.cut,
     ]
 
 
@@ -113,11 +114,13 @@ def _turn_from(v: list[Any], sampling_from: Any = _sampling_from) -> Turn:
     # Hot path of every consumer: build the frozen Turn without __post_init__'s
     # asarray round trips, keeping its checks (frombuffer already gives int32/float32).
     prompt, completion, logprobs, weight_version, reward, terminated, truncated = v[:7]
-    segment_start, sampling = v[7:]  # schemas 3 and 4 have all nine fields
+    segment_start, sampling, cut = v[7:]  # schema 4 has ten fields
     completion_ids = np.frombuffer(completion, dtype="<i4")
     lp = np.frombuffer(logprobs, dtype="<f4")
     if len(lp) != len(completion_ids):
         raise ValueError(f"{len(lp)} logprobs for {len(completion_ids)} completion tokens")
+    drawn_from = sampling_from(sampling)
+    drawn_from.check_drawn(completion_ids)
     turn = object.__new__(Turn)
     turn.__dict__.update(
         prompt_ids=np.frombuffer(prompt, dtype="<i4"),
@@ -128,7 +131,8 @@ def _turn_from(v: list[Any], sampling_from: Any = _sampling_from) -> Turn:
         terminated=bool(terminated),
         truncated=bool(truncated),
         segment_start=bool(segment_start),
-        sampling=sampling_from(sampling),
+        sampling=drawn_from,
+        cut=bool(cut),
     )
     return turn
 
@@ -140,7 +144,9 @@ def _temperature_only(temp: Any) -> Sampling:
 
 
 def _turn_from_v3(v: list[Any]) -> Turn:
-    return _turn_from(v, _temperature_only)
+    if len(v) != 9:
+        raise ValueError(f"a schema-3 turn has 9 fields, got {len(v)}")
+    return _turn_from([*v, False], _temperature_only)  # length cuts went unrecorded
 
 
 def _turn_from_v2(v: list[Any]) -> Turn:
@@ -148,7 +154,7 @@ def _turn_from_v2(v: list[Any]) -> Turn:
     # segment_start came later in schema 2 as an optional eighth field.
     if len(v) not in (7, 8):
         raise ValueError(f"a schema-1/2 turn has 7 or 8 fields, got {len(v)}")
-    return _turn_from([*v[:7], v[7] if len(v) > 7 else False, None])
+    return _turn_from([*v[:7], v[7] if len(v) > 7 else False, None, False])
 
 
 _CATEGORIES = {c.value: c for c in ErrorCategory}

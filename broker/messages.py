@@ -94,8 +94,13 @@ class Task:
     def sampling_seed(self, index: int, turn: int) -> int:
         """The sampling seed of turn `turn` of episode `index`: distinct per episode and turn,
         the same on every re-run (a redelivered task samples what the first run sampled)."""
-        digest = hashlib.blake2b(f"{self.seed}:{index}:{turn}".encode(), digest_size=8).digest()
-        return int.from_bytes(digest, "little") >> 1  # 63 bits: vLLM's and the server's range
+        return mix_seed(self.seed, index, turn)
+
+
+def mix_seed(*parts: int) -> int:
+    """A seed derived from `parts`: equal parts, equal seed; any other, an unrelated one."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # 63 bits: vLLM's and the server's range
 
 
 @dataclass(frozen=True, eq=False)
@@ -132,7 +137,7 @@ class Sampling:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_EPS
 
     @property
     def truncated(self) -> bool:
@@ -143,6 +148,13 @@ class Sampling:
             or self.top_p < 1.0
             or self.min_p > 0.0
         )
+
+    def check_drawn(self, tokens: np.ndarray) -> None:
+        """Raise ValueError if `tokens` could not have been drawn: one outside the allowed set."""
+        ids = self.allowed_token_ids
+        if ids is not None and len(tokens) and not np.isin(tokens, ids).all():
+            outside = np.setdiff1d(tokens, ids)[:5].tolist()
+            raise ValueError(f"completion tokens {outside} lie outside the allowed set")
 
     def key(self) -> tuple[float, int, float, float, bytes | None]:
         """A hashable identity (equal keys, equal distributions)."""
@@ -160,6 +172,7 @@ class Sampling:
 
 
 DEFAULT_SAMPLING = Sampling()
+GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it samples greedily
 
 
 @dataclass(frozen=True, eq=False)
@@ -178,6 +191,9 @@ class Turn:
     segment_start: bool = False
     # the distribution the completion was sampled from; `logprobs` are under it (schema 4)
     sampling: Sampling = DEFAULT_SAMPLING
+    # the completion ended at a length limit (max tokens, the context left, a token budget),
+    # not at a stop token (schema 4; DAPO's overlong rules read it)
+    cut: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", _as_i32(self.prompt_ids))
@@ -187,6 +203,7 @@ class Turn:
             raise ValueError(
                 f"{len(self.logprobs)} logprobs for {len(self.completion_ids)} completion tokens"
             )
+        self.sampling.check_drawn(self.completion_ids)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Turn):
@@ -201,6 +218,7 @@ class Turn:
             and self.truncated == other.truncated
             and self.segment_start == other.segment_start
             and self.sampling == other.sampling
+            and self.cut == other.cut
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -238,7 +256,7 @@ class TrajectoryGroup:
     """Every episode of one task; the learner only ever sees whole groups."""
 
     KIND: ClassVar[str] = "group"
-    # 2: finish reason enum + truncation cause; 3: Turn.temperature; 4: Turn.sampling
+    # 2: finish reason enum + truncation cause; 3: Turn.temperature; 4: Turn.sampling, .cut
     VERSION: ClassVar[int] = 4
 
     group_id: str  # equals the task's task_id; consumers dedup on it

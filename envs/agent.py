@@ -52,7 +52,7 @@ class OpenAIConfig:
     base_url: str  # e.g. http://127.0.0.1:41234/v1
     api_key: str  # the episode's key; expires when the episode ends
     model: str  # the served model name (any name is accepted)
-    seed: int  # the episode's seed (task seed + sample index)
+    seed: int  # the task's seed, shared by the group's episodes: pick the problem with it
 
     def client_kwargs(self) -> dict[str, Any]:
         """Kwargs for `openai.OpenAI(...)` / `openai.AsyncOpenAI(...)`: no SDK retries, so a

@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from broker.messages import GREEDY_EPS, Sampling
 from inference import metrics
 from inference.config import ClientConfig
 from inference.errors import (
@@ -52,6 +53,8 @@ class SamplingParams:
     max_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # 0: off
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     allowed_token_ids: tuple[int, ...] | None = None  # restrict sampling to these ids
@@ -59,12 +62,23 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise ValueError("allowed_token_ids must be None or non-empty")
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
-        if self.allowed_token_ids is not None and not self.allowed_token_ids:
-            raise ValueError("allowed_token_ids must be None or non-empty")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0 (0: off)")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError("min_p must be in [0, 1]")
+
+    def distribution(self) -> Sampling:
+        """The distribution these settings sample from, as recorded on a turn."""
+        if self.temperature < GREEDY_EPS:  # greedy: vLLM resets the truncation
+            return Sampling(self.temperature, allowed_token_ids=self.allowed_token_ids)
+        return Sampling(self.temperature, self.top_k, self.top_p, self.min_p,
+                        self.allowed_token_ids)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -72,7 +86,9 @@ class Generation:
     """One finished generation."""
 
     token_ids: list[int]  # sampled tokens, including a final stop/EOS token
-    logprobs: list[float]  # logprob of each token under softmax(logits / temperature), no filtering
+    logprobs: list[
+        float
+    ]  # logprob of each token under the processed distribution it was drawn from
     weight_versions: list[int]  # weight version that sampled each token (-1: non-integer label)
     finish_reason: str  # "stop", "length" or "abort" (abort only once resumes are exhausted)
     server: str  # base URL of the server that produced the last part
@@ -224,6 +240,13 @@ class GenerationClient:
             "max_tokens": max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
+            "top_k": params.top_k,
+            "min_p": params.min_p,
+            # Sent at their neutral values: an omitted one would take vLLM's default from the
+            # model's generation_config.json, a distribution the learner does not mirror.
+            "repetition_penalty": 1.0,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
             "logprobs": 0,
             "return_token_ids": True,
             "return_weight_versions": True,

@@ -17,6 +17,7 @@ exactly once (tokens, an abort, or an error); tokens carry the weight version th
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections import deque
@@ -62,6 +63,9 @@ class Engine:
         prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.model = model.eval()
+        # transformers 5.24 renamed forward's `past_key_values` to `cache` (the old name warns)
+        self._cache_arg = ("cache" if "cache" in inspect.signature(model.forward).parameters
+                           else "past_key_values")  # fmt: skip
         self.prefix_cache = prefix_cache or PrefixCache(0)
         self.eos_ids = eos_ids
         self.pad_id = pad_id
@@ -329,8 +333,8 @@ class Engine:
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
             use_cache=True,
+            **{self._cache_arg: cache},
             logits_to_keep=1,
         )
         for i, seq in enumerate(group):

@@ -18,9 +18,9 @@ from typing import Annotated, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
-from broker.messages import Sampling
+from broker.messages import GREEDY_EPS, Sampling
 from inference.openai.models import NEUTRAL_VALUES
-from inference.sampling import GREEDY_EPS, SampleSpec
+from inference.sampling import SampleSpec
 from inference.sequence import GenParams, GenRequest
 
 Token = Annotated[StrictInt, Field(ge=0)]

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from broker.messages import Sampling
+from broker.messages import GREEDY_EPS, Sampling
 
-GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it samples greedily
 LOGPROB_FLOOR = -9999.0  # vLLM's serving layer reports max(logprob, -9999.0)
 _TOP_P_ROWS = 64  # rows sorted at once for top-p: bounds the [rows, V] sort buffers
 

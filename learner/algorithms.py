@@ -14,6 +14,9 @@ Conventions (documented in docs/learner.md, with the peers that use each):
 * ``reinforce``: ``A_{i,t} = G_{i,t}``, no baseline.
 * ``rebn`` (GEM's Return Batch Normalisation): ``A_{i,t} = (G_{i,t} - mean_B G) /
   (std_B G + eps)`` over every turn of every episode in the batch.
+* ``reinforce++`` (REINFORCE++, verl's ``reinforce_plus_plus``): the same whitening, but
+  over the batch's completion *tokens* (each turn's return weighs by its token count);
+  ``reinforce++-baseline`` subtracts the group's mean episode return first.
 * ``ppo``: per-token GAE from a critic (`gae`), computed by `learner.critic`.
 * Only the group-relative estimators (grpo, rloo) flag a group whose episode
   returns are all equal as zero-variance: their advantages there are all 0.
@@ -25,14 +28,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from learner.config import Algorithm, GroupStd
 
 EPS = 1e-6
 
 
-# rewards[group][episode][turn]
+# rewards[group][episode][turn] (and completion tokens per turn, nested the same way)
 BatchRewards = Sequence[Sequence[Sequence[float]]]
 
 
@@ -92,15 +94,37 @@ def _group_episode_advantages(rules: AdvantageRules, returns: np.ndarray) -> np.
     raise ValueError(f"{rules.algorithm} is not an episode-level estimator")
 
 
-def compute_advantages(rewards: BatchRewards, rules: AdvantageRules) -> Advantages:
-    """Advantages for every turn of a batch of groups (``ppo``: zeros, the critic fills them)."""
+def _token_whitened(returns: list[list[np.ndarray]], tokens: list[list[np.ndarray]]) -> list[list[np.ndarray]]:  # fmt: skip
+    """``(G - mean) / (std + eps)`` with every turn weighted by its completion tokens."""
+    flat = np.concatenate([t for g in returns for t in g] or [np.zeros(0)])
+    weight = np.concatenate([w for g in tokens for w in g] or [np.zeros(0)]).astype(np.float64)
+    if not weight.sum():
+        return [[np.zeros_like(t) for t in g] for g in returns]
+    mean = np.average(flat, weights=weight)
+    std = float(np.sqrt(np.average((flat - mean) ** 2, weights=weight)))
+    return [[(t - mean) / (std + EPS) for t in g] for g in returns]
+
+
+def compute_advantages(
+    rewards: BatchRewards, rules: AdvantageRules, tokens: BatchRewards | None = None
+) -> Advantages:
+    """Advantages for every turn of a batch of groups (``ppo``: zeros, the critic fills them).
+
+    `tokens` (completion tokens per turn, nested like `rewards`) weighs the turns for
+    ``reinforce++``; without it every turn weighs one.
+    """
     per_turn = [[discounted_returns(ep, rules.gamma) for ep in group] for group in rewards]
     episode = [np.array([r[0] if len(r) else 0.0 for r in g], dtype=np.float64) for g in per_turn]
     zero_var = [
         rules.algorithm.group_relative and bool(len(e) == 0 or np.all(e == e[0])) for e in episode
     ]
     values: list[list[np.ndarray]] = []
-    if rules.algorithm.group_relative:
+    if rules.algorithm in (Algorithm.REINFORCE_PP, Algorithm.REINFORCE_PP_BASELINE):
+        if rules.algorithm is Algorithm.REINFORCE_PP_BASELINE:
+            per_turn = [[t - e.mean() for t in g] for g, e in zip(per_turn, episode, strict=True)]
+        weights = tokens if tokens is not None else [[np.ones(len(t)) for t in g] for g in per_turn]
+        values = _token_whitened(per_turn, [[np.asarray(w) for w in g] for g in weights])
+    elif rules.algorithm.group_relative:
         for g_turns, g_ret in zip(per_turn, episode, strict=True):
             adv = _group_episode_advantages(rules, g_ret)
             values.append([np.full(len(t), a) for t, a in zip(g_turns, adv, strict=True)])
@@ -149,9 +173,3 @@ def gae(
         adv[t] = next_adv
     returns = np.where(np.asarray(mask) > 0, adv + np.asarray(values, dtype=np.float64), 0.0)
     return adv, returns
-
-
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of each position's next-token distribution (``[B, T]``)."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    return -(logprobs.exp() * logprobs).sum(dim=-1)

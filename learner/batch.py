@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from broker.messages import ErrorCategory, Trajectory, TrajectoryGroup, Truncation
+from broker.messages import ErrorCategory, Sampling, Trajectory, TrajectoryGroup, Truncation
 from learner.algorithms import (
     AdvantageRules,
     compute_advantages,
@@ -43,7 +43,8 @@ class Sample:
     loss_mask: np.ndarray  # float32, 1 on completion tokens
     behaviour_logp: np.ndarray  # float32, rollout logprob on completion tokens, 0 elsewhere
     advantages: np.ndarray  # float32, the token's turn advantage on completion tokens
-    temperature: np.ndarray  # float32, the token's sampling temperature (1 on prompt tokens)
+    # int32: the token's distribution, a row of `samplings`; -1 on prompt tokens (plain model)
+    sampling_index: np.ndarray
     stale: bool  # older than max_staleness (or from discarded weights), trained corrected
     group_id: str
     episode: int = 0  # the trajectory's sample_index in its group
@@ -53,6 +54,7 @@ class Sample:
     ref_logp: np.ndarray | None = None  # reference-model logprobs (KL loss), set by the trainer
     old_values: np.ndarray | None = None  # critic values before the update (ppo)
     returns: np.ndarray | None = None  # GAE returns, the critic's targets (ppo)
+    samplings: tuple[Sampling, ...] = ()  # the distributions the turns were sampled from
 
 
 def advantage_rules(rules: BatchRules) -> AdvantageRules:
@@ -61,8 +63,11 @@ def advantage_rules(rules: BatchRules) -> AdvantageRules:
 
 
 def overlong(trajectory: Trajectory) -> bool:
-    """Whether the context limit cut the episode short."""
-    return trajectory.truncation is Truncation.CONTEXT
+    """Whether a length limit cut the episode: the context or an agent's token budget ended it,
+    or one of its completions stopped at max tokens instead of a stop token."""
+    if trajectory.truncation in (Truncation.CONTEXT, Truncation.TOKENS):
+        return True
+    return any(turn.cut for turn in trajectory.turns)
 
 
 @dataclass
@@ -74,41 +79,50 @@ class PreparedBatch:
     infra_failed: list[str] = field(default_factory=list)
     no_action_timeouts: list[str] = field(default_factory=list)  # hung before the first action
     zero_variance: list[str] = field(default_factory=list)
-    overlong: int = 0  # trajectories cut by the context limit (masked or punished by the rule)
+    overlong: int = 0  # trajectories cut by a length limit (masked or punished by the rule)
     dropped_stale: list[str] = field(default_factory=list)
     corrected_stale: list[str] = field(default_factory=list)
     staleness: list[int] = field(default_factory=list)  # per group not infra-failed; < 0: discarded
     episode_returns: list[float] = field(default_factory=list)  # every episode of those groups
     advantages: list[float] = field(default_factory=list)  # one per trained turn
+    reward_kl: float | None = None  # mean per-token KL of a KL reward penalty (kl_mode reward)
 
     @property
     def num_tokens(self) -> int:
         return int(sum(s.loss_mask.sum() for s in self.samples))
 
 
+def samplings_of(trajectory: Trajectory) -> tuple[tuple[Sampling, ...], list[int]]:
+    """The distinct distributions of a trajectory's turns, and each turn's row among them."""
+    table: dict[Sampling, int] = {}
+    rows = [table.setdefault(turn.sampling, len(table)) for turn in trajectory.turns]
+    return tuple(table), rows
+
+
 def assemble(trajectory: Trajectory, turn_advantages: Sequence[float]) -> tuple[np.ndarray, ...]:
-    """(input_ids, loss_mask, behaviour_logp, advantages, temperature, turn_index) of one
-    trajectory."""
+    """(input_ids, loss_mask, behaviour_logp, advantages, sampling_index, turn_index) of one
+    trajectory; `sampling_index` points into `samplings_of(trajectory)[0]`."""
     ids: list[np.ndarray] = []
     mask: list[np.ndarray] = []
     logp: list[np.ndarray] = []
     adv: list[np.ndarray] = []
-    temp: list[np.ndarray] = []
+    dist: list[np.ndarray] = []
     turn_index: list[np.ndarray] = []
+    _, rows = samplings_of(trajectory)
     for k, (turn, a) in enumerate(zip(trajectory.turns, turn_advantages, strict=True)):
         n_p, n_c = len(turn.prompt_ids), len(turn.completion_ids)
         ids += [turn.prompt_ids, turn.completion_ids]
         mask += [np.zeros(n_p, np.float32), np.ones(n_c, np.float32)]
         logp += [np.zeros(n_p, np.float32), turn.logprobs.astype(np.float32)]
         adv += [np.zeros(n_p, np.float32), np.full(n_c, a, np.float32)]
-        temp += [np.ones(n_p, np.float32), np.full(n_c, turn.temperature, np.float32)]
+        dist += [np.full(n_p, -1, np.int32), np.full(n_c, rows[k], np.int32)]
         turn_index += [np.full(n_p, -1, np.int32), np.full(n_c, k, np.int32)]
     out = (
         np.concatenate(ids).astype(np.int64),
         np.concatenate(mask),
         np.concatenate(logp),
         np.concatenate(adv),
-        np.concatenate(temp),
+        np.concatenate(dist),
         np.concatenate(turn_index),
     )
     # Position 0 has no preceding token to predict it from, so it can never carry loss.
@@ -190,7 +204,9 @@ def prepare_batch(
         [shaped_rewards(tr, rules, penalties.get((g.group_id, tr.sample_index))) for tr in g.trajectories]
         for g, _ in candidates
     ]  # fmt: skip
-    advs = compute_advantages(rewards, advantage_rules(rules))
+    tokens = [[[len(t.completion_ids) for t in tr.turns] for tr in g.trajectories]
+              for g, _ in candidates]  # fmt: skip
+    advs = compute_advantages(rewards, advantage_rules(rules), tokens)
     for (group, stale), group_rewards, group_adv, zero_var in zip(
         candidates, rewards, advs.values, advs.zero_variance, strict=True
     ):
@@ -221,11 +237,22 @@ def _samples(trajectory: Trajectory, turn_rewards: np.ndarray, turn_adv: np.ndar
         if rules.overlong is Overlong.MASK:
             return []  # overlong filtering: its reward still counted in the baseline
     samples = []
-    for ids, mask, logp, adv, temp, turn_index in split_segments(trajectory, arrays):
+    table, _ = samplings_of(trajectory)
+    for ids, mask, logp, adv, dist, turn_index in split_segments(trajectory, arrays):
         if mask.sum() > 0:
-            index = trajectory.sample_index
-            sample = Sample(ids, mask, logp, adv, temp, stale, group_id, index, turn_index,
-                            turn_rewards)  # fmt: skip
+            sample = Sample(
+                input_ids=ids,
+                loss_mask=mask,
+                behaviour_logp=logp,
+                advantages=adv,
+                sampling_index=dist,
+                stale=stale,
+                group_id=group_id,
+                episode=trajectory.sample_index,
+                turn_index=turn_index,
+                turn_rewards=turn_rewards,
+                samplings=table,
+            )
             samples.append(sample)
     return samples
 
@@ -245,9 +272,9 @@ def split_segments(
         return [arrays]
     parts = []
     for a, b in zip(cuts, [*cuts[1:], offset], strict=True):
-        ids, mask, logp, adv, temp, turn_index = (x[a:b].copy() for x in arrays)
+        ids, mask, logp, adv, dist, turn_index = (x[a:b].copy() for x in arrays)
         mask[:1], turn_index[:1] = 0.0, -1
-        parts.append((ids, mask, logp, adv, temp, turn_index))
+        parts.append((ids, mask, logp, adv, dist, turn_index))
     return parts
 
 

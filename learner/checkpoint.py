@@ -61,6 +61,7 @@ class LearnerState:
     positions: dict[str, str] = field(default_factory=dict)  # stream -> last trained entry id
     sampler: dict[str, Any] = field(default_factory=dict)  # task sampler state
     counters: dict[str, int] = field(default_factory=dict)  # groups trained/dropped/skipped...
+    kl_coef: float | None = None  # the adaptive KL controller's coefficient (None: the config's)
 
     def record_step(self, group_ids: list[str]) -> None:
         self.trained.append(group_ids)

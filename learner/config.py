@@ -38,12 +38,16 @@ class Algorithm(enum.StrEnum):
     REBN = "rebn"
     RLOO = "rloo"
     REINFORCE = "reinforce"
+    # REINFORCE++: per-turn returns whitened over the batch's completion tokens; "-baseline"
+    # subtracts the group's mean episode return first (verl's reinforce_plus_plus[_baseline])
+    REINFORCE_PP = "reinforce++"
+    REINFORCE_PP_BASELINE = "reinforce++-baseline"
     PPO = "ppo"  # critic PPO: per-token GAE from a learned value function
 
     @property
     def group_relative(self) -> bool:
         """Whether the baseline comes from the group, so equal returns carry no signal."""
-        return self in (Algorithm.GRPO, Algorithm.RLOO)
+        return self in (Algorithm.GRPO, Algorithm.RLOO, Algorithm.REINFORCE_PP_BASELINE)
 
 
 class Aggregation(enum.StrEnum):
@@ -51,7 +55,9 @@ class Aggregation(enum.StrEnum):
 
     TOKEN_MEAN = "token-mean"  # every completion token of the batch weighs the same
     SEQ_MEAN = "seq-mean"  # every sequence weighs the same, tokens averaged within it
-    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"  # Dr. GRPO: token losses summed, sequences averaged
+    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"  # token losses summed, sequences averaged
+    # Dr. GRPO's constant normaliser: token losses summed, over sequences x --norm-tokens
+    SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
 
 
 class StalePolicy(enum.StrEnum):
@@ -65,7 +71,24 @@ class Correction(enum.StrEnum):
     """Behaviour correction pi_prox/mu applied to every token."""
 
     TIS = "tis"  # truncated importance sampling: min(w, C)
-    MIS = "mis"  # masked importance sampling: w inside [1/C, C], else the token is masked
+    # masked importance sampling: w inside [1/C, C], else rejected (out of the loss and its
+    # denominator, as verl's rejection sampling)
+    MIS = "mis"
+
+
+class CorrectionLevel(enum.StrEnum):
+    """What one behaviour weight w = pi_prox/mu covers."""
+
+    TOKEN = "token"  # each token its own ratio (low variance, biased)
+    SEQUENCE = "sequence"  # the product over the sequence's tokens (verl's sequence TIS)
+    GEOMETRIC = "geometric"  # the geometric mean over its tokens (prime-rl's sequence mask)
+
+
+class PolicyRatio(enum.StrEnum):
+    """The ratio pi_theta/pi_prox that PPO clips."""
+
+    TOKEN = "token"  # per token (PPO, GRPO, DAPO)
+    SEQUENCE = "sequence"  # GSPO: the sequence's geometric-mean ratio, on every token
 
 
 class KLEstimator(enum.StrEnum):
@@ -74,6 +97,17 @@ class KLEstimator(enum.StrEnum):
     K1 = "k1"  # log r
     K2 = "k2"  # (log r)^2 / 2
     K3 = "k3"  # exp(-log r) + log r - 1, unbiased and non-negative
+    # straight-through: the k1 or k3 value with the k2 gradient (the gradient of the true KL)
+    K1_ST = "k1+"
+    K3_ST = "k3+"
+
+
+class LrSchedule(enum.StrEnum):
+    """The learning rate after the warm-up."""
+
+    CONSTANT = "constant"
+    LINEAR = "linear"  # down to min_lr_ratio x lr at lr_decay_steps
+    COSINE = "cosine"  # half a cosine down to min_lr_ratio x lr at lr_decay_steps
 
 
 class KLMode(enum.StrEnum):
@@ -84,7 +118,8 @@ class KLMode(enum.StrEnum):
 
 
 class Overlong(enum.StrEnum):
-    """What happens to episodes cut short by the context limit (DAPO)."""
+    """What happens to episodes a length limit cut (DAPO): the context, an agent's token
+    budget, or a completion that reached max tokens (`learner.batch.overlong`)."""
 
     NONE = "none"  # trained like any other
     MASK = "mask"  # overlong filtering: no loss on their tokens (still in the group baseline)
@@ -132,7 +167,25 @@ class OptimConfig:
     max_grad_norm: float = Field(1.0, gt=0.0, description="gradient clipping norm")
     micro_batch_size: int = Field(8, ge=1, description="sequences per forward/backward pass")
     aggregation: Aggregation = Field(Aggregation.TOKEN_MEAN, description="loss aggregation")
+    norm_tokens: int | None = Field(
+        None, ge=1, description="L of seq-mean-token-sum-norm (Dr. GRPO: the max response length)"
+    )
     precision: Precision = Field(Precision.AUTO, description="auto|fp32|bf16")
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1")
+    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2")
+    adam_eps: float = Field(1e-8, gt=0.0, le=1.0, description="AdamW epsilon")
+    lr_warmup_steps: int = Field(0, ge=0, description="steps of linear warm-up from 0 to the lr")
+    lr_schedule: LrSchedule = Field(LrSchedule.CONSTANT, description="constant|linear|cosine")
+    lr_decay_steps: int | None = Field(
+        None, ge=1, description="step at which linear/cosine decay ends (default: --max-steps)"
+    )
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="lr floor of the decay, x lr")
+
+    @model_validator(mode="after")
+    def _norm(self) -> OptimConfig:
+        if self.aggregation is Aggregation.SEQ_MEAN_TOKEN_SUM_NORM and self.norm_tokens is None:
+            raise ValueError("aggregation seq-mean-token-sum-norm needs norm_tokens (L)")
+        return self
 
     def bf16(self, device_type: str) -> bool:
         """Whether to autocast to bf16 on a device of this type."""
@@ -186,7 +239,7 @@ class BatchRules:
     # --- issue 15: normalisation, overlong shaping, dynamic sampling ---
     grpo_scale_by_std: bool = Field(True, description="divide GRPO advantages by the group std")
     grpo_std: GroupStd = Field(GroupStd.POPULATION, description="population|unbiased")
-    overlong: Overlong = Field(Overlong.NONE, description="context-truncated episodes")
+    overlong: Overlong = Field(Overlong.NONE, description="episodes cut by a length limit")
     overlong_max_tokens: int | None = Field(None, ge=1, description="L_max of the soft penalty")
     overlong_buffer: int = Field(0, ge=0, description="L_cache: the soft penalty's ramp length")
     overlong_penalty: float = Field(1.0, ge=0.0, description="soft penalty at L >= L_max")
@@ -215,11 +268,23 @@ class LossConfig:
     ppo_epochs: int = Field(1, ge=1, le=64, description="passes over each batch")
     mini_batches: int = Field(1, ge=1, le=1024, description="optimizer steps per pass")
     dual_clip: float = Field(3.0, gt=1.0, description="dual-clip c: loss <= -c*A for A < 0")
+    policy_ratio: PolicyRatio = Field(
+        PolicyRatio.TOKEN, description="clipped ratio: token (PPO) | sequence (GSPO)"
+    )
     correction: Correction = Field(Correction.TIS, description="behaviour correction: tis|mis")
+    correction_level: CorrectionLevel = Field(
+        CorrectionLevel.TOKEN, description="behaviour weight per token | sequence | geometric"
+    )
     log_ratio_clamp: float = Field(20.0, gt=0.0, le=80.0, description="|log ratio| bound")
     kl_coef: float = Field(0.0, ge=0.0, description="KL to the initial weights (0: no reference)")
     kl_estimator: KLEstimator = Field(KLEstimator.K3, description="k1|k2|k3")
     kl_mode: KLMode = Field(KLMode.LOSS, description="loss term or reward penalty")
+    kl_target: float | None = Field(
+        None, gt=0.0, description="adaptive KL controller's target KL per token (None: fixed coef)"
+    )
+    kl_horizon: int = Field(
+        10_000, ge=1, description="adaptive KL controller's horizon, in trained sequences"
+    )
     reference_offload: bool = Field(False, description="keep the reference model on the CPU")
     entropy_coef: float = Field(0.0, ge=0.0, description="entropy bonus: loss -= coef*H")
     gae_lambda: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda (ppo)")
@@ -339,7 +404,19 @@ class LearnerConfig(RoleConfig):
     def _consistent(self) -> LearnerConfig:
         if self.resume and self.checkpoint_dir is None:
             raise ValueError("resume needs checkpoint_dir")
+        optim = self.optim
+        if optim.lr_schedule is not LrSchedule.CONSTANT and not (
+            optim.lr_decay_steps or self.max_steps
+        ):
+            raise ValueError(f"lr_schedule {optim.lr_schedule} needs lr_decay_steps or max_steps")
+        if self.loss.kl_target is not None and not self.loss.kl_coef:
+            raise ValueError("kl_target (the adaptive KL controller) needs kl_coef > 0 to start")
         return self
+
+    @property
+    def lr_decay_steps(self) -> int:
+        """Where the decay ends: --lr-decay-steps, else --max-steps (0: no decay)."""
+        return self.optim.lr_decay_steps or self.max_steps
 
     @property
     def admission_steps(self) -> int:

@@ -26,12 +26,13 @@ from learner.checkpoint import (
     save_checkpoint,
 )
 from learner.components import critic_for, reference_for
-from learner.config import KLMode, LearnerConfig
+from learner.config import KLMode, LearnerConfig, Overlong
 from learner.critic import Critic, restore_critic, save_critic
 from learner.distributed import DistContext
 from learner.export import export_hf_dir, full_weights
 from learner.record import SkipRecord, StepRecord
 from learner.reference import Reference, kl_turn_penalties
+from learner.schedule import adaptive_kl, learning_rate
 from learner.tracking.base import Tracker
 from learner.trainer import StepStats, Trainer
 from learner.weights import weight_stream
@@ -71,13 +72,18 @@ class Core:
         rules, version, judge = self.cfg.batch, self.state.step, not replay
         if self.reference is None:
             return prepare_batch(groups, rules, version, judge_staleness=judge)
-        # every group's sequences, as the penalty may give a zero-variance group variance
-        every = prepare_batch(groups, dataclasses.replace(rules, skip_zero_variance=False),
+        # every episode's sequences: the penalty may give a zero-variance group variance, and
+        # an overlong-masked episode's return enters its group's baseline penalised like any
+        every = prepare_batch(groups, dataclasses.replace(rules, skip_zero_variance=False,
+                                                          overlong=Overlong.NONE),
                               version, judge_staleness=judge)  # fmt: skip
-        loss = self.cfg.loss
+        coef = self.trainer.kl_coef
         penalties = kl_turn_penalties(self.reference, every.samples, self.trainer.scoring,
-                                      loss.kl_estimator, loss.kl_coef)  # fmt: skip
-        return prepare_batch(groups, rules, version, penalties, judge_staleness=judge)
+                                      self.cfg.loss.kl_estimator, coef)  # fmt: skip
+        prepared = prepare_batch(groups, rules, version, penalties, judge_staleness=judge)
+        tokens = max(every.num_tokens, 1)
+        prepared.reward_kl = float(sum(p.sum() for p in penalties.values())) / coef / tokens
+        return prepared
 
     def _update(self, prepared: PreparedBatch) -> StepStats:
         """Optimizer steps on the batch (and the critic's, with --algorithm ppo)."""
@@ -86,6 +92,8 @@ class Core:
             samples = self.critic.annotate(samples)
             prepared.advantages = [float(a) for s in samples for a in s.advantages[s.loss_mask > 0]]
         stats = self.trainer.update(samples)
+        if prepared.reward_kl is not None:  # the KL rode on the rewards, not in the loss
+            stats = dataclasses.replace(stats, kl=prepared.reward_kl)
         if self.critic is not None:
             loss = self.cfg.loss
             value_loss = self.critic.update(samples, loss.ppo_epochs, loss.mini_batches)
@@ -101,10 +109,14 @@ class Core:
         if self.dist.is_main:
             self.dist.broadcast_command(TRAIN)
             self.dist.broadcast_groups(groups)
+        self.trainer.set_learning_rate(
+            learning_rate(self.cfg.optim, self.state.step, self.cfg.lr_decay_steps)
+        )
         prepared = self.prepare(groups, replay)
         stats = None
         if prepared.samples:
             stats = self._update(prepared)
+            self._adapt_kl(stats)
             self.state.step += 1
             self.state.record_step([g.group_id for g in groups])
         else:
@@ -118,6 +130,15 @@ class Core:
         self.state.count("stale_dropped", len(prepared.dropped_stale))
         self.state.count("stale_corrected", len(prepared.corrected_stale))
         return prepared, stats
+
+    def _adapt_kl(self, stats: StepStats) -> None:
+        """The adaptive KL controller: move the coefficient toward --kl-target."""
+        loss = self.cfg.loss
+        if loss.kl_target is None:
+            return
+        coef = adaptive_kl(self.trainer.kl_coef, stats.kl, loss.kl_target, stats.sequences,
+                           loss.kl_horizon)  # fmt: skip
+        self.trainer.kl_coef = self.state.kl_coef = coef
 
     def save(self) -> Path | None:
         """Write a checkpoint (collective: rank 0 announces it to the others)."""
@@ -174,6 +195,8 @@ def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> C
     if checkpoint is not None:
         state = load_state(checkpoint)
         load_training_state(checkpoint, trainer.policy, trainer.optimizer)
+        if state.kl_coef is not None:
+            trainer.kl_coef = state.kl_coef
         if critic is not None and cfg.checkpoint_dir is not None:
             restore_critic(critic, cfg.checkpoint_dir, state.step)
         log.info("resumed from %s at step %d", checkpoint, state.step)

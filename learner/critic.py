@@ -68,6 +68,29 @@ def token_rewards(sample: Sample) -> np.ndarray:
     return out
 
 
+def episode_gae(samples: Sequence[Sample], values: Sequence[np.ndarray], gamma: float,
+                lam: float) -> list[tuple[np.ndarray, np.ndarray]]:  # fmt: skip
+    """(advantages, returns) of each sample, GAE run over whole episodes: the segments of one
+    trajectory (consecutive samples of the same group and episode, in order) are joined, so a
+    later segment's reward reaches an earlier one, which bootstraps from the next segment's
+    first value instead of 0."""
+    out: list[tuple[np.ndarray, np.ndarray]] = []
+    start = 0
+    while start < len(samples):
+        key = (samples[start].group_id, samples[start].episode)
+        stop = start + 1
+        while stop < len(samples) and (samples[stop].group_id, samples[stop].episode) == key:
+            stop += 1
+        part = range(start, stop)
+        adv, ret = gae(np.concatenate([token_rewards(samples[i]) for i in part]),
+                       np.concatenate([values[i] for i in part]),
+                       np.concatenate([samples[i].loss_mask for i in part]), gamma, lam)  # fmt: skip
+        cuts = np.cumsum([len(samples[i].input_ids) for i in part])[:-1]
+        out += zip(np.split(adv, cuts), np.split(ret, cuts), strict=True)
+        start = stop
+    return out
+
+
 def whiten(advantages: Sequence[np.ndarray], masks: Sequence[np.ndarray]) -> list[np.ndarray]:
     """``(A - mean) / (std + 1e-8)`` over every masked-in token of the batch."""
     flat = np.concatenate([a[m > 0] for a, m in zip(advantages, masks, strict=True)])
@@ -107,8 +130,7 @@ class Critic:
     def annotate(self, samples: Sequence[Sample]) -> list[Sample]:
         """Samples with GAE advantages (whitened), the values and the returns."""
         values = self.estimate(samples)
-        pairs = [gae(token_rewards(s), v, s.loss_mask, self.cfg.gamma, self.cfg.lam)
-                 for s, v in zip(samples, values, strict=True)]  # fmt: skip
+        pairs = episode_gae(samples, values, self.cfg.gamma, self.cfg.lam)
         advantages = whiten([a for a, _ in pairs], [s.loss_mask for s in samples])
         return [
             dataclasses.replace(s, advantages=a.astype(np.float32), old_values=v, returns=r)
@@ -140,7 +162,7 @@ class Critic:
         self.dist.all_reduce_grads(self.modules)
         torch.nn.utils.clip_grad_norm_(self.modules.parameters(), self.optim.max_grad_norm)
         self.optimizer.step()
-        return float(self.dist.reduce_stats(total)[0])
+        return float(self.dist.reduce_sums(total)[0])
 
     def _padded(self, chunk: Sequence[Sample], name: str, batch: dict[str, torch.Tensor]) -> torch.Tensor:  # fmt: skip
         """A per-sample array as ``[B, T-1]`` aligned with `values` (target coordinates)."""

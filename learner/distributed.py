@@ -56,14 +56,20 @@ class DistContext:
                 p.grad = torch.zeros_like(p)
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
 
-    def reduce_stats(self, sums: torch.Tensor) -> torch.Tensor:
-        """Sum entries 0..3 and take the minimum of entries 4.. across ranks."""
+    def reduce_sums(self, values: torch.Tensor) -> torch.Tensor:
+        """Each entry summed across ranks."""
+        return self._reduce(values, dist.ReduceOp.SUM)
+
+    def reduce_mins(self, values: torch.Tensor) -> torch.Tensor:
+        """Each entry's minimum across ranks."""
+        return self._reduce(values, dist.ReduceOp.MIN)
+
+    def _reduce(self, values: torch.Tensor, op: dist.ReduceOp) -> torch.Tensor:
         if not self.enabled:
-            return sums
-        head, tail = sums[:4].clone(), sums[4:].clone()
-        dist.all_reduce(head, op=dist.ReduceOp.SUM)
-        dist.all_reduce(tail, op=dist.ReduceOp.MIN)
-        return torch.cat([head, tail])
+            return values
+        out = values.clone()
+        dist.all_reduce(out, op=op)
+        return out
 
     def broadcast_command(self, command: str | None, arg: str = "") -> tuple[str, str]:
         """Rank 0's (command, argument) on every rank (other ranks pass None)."""

@@ -1,107 +1,163 @@
-"""Token logprobs and entropies from final hidden states, in chunks, at the sampling temperature.
+"""Token logprobs and entropies from final hidden states, in chunks, under the sampled distribution.
 
-`chunked_logprobs(hidden, head, targets, temperature, chunk_tokens)` applies the LM head to
-``chunk_tokens`` positions at a time, divides the logits by each token's sampling
-temperature, and returns the target token's logprob and the entropy of that tempered
-distribution. Each chunk is one autograd node (`_ChunkLogprobs`) that keeps only the
-chunk's hidden states and per-token scalars, recomputes the chunk's logits in backward and
-forms their gradient in place: at most two ``[chunk, V]`` float32 buffers exist at any
-time, and ``[T, V]`` never exists for a whole sequence. `full_logprobs` is the unchunked reference the tests and the memory
-benchmark compare against.
+`chunked_logprobs(hidden, head, targets, sampling, chunk_tokens)` applies the LM head to
+``chunk_tokens`` positions at a time and scores each target under the distribution the sampler
+drew it from (`learner.distribution.TokenSampling`, applied by `inference.sampling`: the
+allowed-token mask, the temperature, min-p, top-k and top-p, renormalised over the kept
+tokens). It returns the target's logprob, the entropy of that distribution, and the policy's
+probability mass outside it (under the tempered, unrestricted distribution: a drift the sampler
+never shows). Each chunk is one autograd node (`_ChunkLogprobs`) that keeps only the chunk's
+hidden states and per-token scalars (the truncation is kept as one threshold per token, so
+backward re-applies it without sorting), recomputes the chunk's logits in backward and forms
+their gradient in place: at most two ``[chunk, V]`` float32 buffers exist at any time, and
+``[T, V]`` never exists for a whole sequence. `full_logprobs` is the unchunked reference the
+tests and the memory benchmark compare against.
 
-Temperature convention (shared with the inference side, see docs/learner.md): a token
-sampled at temperature ``t > 0`` is scored under ``softmax(logits / t)``; ``t == 0``
-(greedy) is scored at 1, the model's raw distribution.
+The kept set is treated as fixed in backward (no gradient flows through which tokens it
+keeps), and the target is always in it: the sampler drew it, so a target that a threshold
+recomputed from the learner's own logits would drop (float noise at a boundary, or a policy
+that moved) is kept rather than scored at -inf.
 """
 
 from __future__ import annotations
 
 import torch
 
+from inference.sampling import RowSampling, effective_temperature, keep_threshold, tempered_logits
+from learner.distribution import TokenSampling
 
-def effective_temperature(temperature: torch.Tensor) -> torch.Tensor:
-    """The divisor of the logits: the sampling temperature, or 1 for greedy (0)."""
-    return torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+_FLOOR = torch.finfo(torch.float32).min  # stands for -inf where 0 * -inf would give nan
 
 
-def _scaled_logits(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: torch.Tensor
+def _tempered(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: RowSampling
 ) -> torch.Tensor:
+    """The chunk's float32 logits over each row's temperature, unmasked (one new buffer)."""
     logits = torch.nn.functional.linear(hidden, weight, bias).float()
-    return logits.div_(temperature.unsqueeze(-1))
+    return logits.div_(effective_temperature(rows.temperature).unsqueeze(-1))
+
+
+def _keep(
+    z: torch.Tensor, rows: RowSampling, targets: torch.Tensor, threshold: torch.Tensor | None
+) -> torch.Tensor | None:
+    """Set `z` (tempered) to -inf outside each row's kept set, in place, the target always kept;
+    return the truncation threshold (computed here when `threshold` is None and rows truncate)."""
+    target = z.gather(-1, targets.unsqueeze(-1))
+    if rows.allowed is not None:
+        z.masked_fill_(~rows.allowed, float("-inf"))
+    if threshold is None and rows.truncates():
+        threshold = keep_threshold(z, rows)
+    if threshold is not None:
+        z.masked_fill_(z < threshold.unsqueeze(-1), float("-inf"))
+    z.scatter_(-1, targets.unsqueeze(-1), target)
+    return threshold
 
 
 class _ChunkLogprobs(torch.autograd.Function):
-    """Target logprob and entropy of one chunk; backward recomputes the chunk's logits.
+    """Target logprob, entropy and outside mass of one chunk; backward recomputes the logits.
 
-    Saves only the chunk's hidden states and per-token scalars, and works on at most two
-    ``[chunk, V]`` float32 buffers at a time (forward and backward). With ``z`` the tempered
-    logits, ``p = softmax(z)`` and ``H`` the entropy: ``d logp_y / dz = onehot(y) - p`` and
-    ``dH / dz = -p (log p + H)``.
+    Saves only the chunk's hidden states and per-token scalars (the truncation as a threshold
+    per token), and works on at most two ``[chunk, V]`` float32 buffers at a time (forward and
+    backward). With ``z`` the kept logits, ``p = softmax(z)`` (0 outside the kept set) and
+    ``H`` the entropy: ``d logp_y / dz = onehot(y) - p`` and ``dH / dz = -p (log p + H)``.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature):  # type: ignore[no-untyped-def]
-        z = _scaled_logits(hidden, weight, bias, temperature)
+    def forward(ctx, hidden, weight, bias, targets, sampling, span):  # type: ignore[no-untyped-def]
+        # the rows' allowed mask is [chunk, V]: rebuilt in backward from `sampling`, not kept
+        rows = sampling.rows(*span, weight.shape[0])
+        z = _tempered(hidden, weight, bias, rows)
+        restricted = rows.allowed is not None or rows.truncates()
+        full = torch.logsumexp(z, dim=-1) if restricted else None
+        threshold = _keep(z, rows, targets, None) if restricted else None
         lse = torch.logsumexp(z, dim=-1)
         target = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+        # 1 - the kept mass under the tempered, unrestricted policy (0 when nothing is dropped)
+        outside = -torch.expm1(lse - full) if full is not None else torch.zeros_like(lse)
+        z.clamp_(min=_FLOOR)  # exp(_FLOOR - lse) is 0: p z is 0 outside, not nan
         probs = (z - lse.unsqueeze(-1)).exp_()
         entropy = lse - probs.mul_(z).sum(dim=-1)
-        ctx.save_for_backward(hidden, weight, bias, targets, temperature, lse, entropy)
-        return target, entropy
+        ctx.sampling, ctx.span, ctx.threshold, ctx.restricted = (
+            sampling,
+            span,
+            threshold,
+            restricted,
+        )
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
+        ctx.mark_non_differentiable(outside)
+        return target, entropy, outside
 
     @staticmethod
-    def backward(ctx, grad_target, grad_entropy):  # type: ignore[no-untyped-def]
-        hidden, weight, bias, targets, temperature, lse, entropy = ctx.saved_tensors
+    def backward(ctx, grad_target, grad_entropy, _grad_outside):  # type: ignore[no-untyped-def]
+        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
+        rows = ctx.sampling.rows(*ctx.span, weight.shape[0])
         with torch.no_grad():
-            logp = _scaled_logits(hidden, weight, bias, temperature).sub_(lse.unsqueeze(-1))
+            logp = _tempered(hidden, weight, bias, rows)
+            if ctx.restricted:
+                _keep(logp, rows, targets, ctx.threshold)
+            logp.clamp_(min=_FLOOR).sub_(lse.unsqueeze(-1))
             probs = logp.exp()
             # dL/dz = g_H * (-p (logp + H)) + g_y * (onehot(y) - p), built in place in `logp`
             grad = logp.add_(entropy.unsqueeze(-1)).mul_(probs).mul_(-grad_entropy.unsqueeze(-1))
             grad.sub_(probs.mul_(grad_target.unsqueeze(-1)))
             del probs
             grad.scatter_add_(-1, targets.unsqueeze(-1), grad_target.unsqueeze(-1))
-            grad = grad.div_(temperature.unsqueeze(-1)).to(weight.dtype)
+            scale = effective_temperature(rows.temperature).unsqueeze(-1)
+            grad = grad.div_(scale).to(weight.dtype)
             grad_hidden = grad @ weight if ctx.needs_input_grad[0] else None
             grad_weight = grad.t() @ hidden if ctx.needs_input_grad[1] else None
             grad_bias = grad.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
-        return grad_hidden, grad_weight, grad_bias, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None
 
 
 def chunked_logprobs(
     hidden: torch.Tensor,
     head: torch.nn.Linear,
     targets: torch.Tensor,
-    temperature: torch.Tensor,
+    sampling: TokenSampling,
     chunk_tokens: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logprob of each target, entropy), both float32 and shaped like ``targets``.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logprob of each target, entropy, outside mass), float32, shaped like ``targets``.
 
-    ``hidden`` is ``[..., H]`` (the positions that predict ``targets``), ``targets`` and
-    ``temperature`` are ``[...]``. Differentiable in ``hidden`` and the head's parameters.
+    ``hidden`` is ``[..., H]`` (the positions that predict ``targets``), ``targets`` is ``[...]``
+    and ``sampling`` has one entry per target. Differentiable in ``hidden`` and the head's
+    parameters (the outside mass is not).
     """
     shape = targets.shape
     flat_h = hidden.reshape(-1, hidden.shape[-1])
-    flat_t, flat_temp = targets.reshape(-1), temperature.reshape(-1).float()
-    logps, ents = [], []
+    flat_t = targets.reshape(-1)
+    outs: list[list[torch.Tensor]] = [[], [], []]
     for start in range(0, flat_t.shape[0], chunk_tokens):
-        stop = start + chunk_tokens
-        temps = effective_temperature(flat_temp[start:stop])
-        logp, ent = _ChunkLogprobs.apply(flat_h[start:stop], head.weight, head.bias,
-                                         flat_t[start:stop], temps)  # fmt: skip
-        logps.append(logp)
-        ents.append(ent)
-    if not logps:
-        empty = flat_h.new_zeros(0, dtype=torch.float32)
-        return empty.reshape(shape), empty.reshape(shape)
-    return torch.cat(logps).reshape(shape), torch.cat(ents).reshape(shape)
+        stop = min(start + chunk_tokens, flat_t.shape[0])
+        parts = _ChunkLogprobs.apply(flat_h[start:stop], head.weight, head.bias,
+                                     flat_t[start:stop], sampling, (start, stop))  # fmt: skip
+        for out, part in zip(outs, parts, strict=True):
+            out.append(part)
+    if not outs[0]:
+        empty = flat_h.new_zeros(0, dtype=torch.float32).reshape(shape)
+        return empty, empty, empty
+    logp, entropy, outside = (torch.cat(out).reshape(shape) for out in outs)
+    return logp, entropy, outside
 
 
 def full_logprobs(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor
+    logits: torch.Tensor, targets: torch.Tensor, sampling: TokenSampling
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference: the same quantities from materialised ``[..., V]`` logits."""
-    scaled = logits.float() / effective_temperature(temperature.float()).unsqueeze(-1)
-    logprobs = torch.log_softmax(scaled, dim=-1)
-    target = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return target, -(logprobs.exp() * logprobs).sum(dim=-1)
+    """The reference: (logprob, entropy) from materialised ``[..., V]`` logits, differentiable
+    through the kept logits (the target kept, as in the chunked path)."""
+    shape = targets.shape
+    flat = logits.reshape(-1, logits.shape[-1])
+    flat_t = targets.reshape(-1)
+    rows = sampling.rows(0, len(flat_t), flat.shape[-1])
+    threshold = None
+    if rows.truncates():
+        with torch.no_grad():
+            threshold = keep_threshold(tempered_logits(flat, rows), rows)
+    z = tempered_logits(flat, rows)
+    if threshold is not None:
+        drop = (z < threshold.unsqueeze(-1)).scatter(-1, flat_t.unsqueeze(-1), False)
+        z = z.masked_fill(drop, float("-inf"))
+    logprobs = torch.log_softmax(z, dim=-1)
+    target = logprobs.gather(-1, flat_t.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logprobs.exp() * logprobs.clamp(min=_FLOOR)).sum(dim=-1)
+    return target.reshape(shape), entropy.reshape(shape)

@@ -49,6 +49,13 @@ KL = Gauge("farm_learner_kl", "Mean per-token KL estimate to the reference")
 VALUE_LOSS = Gauge("farm_learner_value_loss", "Clipped value loss of the critic (ppo)")
 BEHAVIOUR_RATIO_MAX = Gauge("farm_learner_behaviour_ratio_max",
                             "Largest pi_prox/mu of the last step, before the cap")  # fmt: skip
+BEHAVIOUR_RATIO_MIN = Gauge("farm_learner_behaviour_ratio_min",
+                            "Smallest pi_prox/mu of the last step")  # fmt: skip
+BEHAVIOUR_LOG_RATIO_STD = Gauge("farm_learner_behaviour_log_ratio_std",
+                                "Spread (std) of log pi_prox/mu over the last step's tokens")  # fmt: skip
+OUTSIDE_MASS = Gauge("farm_learner_outside_mass",
+                     "Mean policy mass outside the tokens' sampled support (allowed set, "
+                     "truncation) in the last step")  # fmt: skip
 SKIPPED_BATCHES = Counter(
     "farm_learner_skipped_batches", "Batches with no trainable sample (not steps: no push)"
 )

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from learner.batch import Sample
+from learner.distribution import merged
 
 
 def _cost(lengths: list[int], packing: bool) -> int:
@@ -107,14 +108,14 @@ def collate(
         offset += n
     flat_src = torch.from_numpy(np.concatenate(src))
     targets = ids.reshape(-1)[flat_src + 1]
-    temps = np.concatenate([s.temperature[1:] for s in samples])
+    sampling = merged([(s.samplings, s.sampling_index[1:]) for s in samples])
     tensors = {
         "input_ids": ids,
         "position_ids": pos,
         "src": flat_src,
         "dst": torch.from_numpy(np.concatenate(dst)),
         "targets": targets,
-        "temperature": torch.from_numpy(temps.astype(np.float32)),
+        "sampling": sampling,  # each target's sampled distribution (a TokenSampling)
         **_per_sequence(samples, width),
     }
     if not packed:  # a packed row has no padding; its position ids delimit the sequences

@@ -1,4 +1,5 @@
-"""The trained policy as one module: decoder forward, then chunked tempered logprobs.
+"""The trained policy as one module: decoder forward, then chunked logprobs under each token's
+sampled distribution.
 
 `PolicyModel` wraps a Hugging Face causal LM (``lm``). Its ``forward`` runs the decoder
 to the final hidden states, keeps only the positions that score a token (``src``) and
@@ -15,6 +16,7 @@ state dict of `lm` keeps the Hugging Face parameter names: checkpoints and expor
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -23,7 +25,8 @@ from learner.logprobs import chunked_logprobs
 
 
 class PolicyModel(torch.nn.Module):
-    """``forward(batch) -> (logprobs [N], entropy [N])`` of the scored tokens of a micro-batch."""
+    """``forward(batch) -> (logprobs, entropy, outside mass)``, each ``[N]``, of the scored
+    tokens of a micro-batch, under the distribution each was sampled from."""
 
     def __init__(self, lm: torch.nn.Module, chunk_tokens: int) -> None:
         super().__init__()
@@ -35,7 +38,7 @@ class PolicyModel(torch.nn.Module):
         """The decoder layers (the units FSDP shards and checkpointing recomputes)."""
         return list(self.lm.base_model.layers)  # type: ignore[union-attr, arg-type]
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         out = self.lm.base_model(  # type: ignore[operator]
             input_ids=batch["input_ids"],
             attention_mask=batch.get("attention_mask"),
@@ -46,7 +49,7 @@ class PolicyModel(torch.nn.Module):
         scored = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch["src"])
         head = self.lm.get_output_embeddings()  # type: ignore[operator]
         return chunked_logprobs(
-            scored, head, batch["targets"], batch["temperature"], self.chunk_tokens
+            scored, head, batch["targets"], batch["sampling"], self.chunk_tokens
         )
 
 

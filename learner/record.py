@@ -25,7 +25,9 @@ log = logging.getLogger("learner")
 
 LOSS_FIELDS = ("loss", "clip_fraction", "entropy", "ratio_mean", "ratio_max", "grad_norm",
                "dual_clip_fraction", "correction_fraction", "kl", "behaviour_ratio_mean",
-               "behaviour_ratio_max", "optimizer_steps", "value_loss")  # fmt: skip
+               "behaviour_ratio_max", "behaviour_ratio_min", "behaviour_log_ratio_std",
+               "outside_mass", "rejected_fraction", "optimizer_steps", "value_loss",
+               "learning_rate", "kl_coef")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class StepRecord:
     samples_per_s: float
     loss: float | None = None  # the statistics below: None when nothing was trained
     clip_fraction: float | None = None
-    entropy: float | None = None
+    entropy: float | None = None  # of the sampled distribution (allowed set, truncation)
     ratio_mean: float | None = None
     ratio_max: float | None = None
     grad_norm: float | None = None
@@ -63,6 +65,12 @@ class StepRecord:
     kl: float | None = None  # mean per-token KL estimate to the reference
     behaviour_ratio_mean: float | None = None  # pi_prox/mu before the cap
     behaviour_ratio_max: float | None = None
+    behaviour_ratio_min: float | None = None
+    behaviour_log_ratio_std: float | None = None  # spread of log(pi_prox/mu) over the tokens
+    outside_mass: float | None = None  # policy mass outside the tokens' sampled support
+    rejected_fraction: float | None = None  # tokens MIS left out of the loss
+    learning_rate: float | None = None  # of this step's updates (--lr-schedule)
+    kl_coef: float | None = None  # of this step (moved by --kl-target)
     optimizer_steps: int | None = None  # ppo_epochs x mini_batches
     value_loss: float | None = None  # the critic's clipped value loss (ppo)
     filter_rate: float | None = None  # dynamic sampling's measured filter rate
@@ -144,6 +152,9 @@ def emit(record: StepRecord, prepared: PreparedBatch) -> None:
         "correction_fraction": m.CORRECTION_FRACTION,
         "kl": m.KL,
         "behaviour_ratio_max": m.BEHAVIOUR_RATIO_MAX,
+        "behaviour_ratio_min": m.BEHAVIOUR_RATIO_MIN,
+        "behaviour_log_ratio_std": m.BEHAVIOUR_LOG_RATIO_STD,
+        "outside_mass": m.OUTSIDE_MASS,
         "value_loss": m.VALUE_LOSS,
     }
     for name, gauge in gauges.items():

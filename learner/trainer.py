@@ -7,8 +7,8 @@ mini-batch and epoch. `Trainer.step` takes a whole mini-batch on every rank, pla
 micro-batches (`learner.microbatch`: length buckets under a token budget, packed rows where
 enabled) and runs this rank's share, forward and backward, with the loss share of
 `learner.losses.aggregate` (whose denominators are those of the whole mini-batch, all ranks
-included). Logprobs come from `learner.policy.PolicyModel` (chunked LM head, divided by
-each token's sampling temperature). Under torchrun the policy is sharded with FSDP2
+included). Logprobs come from `learner.policy.PolicyModel` (chunked LM head, under the
+distribution each token was sampled from: allowed tokens, temperature, truncation). Under torchrun the policy is sharded with FSDP2
 (`learner.sharding`), which sums gradients across ranks in backward; every rank runs the
 same number of micro-batches (empty ones are zero-loss fillers) because each forward and
 backward is collective. Then global-norm clipping and AdamW. One process without torchrun
@@ -28,17 +28,17 @@ import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from learner import microbatch
-from learner.algorithms import token_entropy
 from learner.batch import Sample
-from learner.config import LossConfig, OptimConfig, ScaleConfig
+from learner.config import Aggregation, LossConfig, OptimConfig, ScaleConfig
 from learner.distributed import DistContext
-from learner.logprobs import effective_temperature
+from learner.distribution import merged
+from learner.logprobs import full_logprobs
 from learner.losses import (
     PolicyLossConfig,
     PolicyTerms,
@@ -84,6 +84,14 @@ class StepStats:
     optimizer_steps: int = 1
     behaviour_ratio_mean: float = 1.0  # pi_prox/mu before the cap: inference vs learner
     behaviour_ratio_max: float = 1.0
+    behaviour_ratio_min: float = 1.0
+    behaviour_log_ratio_std: float = 0.0  # spread of log(pi_prox/mu) over the tokens
+    # policy mass outside each token's sampled support (the allowed set and truncation):
+    # the sampler never shows it, so a drift there is visible only here
+    outside_mass: float = 0.0
+    rejected_fraction: float = 0.0  # tokens MIS left out of the loss and its denominator
+    learning_rate: float = 0.0  # of this batch's optimizer steps
+    kl_coef: float = 0.0  # of this batch's KL term
     value_loss: float | None = None  # the critic's clipped value loss (ppo)
 
 
@@ -97,7 +105,7 @@ def autocast_context(device: torch.device, bf16: bool) -> contextlib.AbstractCon
 def _filler(pad_id: int) -> Sample:
     """A zero-loss micro-batch for a rank with fewer real ones (collectives need every rank)."""
     zeros = np.zeros(2, np.float32)
-    return Sample(np.full(2, pad_id, np.int64), zeros, zeros, zeros, np.ones(2, np.float32),
+    return Sample(np.full(2, pad_id, np.int64), zeros, zeros, zeros, np.full(2, -1, np.int32),
                   False, "")  # fmt: skip
 
 
@@ -130,10 +138,7 @@ class Trainer:
         scale = scale or ScaleConfig()
         self.cfg, self.scale, self.device, self.dist = cfg, scale, device, dist
         self.loss = loss or LossConfig()
-        self.policy_loss = PolicyLossConfig(clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                            dual_clip=self.loss.dual_clip,
-                                            correction=self.loss.correction, cap=cfg.tis_cap,
-                                            log_ratio_clamp=self.loss.log_ratio_clamp)  # fmt: skip
+        self.policy_loss = PolicyLossConfig.of(cfg, self.loss)
         self.policy = PolicyModel(self.model, scale.logprob_chunk_tokens)
         if scale.activation_checkpointing:
             enable_activation_checkpointing(self.policy)
@@ -142,8 +147,13 @@ class Trainer:
             shard_policy(self.policy, device, ShardOptions(dist.world, bf16, scale.cpu_offload))
         self.reference = reference  # frozen initial weights; only when the KL is a loss term
         self.optimizer = torch.optim.AdamW(
-            self.policy.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
+            self.policy.parameters(),
+            lr=cfg.learning_rate,
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
+            eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
         )
+        self.kl_coef = self.loss.kl_coef  # moved by the adaptive KL controller (learner.core)
         pad = getattr(getattr(model, "config", None), "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else 0
         self.scoring = Scoring(cfg.micro_batch_size, cfg.bf16(device.type), self.pad_id, device)
@@ -161,13 +171,14 @@ class Trainer:
         mine = assign_ranks(plan, lengths, self.dist.world, self.scale.packing)[self.dist.rank]
         return [[samples[i] for i in mb] or [_filler(self.pad_id)] for mb in mine]
 
-    def forward(self, samples: Sequence[Sample]) -> tuple[dict[str, torch.Tensor], torch.Tensor,
-                                                          torch.Tensor]:  # fmt: skip
-        """(collated batch, logprobs [B, T-1], entropy [B, T-1]) of one micro-batch."""
+    def forward(self, samples: Sequence[Sample]) -> tuple[dict[str, Any], torch.Tensor,
+                                                          torch.Tensor, torch.Tensor]:  # fmt: skip
+        """(collated batch, logprobs, entropy, outside mass), each [B, T-1], of one micro-batch."""
         batch = microbatch.collate(samples, self.pad_id, self.device, packed=self.scale.packing)
         with self._autocast():
-            logp, entropy = self.policy(batch)
-        return batch, per_sequence(logp, batch), per_sequence(entropy, batch)
+            logp, entropy, outside = self.policy(batch)
+        scattered = (per_sequence(x, batch) for x in (logp, entropy, outside))
+        return batch, *scattered
 
     def prepare(self, samples: Sequence[Sample]) -> list[tuple[list[Sample], int, int]]:
         """(mini-batch, tokens, sequences) of each mini-batch, with the proximal and reference
@@ -193,7 +204,7 @@ class Trainer:
             extra: list[dict[str, np.ndarray]] = [{} for _ in real]
             if proximal:  # collective under FSDP: every rank runs every chunk, fillers too
                 with torch.no_grad():
-                    _, logp, _ = self.forward(chunk)
+                    _, logp, _, _ = self.forward(chunk)
                 rows = logp.float().cpu().numpy()
                 for k, s in enumerate(real):
                     row = np.zeros(len(s.input_ids), np.float32)
@@ -207,6 +218,11 @@ class Trainer:
                 out[where[id(s)]] = dataclasses.replace(s, **fields)
         return out
 
+    def set_learning_rate(self, lr: float) -> None:
+        """The learning rate of the optimizer steps that follow (`learner.schedule`)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
     def update(self, samples: Sequence[Sample]) -> StepStats:
         """`ppo_epochs` passes over the batch, one optimizer step per mini-batch."""
         shares = self.prepare(samples)
@@ -215,21 +231,22 @@ class Trainer:
             for _ in range(self.loss.ppo_epochs)
             for mini, tokens, sequences in shares
         ]
-        return merge_stats(stats)
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        return dataclasses.replace(merge_stats(stats), learning_rate=lr, kl_coef=self.kl_coef)
 
     def _token_loss(
-        self, batch: dict[str, torch.Tensor], logp: torch.Tensor, entropy: torch.Tensor
+        self, batch: dict[str, Any], logp: torch.Tensor, entropy: torch.Tensor
     ) -> tuple[torch.Tensor, PolicyTerms, torch.Tensor | None]:
         """Per-token loss of one micro-batch ([B, T-1]): policy, KL and entropy terms."""
         terms = self.loss
         prox = batch["prox_logp"] if "prox_logp" in batch else logp.detach()
         policy = decoupled_ppo_loss(logp, prox, batch["behaviour_logp"], batch["advantages"],
-                                    self.policy_loss)  # fmt: skip
+                                    batch["mask"], self.policy_loss)  # fmt: skip
         loss = policy.loss
         kl = None
         if "ref_logp" in batch:
             kl = kl_penalty(logp, batch["ref_logp"], terms.kl_estimator)
-            loss = loss + terms.kl_coef * kl
+            loss = loss + self.kl_coef * kl
         if terms.entropy_coef > 0:
             loss = loss - terms.entropy_coef * entropy
         return loss, policy, kl
@@ -238,53 +255,105 @@ class Trainer:
         """Train this rank's share of the mini-batch `samples` (`total_*`: its whole counts)."""
         started = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        sums = torch.zeros(6, dtype=torch.float64)  # loss, clipped, entropy, ratio, ratio_min, -max
-        sums[4], sums[5] = float("inf"), float("inf")
-        # dual-clipped, corrected, kl, sum and -max of pi_prox/mu
-        extra = torch.zeros(5, dtype=torch.float64)
-        extra[4] = float("inf")
+        tally = _Tally()
         for chunk in self.my_micro_batches(samples):
-            batch, logp, entropy = self.forward(chunk)
-            mask = batch["mask"]
+            batch, logp, entropy, outside = self.forward(chunk)
             token_loss, out, kl = self._token_loss(batch, logp, entropy)
-            share = aggregate(token_loss, mask, self.cfg.aggregation,
-                              total_tokens=total_tokens, total_sequences=total_sequences)  # fmt: skip
+            kept = batch["mask"] * (~out.rejected)  # MIS-rejected tokens leave the loss
+            share = aggregate(token_loss, kept, self.cfg.aggregation,
+                              total_tokens=total_tokens, total_sequences=total_sequences,
+                              norm_tokens=self.cfg.norm_tokens)  # fmt: skip
             share.backward()
-            on = mask > 0
-            sums[0] += float(share.detach())
-            sums[1] += float(out.clipped[on].sum())
-            sums[2] += float(entropy.detach()[on].sum())
-            sums[3] += float(out.ratio[on].sum())
-            extra[0] += float(out.dual_clipped[on].sum())
-            extra[1] += float(out.corrected[on].sum())
-            extra[2] += float(kl.detach()[on].sum()) if kl is not None else 0.0
-            extra[3] += float(out.behaviour_ratio[on].sum())
-            if bool(on.any()):
-                sums[4] = min(float(sums[4]), float(out.ratio[on].min()))
-                sums[5] = min(float(sums[5]), -float(out.ratio[on].max()))
-                extra[4] = min(float(extra[4]), -float(out.behaviour_ratio[on].max()))
-        sums = self.dist.reduce_stats(sums)
-        extra = self.dist.reduce_stats(extra)
-        grad_norm = clip_grad_norm(list(self.policy.parameters()), self.cfg.max_grad_norm)
+            tally.add(batch["mask"] > 0, share, out, entropy, kl, outside)
+        sums, mins = self.dist.reduce_sums(tally.sums), self.dist.reduce_mins(tally.mins)
+        # ... and its denominator: the shares divided by every token (sequence); rescale to
+        # the kept ones now that all ranks' rejections are counted
+        scale = tally.rejection_scale(sums, self.cfg.aggregation, total_tokens, total_sequences)
+        params = list(self.policy.parameters())
+        if scale != 1.0:
+            for param in params:
+                if param.grad is not None:
+                    param.grad.mul_(scale)
+        grad_norm = clip_grad_norm(params, self.cfg.max_grad_norm)
         self.optimizer.step()
-        tokens = max(total_tokens, 1)
+        return tally.stats(sums, mins, total_tokens, total_sequences, float(grad_norm),
+                           time.perf_counter() - started, scale)  # fmt: skip
+
+
+class _Tally:
+    """One step's token statistics on this rank: sums, and minimums (maxima stored negated)."""
+
+    SUMS = ("loss", "clipped", "entropy", "ratio", "dual_clipped", "corrected", "kl",
+            "behaviour_ratio", "log_behaviour", "log_behaviour_sq", "outside",
+            "rejected", "rejected_sequences")  # fmt: skip
+    MINS = ("ratio_min", "-ratio_max", "behaviour_min", "-behaviour_max")
+
+    def __init__(self) -> None:
+        self.sums = torch.zeros(len(self.SUMS), dtype=torch.float64)
+        self.mins = torch.full((len(self.MINS),), float("inf"), dtype=torch.float64)
+
+    def add(self, on: torch.Tensor, share: torch.Tensor, out: PolicyTerms, entropy: torch.Tensor,
+            kl: torch.Tensor | None, outside: torch.Tensor) -> None:  # fmt: skip
+        """Add one micro-batch (`on`: its loss tokens)."""
+        behaviour = out.behaviour_ratio[on]
+        log_b = torch.log(behaviour.clamp(min=1e-30))
+        values = (share.detach().sum(), out.clipped[on].sum(), entropy.detach()[on].sum(),
+                  out.ratio[on].sum(), out.dual_clipped[on].sum(), out.corrected[on].sum(),
+                  kl.detach()[on].sum() if kl is not None else torch.zeros(()),
+                  behaviour.sum(), log_b.sum(), log_b.square().sum(), outside[on].sum(),
+                  (out.rejected & on).sum(), _fully(out.rejected, on).sum())  # fmt: skip
+        self.sums += torch.stack([v.double() for v in values])
+        if bool(on.any()):
+            ratio = out.ratio[on]
+            found = torch.stack([ratio.min(), -ratio.max(), behaviour.min(), -behaviour.max()])
+            self.mins = torch.minimum(self.mins, found.double())
+
+    def rejection_scale(self, sums: torch.Tensor, mode: Aggregation, tokens: int,
+                        sequences: int) -> float:  # fmt: skip
+        """What turns shares over every token (or sequence) into shares over the kept ones."""
+        s = dict(zip(self.SUMS, sums.tolist(), strict=True))
+        total, rejected = (tokens, s["rejected"]) if mode is Aggregation.TOKEN_MEAN else (
+            sequences, s["rejected_sequences"])  # fmt: skip
+        if not rejected:
+            return 1.0
+        return total / (total - rejected) if rejected < total else 0.0
+
+    def stats(self, sums: torch.Tensor, mins: torch.Tensor, tokens: int, sequences: int,
+              grad_norm: float, compute_s: float, scale: float) -> StepStats:  # fmt: skip
+        """The step's statistics from the rank-reduced sums and minimums."""
+        s = dict(zip(self.SUMS, sums.tolist(), strict=True))
+        m = dict(zip(self.MINS, mins.tolist(), strict=True))
+        n = max(tokens, 1)
+        log_mean = s["log_behaviour"] / n
+        log_var = max(s["log_behaviour_sq"] / n - log_mean**2, 0.0)
+        some = tokens > 0
         return StepStats(
-            loss=float(sums[0]),
-            tokens=total_tokens,
-            sequences=total_sequences,
-            clip_fraction=float(sums[1]) / tokens,
-            entropy=float(sums[2]) / tokens,
-            ratio_mean=float(sums[3]) / tokens,
-            ratio_min=float(sums[4]) if total_tokens else 1.0,
-            ratio_max=-float(sums[5]) if total_tokens else 1.0,
-            grad_norm=float(grad_norm),
-            compute_s=time.perf_counter() - started,
-            dual_clip_fraction=float(extra[0]) / tokens,
-            correction_fraction=float(extra[1]) / tokens,
-            kl=float(extra[2]) / tokens,
-            behaviour_ratio_mean=float(extra[3]) / tokens if total_tokens else 1.0,
-            behaviour_ratio_max=-float(extra[4]) if total_tokens else 1.0,
+            loss=s["loss"] * scale,
+            tokens=tokens,
+            sequences=sequences,
+            clip_fraction=s["clipped"] / n,
+            entropy=s["entropy"] / n,
+            ratio_mean=s["ratio"] / n,
+            ratio_min=m["ratio_min"] if some else 1.0,
+            ratio_max=-m["-ratio_max"] if some else 1.0,
+            grad_norm=grad_norm,
+            compute_s=compute_s,
+            dual_clip_fraction=s["dual_clipped"] / n,
+            correction_fraction=s["corrected"] / n,
+            kl=s["kl"] / n,
+            behaviour_ratio_mean=s["behaviour_ratio"] / n if some else 1.0,
+            behaviour_ratio_max=-m["-behaviour_max"] if some else 1.0,
+            behaviour_ratio_min=m["behaviour_min"] if some else 1.0,
+            behaviour_log_ratio_std=log_var**0.5,
+            outside_mass=s["outside"] / n,
+            rejected_fraction=s["rejected"] / n,
         )
+
+
+def _fully(rejected: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
+    """Per row: every loss token of the sequence was rejected (and it has some)."""
+    count = on.sum(dim=-1)
+    return ((rejected & on).sum(dim=-1) == count) & (count > 0)
 
 
 def merge_stats(stats: Sequence[StepStats]) -> StepStats:
@@ -308,44 +377,46 @@ def merge_stats(stats: Sequence[StepStats]) -> StepStats:
         kl=mean("kl"),
         behaviour_ratio_mean=mean("behaviour_ratio_mean"),
         behaviour_ratio_max=max(s.behaviour_ratio_max for s in stats),
+        behaviour_ratio_min=min(s.behaviour_ratio_min for s in stats),
+        behaviour_log_ratio_std=mean("behaviour_log_ratio_std"),
+        outside_mass=mean("outside_mass"),
+        rejected_fraction=mean("rejected_fraction"),
         optimizer_steps=len(stats),
     )
 
 
-def collate(
-    samples: Sequence[Sample], pad_id: int, device: torch.device
-) -> dict[str, torch.Tensor]:
-    """Right-pad a micro-batch into unshifted [B, T] tensors (for the reference and critic)."""
+def collate(samples: Sequence[Sample], pad_id: int, device: torch.device) -> dict[str, Any]:
+    """Right-pad a micro-batch into unshifted [B, T] tensors (for the reference and critic),
+    with each target's sampled distribution (``sampling``, for the [B, T-1] positions)."""
     length = max(len(s.input_ids) for s in samples)
     b = len(samples)
     ids = torch.full((b, length), pad_id, dtype=torch.long)
     attn = torch.zeros((b, length), dtype=torch.long)
-    names = ("loss_mask", "behaviour_logp", "advantages", "temperature")
+    names = ("loss_mask", "behaviour_logp", "advantages")
     rows = {name: torch.zeros((b, length), dtype=torch.float32) for name in names}
-    rows["temperature"].fill_(1.0)
+    targets = []
     for i, s in enumerate(samples):
         n = len(s.input_ids)
         ids[i, :n] = torch.from_numpy(s.input_ids)
         attn[i, :n] = 1
         for name in names:
             rows[name][i, :n] = torch.from_numpy(getattr(s, name))
+        padded = np.full(length - 1, -1, np.int32)
+        padded[: n - 1] = s.sampling_index[1:]
+        targets.append((s.samplings, padded))
     tensors = {"input_ids": ids, "attention_mask": attn, "mask": rows["loss_mask"],
                "behaviour_logp": rows["behaviour_logp"], "advantages": rows["advantages"],
-               "temperature": rows["temperature"]}  # fmt: skip
+               "sampling": merged(targets)}  # fmt: skip
     return {k: v.to(device) for k, v in tensors.items()}
 
 
 def token_logprobs(
-    model: torch.nn.Module, batch: dict[str, torch.Tensor]
+    model: torch.nn.Module, batch: dict[str, Any]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprob of each token given its prefix under its sampling temperature, and the entropy
-    there; both [B, T-1]. Position t of the outputs scores token t+1 of the input."""
+    """Logprob of each token given its prefix under the distribution it was sampled from, and
+    that distribution's entropy; both [B, T-1]. Position t scores token t+1 of the input."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    temperature = effective_temperature(batch["temperature"][:, 1:]).unsqueeze(-1)
-    logits = logits[:, :-1].float() / temperature
-    targets = batch["input_ids"][:, 1:]
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return logp, token_entropy(logits)
+    return full_logprobs(logits[:, :-1], batch["input_ids"][:, 1:], batch["sampling"])
 
 
 def sequence_logprobs(

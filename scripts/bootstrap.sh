@@ -68,7 +68,16 @@ docker_daemon() {
   if ! command -v dockerd >/dev/null 2>&1; then return 0; fi
   log "starting dockerd"
   mkdir -p /var/log
-  (setsid dockerd >/var/log/farm-dockerd.log 2>&1 &)
+  # The daemon outlives this script: it must not inherit our open descriptors (a
+  # caller's lock, such as ../shared/tools/quiet's, would stay held for good).
+  (
+    for fd in /proc/$BASHPID/fd/*; do
+      fd=${fd##*/}
+      [ "$fd" -gt 2 ] && eval "exec $fd>&-"
+    done
+    exec setsid dockerd </dev/null >/var/log/farm-dockerd.log 2>&1
+  ) &
+
   for _ in $(seq 1 60); do
     docker info >/dev/null 2>&1 && return 0
     sleep 1

@@ -19,10 +19,11 @@ import json
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
+from broker.messages import mix_seed
 from inference.client import Generation, SamplingParams
 from inference.errors import InferenceError
 from inference.openai.errors import ApiError, from_validation
@@ -48,6 +49,8 @@ from workers.agent_record import EpisodeRecord
 from workers.episode import Generator
 from workers.tokens import ChatCodec
 
+T = TypeVar("T", int, float)
+
 
 @dataclass(frozen=True)
 class SamplingDefaults:
@@ -56,6 +59,11 @@ class SamplingDefaults:
     temperature: float  # the worker's --temperature
     top_p: float  # the worker's --top-p
     max_tokens: int  # the worker's --max-tokens, for a request that sets none
+    top_k: int = 0  # the worker's --top-k
+    min_p: float = 0.0  # the worker's --min-p
+    # the episode's seed base: every call is seeded from it, the call's number and any seed
+    # the agent passes, so a group's episodes never share draws (None: unseeded)
+    seed_base: int | None = None
 
 
 @dataclass(frozen=True)
@@ -138,11 +146,17 @@ class AgentEndpoint:
         record = episode.record
         prompt = render_chat_request(self.codec, req)
         max_tokens = record.admit(len(prompt), req.output_limit() or episode.defaults.max_tokens)
+        defaults = episode.defaults
+        seed = req.seed
+        if defaults.seed_base is not None:
+            seed = mix_seed(defaults.seed_base, record.calls, req.seed or 0)
         params = SamplingParams(
             max_tokens=max_tokens,
-            temperature=_pick(req.temperature, episode.defaults.temperature),
-            top_p=_pick(req.top_p, episode.defaults.top_p),
-            seed=req.seed,
+            temperature=_pick(req.temperature, defaults.temperature),
+            top_p=_pick(req.top_p, defaults.top_p),
+            top_k=max(_pick(req.top_k, defaults.top_k), 0),  # -1 and 0 both mean off
+            min_p=_pick(req.min_p, defaults.min_p),
+            seed=seed,
             stop_token_ids=(*self.codec.stop_token_ids, *(req.stop_token_ids or ())),
         )
         t0 = time.monotonic()
@@ -153,7 +167,7 @@ class AgentEndpoint:
             raise ApiError(f"inference failed: {exc}", status=503) from None
         finally:
             record.inference_s += time.monotonic() - t0
-        record.record(prompt, gen)
+        record.record(prompt, gen, params.distribution())
         text = ChoiceText(self._decoder(req.skip_special_tokens), req.stop_strings())
         text.feed(gen.token_ids, final=True)
         reason = "stop" if text.stopped else gen.finish_reason
@@ -230,7 +244,7 @@ def _parse(raw: bytes) -> ChatCompletionRequest:
         raise from_validation(exc) from None
 
 
-def _pick(value: float | None, default: float) -> float:
+def _pick(value: T | None, default: T) -> T:
     return default if value is None else value
 
 

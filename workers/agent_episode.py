@@ -58,9 +58,12 @@ async def run_agent_episode(
     limits = limits_for(env, cfg)
     record = EpisodeRecord(limits, task.policy_version)
     session = f"{task.task_id}/{index}"
-    defaults = SamplingDefaults(cfg.temperature, cfg.top_p, cfg.max_tokens)
+    seed_base = task.sampling_seed(index, 0) if cfg.sampling_seeds else None
+    defaults = SamplingDefaults(cfg.temperature, cfg.top_p, cfg.max_tokens, cfg.top_k, cfg.min_p,
+                                seed_base)  # fmt: skip
     key = endpoint.open_episode(record, session, defaults)
-    openai = OpenAIConfig(endpoint.base_url, key, endpoint.model_name, task.seed + index)
+    # The group's one seed: it picks the problem, so every episode of the group gets the same.
+    openai = OpenAIConfig(endpoint.base_url, key, endpoint.model_name, task.seed)
     extra = {"sandbox": sandbox} if env.config.use_sandbox else {}
     started = time.monotonic()
     reward, agent_metrics = 0.0, {}

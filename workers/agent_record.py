@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.messages import Truncation, Turn
+from broker.messages import Sampling, Truncation, Turn
 from inference.client import Generation
 from inference.openai.errors import ApiError
 
@@ -85,7 +85,7 @@ class EpisodeRecord:
             self.turns[-1] = Turn(**{**_fields(last), "truncated": True})
         raise LimitReached(cause, message)
 
-    def record(self, prompt: list[int], gen: Generation) -> None:
+    def record(self, prompt: list[int], gen: Generation, sampling: Sampling) -> None:
         """Append the call's Turn: a continuation of the segment, or a new segment."""
         if self.closed:
             return
@@ -109,6 +109,8 @@ class EpisodeRecord:
                 terminated=False,
                 truncated=False,
                 segment_start=not extends and bool(self.turns),
+                sampling=sampling,
+                cut=gen.finish_reason == "length",
             )
         )
 

@@ -42,6 +42,15 @@ class EpisodeSettings:
     )
     temperature: float = Field(1.0, ge=0.0, le=10.0, description="sampling temperature")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass")
+    top_k: int = Field(0, ge=0, le=1_000_000, description="keep the k most likely tokens (0: off)")
+    min_p: float = Field(
+        0.0, ge=0.0, le=1.0, description="drop tokens below min_p x the top probability (0: off)"
+    )
+    sampling_seeds: bool = Field(
+        True,
+        description="seed every request from the task (each episode and turn its own seed, "
+        "the same on a re-run); off: the server's own randomness",
+    )
     max_context_tokens: int = Field(
         4096, ge=16, le=10_000_000, description="prompt+completion tokens an episode may reach"
     )

@@ -89,7 +89,7 @@ class _Episode:
     ctx: EpisodeContext
     cfg: EpisodeSettings
     task: Task
-    index: int  # within the group; the episode uses seed task.seed + index
+    index: int  # within the group: it picks the episode's sampling seeds (the prompt is shared)
     max_turns: int
     env_name: str
     env: Any = None  # built by envs.make; Gymnasium-shaped, sync or async
@@ -111,7 +111,8 @@ Ending = tuple[FinishReason, Truncation | None]
 async def run_episode(
     ctx: EpisodeContext, cfg: EpisodeSettings, task: Task, index: int, max_turns: int
 ) -> Trajectory:
-    """Run episode `index` of `task` (seed task.seed + index); return its trajectory."""
+    """Run episode `index` of `task` (reset with task.seed, as every episode of the group, so
+    they share one prompt; sampled with seeds of its own); return its trajectory."""
     ep = _Episode(ctx, cfg, task, index, max_turns, task.env_spec.split("@", 1)[0])
     if ep.env_name == "agent":  # a user's agent program: it drives, the endpoint records
         from workers.agent_episode import run_agent_episode
@@ -169,13 +170,15 @@ async def run_episode(
 async def _loop(ep: _Episode) -> Ending:
     """Reset, then the turn loop; returns how the episode ended."""
     ctx, cfg = ep.ctx, ep.cfg
-    obs, _ = await _env_call(ep, envs.areset(ep.env, seed=ep.task.seed + ep.index))
+    obs, _ = await _env_call(ep, envs.areset(ep.env, seed=ep.task.seed))
     chat: ChatEnv = ep.env if isinstance(ep.env, ChatEnv) else _NoChat()
     prompt = ctx.codec.initial_prompt(obs, chat.system_prompt, chat.tools)
     params = ctx.sampling(
         max_tokens=cfg.max_tokens,
         temperature=cfg.temperature,
         top_p=cfg.top_p,
+        top_k=cfg.top_k,
+        min_p=cfg.min_p,
         stop_token_ids=tuple(ctx.codec.stop_token_ids),
         allowed_token_ids=ctx.codec.allowed_token_ids(chat.action_vocabulary),
     )
@@ -197,15 +200,16 @@ async def _turns(ep: _Episode, prompt: list[int], params: SamplingParams) -> End
     ctx, cfg, state = ep.ctx, ep.cfg, ep.state
     context: list[int] = list(prompt)
     env_steps = metrics.env_steps(ep.env_name)
+    sampling = params.distribution()  # what every turn's logprobs are under
     while True:
         room = cfg.max_context_tokens - len(context)
         if room <= 0:
             return (FinishReason.TRUNCATED, Truncation.CONTEXT)
         state.phase = "inference"
         t0 = time.monotonic()
-        gen = await ctx.client.generate(
-            context, _with_max_tokens(params, min(cfg.max_tokens, room)), session_id=ep.session
-        )
+        seed = ep.task.sampling_seed(ep.index, len(state.turns)) if cfg.sampling_seeds else None
+        call = dataclasses.replace(params, max_tokens=min(cfg.max_tokens, room), seed=seed)
+        gen = await ctx.client.generate(context, call, session_id=ep.session)
         state.inference_s += time.monotonic() - t0
         metrics.INFERENCE_LATENCY.observe(time.monotonic() - t0)
         metrics.TOKENS_GENERATED.inc(len(gen.token_ids))
@@ -224,7 +228,8 @@ async def _turns(ep: _Episode, prompt: list[int], params: SamplingParams) -> End
                 reward=reward,
                 terminated=terminated,
                 truncated=False,
-                temperature=params.temperature,  # what the logprobs were computed under
+                sampling=sampling,
+                cut=gen.finish_reason == "length",
             )
         )
         if terminated:
@@ -264,12 +269,6 @@ async def _env_call(ep: _Episode, call: Awaitable[T]) -> T:
         state.timeout.reschedule(state.deadline)
     state.phase = "agent"
     return result
-
-
-def _with_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
-    if params.max_tokens == max_tokens:
-        return params
-    return dataclasses.replace(params, max_tokens=max_tokens)
 
 
 def _mark_truncated(state: _State, cause: Truncation) -> Ending:

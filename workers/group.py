@@ -1,11 +1,13 @@
 """One task → one `TrajectoryGroup`: its `n` episodes run concurrently, faults retried.
 
 Invariants:
-- episode i of a task uses seed `task.seed + i`; the group holds exactly `n` trajectories,
-  in index order, and is built only once every episode has finished;
+- every episode of a task resets its environment with `task.seed`, so the group's episodes
+  share one prompt, and samples with seeds of its own (`Task.sampling_seed(i, turn)`); the
+  group holds exactly `n` trajectories, in index order, and is built only once every episode
+  has finished;
 - an episode cut short by an infrastructure fault that may be transient (inference
   unreachable, the sandbox failing) is re-run from scratch, with a fresh environment and
-  the same seed, up to `retries` times; if it still fails, its trajectory carries the
+  the same seeds, up to `retries` times; if it still fails, its trajectory carries the
   infrastructure category, so `TrajectoryGroup.infra_failed` is true and the learner
   never mistakes it for the model's failure;
 - an `EnvSpecError` (the task itself cannot run) is not retried: it cancels the other

@@ -76,11 +76,12 @@ def turn_title(turn: TurnView) -> str:
         "segment start": turn.segment_start,
         "terminated": turn.terminated,
         "truncated": turn.truncated,
+        "cut at max tokens": turn.cut,
     }
     parts = [
         f"turn {turn.index}",
         f"weights v{turn.weight_version}",
-        f"T={turn.temperature:g}",
+        turn.sampling,
         f"reward {turn.reward:+.3f}",
         f"advantage {turn.advantage:+.3f}",
     ]

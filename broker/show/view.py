@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from broker.messages import Trajectory, TrajectoryGroup
+from broker.messages import Sampling, Trajectory, TrajectoryGroup
 from learner.config import Algorithm, BatchRules, Overlong
 
 Decoder = Callable[[Sequence[int]], str]  # token ids -> text
@@ -27,6 +27,21 @@ Decoder = Callable[[Sequence[int]], str]  # token ids -> text
 # C0 controls but newline and tab, DEL and C1: a terminal acts on them (an escape sequence
 # can clear the screen or set the clipboard), so model text shows them as `\xNN`.
 _CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))}
+
+
+def describe_sampling(sampling: Sampling) -> str:
+    """``T=1``, then only the truncations in effect: ``top-k 5``, ``top-p 0.9``, ``min-p 0.1``,
+    ``10 allowed``."""
+    parts = [f"T={sampling.temperature:g}"]
+    if sampling.top_k:
+        parts.append(f"top-k {sampling.top_k}")
+    if sampling.top_p < 1.0:
+        parts.append(f"top-p {sampling.top_p:g}")
+    if sampling.min_p > 0.0:
+        parts.append(f"min-p {sampling.min_p:g}")
+    if sampling.allowed_token_ids is not None:
+        parts.append(f"{len(sampling.allowed_token_ids)} allowed")
+    return " ".join(parts)
 
 
 def visible(text: str) -> str:
@@ -59,11 +74,12 @@ class TurnView:
     shaped_reward: float  # after the learner's reward shaping (overlong)
     advantage: float  # the learner's advantage for every completion token of the turn
     weight_version: int  # oldest weight version behind the completion
-    temperature: float  # sampling temperature
+    sampling: str  # the distribution the completion was drawn from, e.g. "T=1 top-k 5"
     mean_logprob: float | None  # mean behaviour logprob of the completion (None: empty)
     segment_start: bool  # the prompt starts a new sequence (an agent rewrote its history)
     terminated: bool
     truncated: bool
+    cut: bool  # the completion stopped at a length limit, not a stop token
 
 
 @dataclass(frozen=True)
@@ -145,11 +161,12 @@ def _episode(
                 shaped_reward=float(shaped[k]),
                 advantage=float(turn_adv[k]),
                 weight_version=turn.weight_version,
-                temperature=turn.temperature,
+                sampling=describe_sampling(turn.sampling),
                 mean_logprob=float(turn.logprobs.mean()) if n_c else None,
                 segment_start=turn.segment_start,
                 terminated=turn.terminated,
                 truncated=turn.truncated,
+                cut=turn.cut,
             )
         )
     return EpisodeView(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgpack
 import numpy as np
 import pytest
@@ -57,9 +59,15 @@ samplings = st.builds(
 @st.composite
 def turns(draw: st.DrawFn) -> Turn:
     n = draw(st.integers(0, 50))
+    sampling = draw(samplings)
+    drawn = (
+        ints
+        if sampling.allowed_token_ids is None
+        else st.sampled_from(sampling.allowed_token_ids.tolist())
+    )
     return Turn(
         prompt_ids=np.array(draw(st.lists(ints, max_size=50)), dtype=np.int32),
-        completion_ids=np.array(draw(st.lists(ints, min_size=n, max_size=n)), dtype=np.int32),
+        completion_ids=np.array(draw(st.lists(drawn, min_size=n, max_size=n)), dtype=np.int32),
         logprobs=np.array(
             draw(st.lists(st.floats(-100, 0, width=32), min_size=n, max_size=n)), dtype=np.float32
         ),
@@ -67,7 +75,8 @@ def turns(draw: st.DrawFn) -> Turn:
         reward=draw(floats),
         terminated=draw(st.booleans()),
         truncated=draw(st.booleans()),
-        sampling=draw(samplings),
+        sampling=sampling,
+        cut=draw(st.booleans()),
     )
 
 
@@ -160,8 +169,9 @@ def _with_turn_fields(fields: dict[bytes, bytes], version: bytes, turn_fields: l
 def test_schema_4_records_the_whole_sampled_distribution() -> None:
     sampling = Sampling(0.7, top_k=5, top_p=0.9, min_p=0.05, allowed_token_ids=[9, 3, 3, 4])
     turn = Turn([1, 2], [3], [-0.5], 4, 1.0, True, False, sampling=sampling)
-    fields = encode(_one_turn_group(turn))
+    fields = encode(_one_turn_group(dataclasses.replace(turn, cut=True)))
     assert fields[b"v"] == b"4"
+    assert decode(fields).trajectories[0].turns[0].cut  # type: ignore[union-attr]
     decoded = decode(fields).trajectories[0].turns[0].sampling  # type: ignore[union-attr]
     assert decoded == sampling and decoded.allowed_token_ids.tolist() == [3, 4, 9]
     assert (decoded.top_k, decoded.top_p, decoded.min_p) == (5, np.float32(0.9), np.float32(0.05))
@@ -179,21 +189,23 @@ def test_schema_4_records_the_whole_sampled_distribution() -> None:
         ([1.0, 0, 1.0, 0.0, b""], "allowed_token_ids"),
         ([1.0, 0, 1.0, 0.0, b"\xff\xff\xff\xff"], "allowed_token_ids"),
         ([1.0, 0, 1.0], "unpack"),
+        ([1.0, 0, 1.0, 0.0, np.array([4, 5], "<i4").tobytes()], "outside the allowed set"),
     ],
 )
 def test_bad_sampling_records_fail_to_decode(bad: list, reason: str) -> None:
     fields = encode(_one_turn_group(Turn([1, 2], [3], [-0.5], 4, 1.0, True, False)))
     turn = msgpack.unpackb(fields[b"b"], raw=False)[2][0][0][0]
     with pytest.raises(DecodeError, match=reason):
-        decode(_with_turn_fields(fields, b"4", [*turn[:8], bad]))
+        decode(_with_turn_fields(fields, b"4", [*turn[:8], bad, False]))
 
 
 def test_older_schemas_decode_with_what_they_recorded() -> None:
     """Schema 3 recorded the temperature alone, schema 2 nothing: both still decode."""
     fields = encode(_one_turn_group(Turn([1, 2], [3], [-0.5], 4, 1.0, True, False)))
     turn = msgpack.unpackb(fields[b"b"], raw=False)[2][0][0][0]
-    v3 = decode(_with_turn_fields(fields, b"3", [*turn[:8], 0.7]))
+    v3 = decode(_with_turn_fields(fields, b"3", [*turn[:8], 0.7]))  # 9 fields: no length cut
     assert v3.trajectories[0].turns[0].sampling == Sampling(0.7)  # type: ignore[union-attr]
+    assert not v3.trajectories[0].turns[0].cut  # type: ignore[union-attr]
     v2 = decode(_with_turn_fields(fields, b"2", turn[:7]))  # a schema-2 writer wrote 7 fields
     assert isinstance(v2, TrajectoryGroup)
     assert v2.trajectories[0].turns[0].sampling == Sampling()

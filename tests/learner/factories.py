@@ -6,7 +6,15 @@ import hashlib
 
 import numpy as np
 
-from broker.messages import ErrorCategory, Task, Trajectory, TrajectoryGroup, Turn
+from broker.messages import (
+    DEFAULT_SAMPLING,
+    ErrorCategory,
+    Sampling,
+    Task,
+    Trajectory,
+    TrajectoryGroup,
+    Turn,
+)
 
 
 def make_group(
@@ -17,9 +25,11 @@ def make_group(
     turns: int = 1,
     vocab: int = 256,
     error: ErrorCategory = ErrorCategory.NONE,
-    temperature: float = 1.0,
+    sampling: Sampling = DEFAULT_SAMPLING,
 ) -> TrajectoryGroup:
-    """A group whose tokens and behaviour logprobs depend only on `group_id`."""
+    """A group whose tokens and behaviour logprobs depend only on `group_id` (completions drawn
+    from `sampling`'s allowed set when it has one)."""
+    drawable = sampling.allowed_token_ids if sampling.allowed_token_ids is not None else vocab
     rewards = [0.0, 1.0, 0.0, 1.0] if rewards is None else rewards
     seed = int.from_bytes(hashlib.sha256(group_id.encode()).digest()[:4], "little")
     rng = np.random.default_rng(seed)
@@ -30,13 +40,13 @@ def make_group(
         episode = tuple(
             Turn(
                 prompt_ids=rng.integers(0, vocab, 5),
-                completion_ids=rng.integers(0, vocab, 3),
+                completion_ids=rng.choice(drawable, 3),
                 logprobs=-rng.uniform(3.0, 7.0, 3),
                 weight_version=version,
                 reward=reward if t == turns - 1 else 0.0,
                 terminated=t == turns - 1,
                 truncated=False,
-                temperature=temperature,
+                sampling=sampling,
             )
             for t in range(turns)
         )

@@ -1,16 +1,19 @@
 """A fixed batch and trainer shared by the single-process and the torchrun FSDP tests.
 
-Sequences of three lengths (8, 16, 24 tokens) at three sampling temperatures, trained with
-a token budget, packing and small logprob chunks, so that micro-batching, packing, chunking
-and temperature all take part in what the tests compare.
+Sequences of three lengths (8, 16, 24 tokens) sampled from three distributions (each with its
+own temperature, and top-p; an allowed-token set; top-k with min-p), trained with a token
+budget, packing and small logprob chunks, so that micro-batching, packing, chunking and the
+sampled distribution all take part in what the tests compare.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from broker.messages import Sampling
 from learner.batch import BatchRules, Sample, prepare_batch
 from learner.config import Aggregation, Algorithm, OptimConfig, ScaleConfig
 from learner.distributed import DistContext
@@ -18,12 +21,17 @@ from learner.trainer import Trainer
 from tests.learner.factories import make_group
 
 RULES = BatchRules(Algorithm.GRPO, 1.0, max_staleness=4, skip_zero_variance=True)
+SAMPLINGS = (
+    Sampling(0.7, top_p=0.9),
+    Sampling(1.0, allowed_token_ids=np.arange(0, 256, 3)),
+    Sampling(1.5, top_k=50, min_p=0.01),
+)
 SCALE = ScaleConfig(max_tokens_per_micro_batch=40, packing=True, logprob_chunk_tokens=7)
 
 
 def batch_samples(name: str) -> list[Sample]:
     groups = [make_group(f"{name}-{i}", [0.0, 1.0, 2.0, 0.5], turns=1 + i, vocab=256,
-                         temperature=(0.7, 1.0, 1.5)[i]) for i in range(3)]  # fmt: skip
+                         sampling=SAMPLINGS[i]) for i in range(3)]  # fmt: skip
     return prepare_batch(groups, RULES, version=0).samples
 
 

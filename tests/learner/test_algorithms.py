@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from broker.messages import Task, Trajectory, TrajectoryGroup, Turn
 from learner.algorithms import (
     AdvantageRules,
     Advantages,
@@ -17,7 +18,9 @@ from learner.algorithms import (
     gae,
     overlong_penalty,
 )
+from learner.batch import BatchRules, prepare_batch
 from learner.config import GroupStd
+from learner.critic import episode_gae
 
 
 def _adv(rewards: list, algorithm: Algorithm, gamma: float = 1.0, **kw: object) -> Advantages:
@@ -75,7 +78,7 @@ def test_zero_variance_is_flagged_only_for_group_relative_estimators() -> None:
     # Defect A: equal returns leave no signal only where the baseline is the group's mean.
     for algorithm in Algorithm:
         adv = _adv([[[1.0], [1.0]], [[0.0], [1.0]]], algorithm, 1.0)
-        relative = algorithm in (Algorithm.GRPO, Algorithm.RLOO)
+        relative = algorithm in (Algorithm.GRPO, Algorithm.RLOO, Algorithm.REINFORCE_PP_BASELINE)
         assert adv.zero_variance == [relative, False], algorithm
     # REINFORCE with group size 1, natural for it, keeps its signal: A = G = 1.
     single = _adv([[[1.0]], [[0.5]]], Algorithm.REINFORCE)
@@ -135,3 +138,45 @@ def test_gae_across_three_turns_by_hand() -> None:
     np.testing.assert_allclose(
         mc[[2, 3, 5, 7, 8]], [1.5 - 0.2, 1.5 - 0.4, 1 - 0.3, 1 - 0.6, 1 - 0.8]
     )
+
+
+def test_reinforce_pp_whitens_returns_over_the_batchs_tokens() -> None:
+    # two groups of one-turn episodes; returns [1, 0] and [1]; tokens [3, 1] and [4]
+    rewards = [[[1.0], [0.0]], [[1.0]]]
+    tokens = [[np.array([3]), np.array([1])], [np.array([4])]]
+    out = compute_advantages(rewards, AdvantageRules(Algorithm.REINFORCE_PP, 1.0), tokens)
+    # token-weighted: mean = 7/8, var = (7 * (1/8)^2 + (7/8)^2) / 8 = 7/64, std = 0.3307
+    std = math.sqrt(7 / 64)
+    got = [float(t[0]) for g in out.values for t in g]
+    assert got == pytest.approx([(1 - 7 / 8) / std, (0 - 7 / 8) / std, (1 - 7 / 8) / std], rel=1e-5)
+    # reinforce++-baseline subtracts each group's mean return first: [0.5, -0.5] and [0],
+    # then whitens with the token weights: mean = (1.5 - 0.5) / 8 = 1/8
+    base = compute_advantages(rewards, AdvantageRules(Algorithm.REINFORCE_PP_BASELINE, 1.0),
+                              tokens)  # fmt: skip
+    centred = np.array([0.5, -0.5, 0.0])
+    w = np.array([3.0, 1.0, 4.0])
+    mean = np.average(centred, weights=w)
+    sd = math.sqrt(np.average((centred - mean) ** 2, weights=w))
+    got = [float(t[0]) for g in base.values for t in g]
+    assert got == pytest.approx(list((centred - mean) / sd), rel=1e-5)
+    assert mean == pytest.approx(1 / 8)
+
+
+def test_defect_d2_gae_runs_across_the_segments_of_an_episode() -> None:
+    # Two turns, the second a new segment (an agent rewrote its history), reward 1 at the end,
+    # V = 0.5 everywhere, gamma = lambda = 1: every completion token has A = 1 - 0.5 = +0.5
+    # and R = 1. Per segment, the first one bootstrapped V = 0 and got A = -0.5, R = 0.
+    turns = (
+        Turn([1, 2], [3, 4], [-1.0, -1.0], 0, 0.0, False, False),
+        Turn([5], [6, 7], [-1.0, -1.0], 0, 1.0, True, False, segment_start=True),
+    )
+    task = Task("d2", "toy@{}", 1, 0, 0, 0.0)
+    group = TrajectoryGroup("d2", task, (Trajectory(turns, "terminated"),), "w")
+    rules = BatchRules(Algorithm.PPO, 1.0, max_staleness=1, skip_zero_variance=False)
+    samples = prepare_batch([group], rules, version=0).samples
+    assert len(samples) == 2  # two sequences, one per segment
+    values = [np.full(len(s.input_ids), 0.5) for s in samples]
+    for sample, (adv, ret) in zip(samples, episode_gae(samples, values, 1.0, 1.0), strict=True):
+        on = sample.loss_mask > 0
+        assert adv[on].tolist() == pytest.approx([0.5] * int(on.sum()))
+        assert ret[on].tolist() == pytest.approx([1.0] * int(on.sum()))

@@ -7,9 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from broker.messages import ErrorCategory, Trajectory, TrajectoryGroup, Turn
+from broker.messages import ErrorCategory, Sampling, Trajectory, TrajectoryGroup, Turn
 from learner.algorithms import Algorithm
-from learner.batch import BatchRules, assemble, prepare_batch
+from learner.batch import BatchRules, assemble, prepare_batch, samplings_of
 from learner.config import Overlong, StalePolicy
 from learner.source import problem_with
 from tests.learner.factories import make_group
@@ -23,13 +23,16 @@ def _rules(**kw: object) -> BatchRules:
 
 def test_assembly_concatenates_prompt_then_completion_per_turn() -> None:
     t1 = Turn([1, 2], [3, 4], [-0.5, -0.25], 0, 0.0, False, False)
-    t2 = Turn([5], [6], [-1.0], 0, 1.0, True, False, temperature=0.5)
-    ids, mask, logp, adv, temp, turn = assemble(Trajectory((t1, t2), "terminated"), [0.5, 2.0])
+    t2 = Turn([5], [6], [-1.0], 0, 1.0, True, False, sampling=Sampling(0.5, top_k=4))
+    trajectory = Trajectory((t1, t2), "terminated")
+    ids, mask, logp, adv, dist, turn = assemble(trajectory, [0.5, 2.0])
     assert ids.tolist() == [1, 2, 3, 4, 5, 6]
     assert mask.tolist() == [0, 0, 1, 1, 0, 1]
     assert logp.tolist() == [0, 0, -0.5, -0.25, 0, -1.0]
     assert adv.tolist() == [0, 0, 0.5, 0.5, 0, 2.0]
-    assert temp.tolist() == [1, 1, 1, 1, 1, 0.5]  # each completion token keeps its turn's
+    # each completion token points at its turn's distribution; prompt tokens at none (-1)
+    assert samplings_of(trajectory) == ((Sampling(), Sampling(0.5, top_k=4)), [0, 1])
+    assert dist.tolist() == [-1, -1, 0, 0, -1, 1]
     assert turn.tolist() == [-1, -1, 0, 0, -1, 1]
 
 
@@ -82,8 +85,9 @@ def test_problem_with_catches_unusable_groups() -> None:
 
 
 def _episode(rewards: list[float], finish: str = "terminated", tokens: int = 2,
-             truncation: str | None = None) -> Trajectory:  # fmt: skip
-    turns = tuple(Turn([1], [2] * tokens, [-1.0] * tokens, 0, r, False, False) for r in rewards)
+             truncation: str | None = None, cut: bool = False) -> Trajectory:  # fmt: skip
+    turns = tuple(Turn([1], [2] * tokens, [-1.0] * tokens, 0, r, False, False, cut=cut)
+                  for r in rewards)  # fmt: skip
     return Trajectory(turns, finish, truncation=truncation)  # type: ignore[arg-type]
 
 
@@ -149,3 +153,14 @@ def test_kl_reward_penalty_is_subtracted_from_each_turn() -> None:
     # episode 1: rewards [1, -0.125]:  G = [1 - 0.0625, -0.125]
     firsts = [s.advantages[s.turn_index == k][0] for s in out.samples for k in (0, 1)]
     assert firsts == pytest.approx([0.0, 0.5, 0.9375, -0.125])
+
+
+@pytest.mark.parametrize("how", ["max-tokens", "token-budget"])
+def test_defect_d3_a_length_cut_completion_is_overlong(how: str) -> None:
+    # a single-turn completion that stopped at --max-tokens (finish_reason "length"), or an
+    # agent whose token budget ran out: both were trained as if they had ended on their own
+    cut = (_episode([1.0], cut=True) if how == "max-tokens"
+           else _episode([1.0], "truncated", truncation="tokens"))  # fmt: skip
+    group = _group("cut", [cut, _episode([1.0]), _episode([0.0])])
+    masked = prepare_batch([group], _rules(overlong=Overlong.MASK), version=0)
+    assert masked.overlong == 1 and [s.episode for s in masked.samples] == [1, 2]

@@ -1,42 +1,97 @@
-"""Chunked, tempered logprobs: equal to the full-logits computation, values and gradients."""
+"""Chunked logprobs under the sampled distribution: equal to the full-logits computation (values
+and gradients), renormalised over the kept tokens, the target always kept, and the outside mass
+equal to what the unrestricted distribution puts outside."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
+from broker.messages import Sampling
+from learner.distribution import TokenSampling, merged
 from learner.logprobs import chunked_logprobs, full_logprobs
 
+TOKENS, HIDDEN, VOCAB = 23, 16, 97
+ALLOWED = np.arange(0, VOCAB, 4)
 
-@pytest.mark.parametrize("temperature", [0.0, 0.6, 1.0, 1.7])
-def test_chunked_equals_full_with_gradients(temperature: float) -> None:
-    gen = torch.Generator().manual_seed(0)
-    tokens, hidden, vocab = 23, 16, 97
-    head = torch.nn.Linear(hidden, vocab, bias=False).double()
-    h = torch.randn(tokens, hidden, generator=gen, dtype=torch.float64, requires_grad=True)
-    targets = torch.randint(0, vocab, (tokens,), generator=gen)
-    temps = torch.full((tokens,), temperature, dtype=torch.float64)
-    temps[::5] = 1.3  # a second temperature in the same batch (another turn)
-    weights = torch.randn(tokens, generator=gen, dtype=torch.float64)
+
+def _sampling(table: list[Sampling], rows: list[int]) -> TokenSampling:
+    return merged([(table, np.array(rows, np.int32))])
+
+
+def _case(seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    head = torch.nn.Linear(HIDDEN, VOCAB, bias=False).double()
+    h = torch.randn(TOKENS, HIDDEN, generator=gen, dtype=torch.float64, requires_grad=True)
+    targets = torch.from_numpy(np.random.default_rng(seed).choice(ALLOWED, TOKENS))
+    weights = torch.randn(TOKENS, generator=gen, dtype=torch.float64)
+    return head, h, targets, weights
+
+
+DISTRIBUTIONS = {
+    "greedy": [Sampling(0.0)],
+    "tempered": [Sampling(0.6), Sampling(1.3)],
+    "allowed": [Sampling(1.0, allowed_token_ids=ALLOWED), Sampling(0.8)],
+    "truncated": [Sampling(1.0, top_p=0.7), Sampling(0.9, top_k=5), Sampling(1.2, min_p=0.2)],
+    "everything": [Sampling(0.7, top_k=9, top_p=0.8, min_p=0.05, allowed_token_ids=ALLOWED)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(DISTRIBUTIONS))
+def test_chunked_equals_full_with_gradients(name: str) -> None:
+    head, h, targets, weights = _case()
+    table = DISTRIBUTIONS[name]
+    sampling = _sampling(table, [k % (len(table) + 1) - 1 for k in range(TOKENS)])  # -1: plain
 
     def run(fn):  # both outputs take part in the loss, so both gradients are checked
-        logp, ent = fn()
+        logp, ent = fn()[:2]
         (weights * logp + 0.3 * ent).sum().backward()
         grads = (h.grad.clone(), head.weight.grad.clone())
         h.grad, head.weight.grad = None, None
         return logp.detach(), ent.detach(), grads
 
-    full = run(lambda: full_logprobs(h @ head.weight.T, targets, temps))
+    full = run(lambda: full_logprobs(h @ head.weight.T, targets, sampling))
+    assert torch.isfinite(full[0]).all() and torch.isfinite(full[1]).all()
     for chunk in (1, 5, 23, 64):
-        got = run(lambda chunk=chunk: chunked_logprobs(h, head, targets, temps, chunk))
+        got = run(lambda chunk=chunk: chunked_logprobs(h, head, targets, sampling, chunk))
         torch.testing.assert_close(got[0], full[0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got[1], full[1], rtol=1e-5, atol=1e-5)
         for a, b in zip(got[2], full[2], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    # the temperature really changed the distribution (0 means greedy: scored at 1)
-    plain = full_logprobs(h @ head.weight.T, targets, torch.ones_like(temps))[0].detach()
-    assert not torch.allclose(full[0][::5], plain[::5])  # the tokens at 1.3
-    assert torch.allclose(full[0][1:5], plain[1:5]) == (temperature in (0.0, 1.0))
+
+
+def test_renormalised_over_the_allowed_set_with_mass_outside_reported() -> None:
+    head, h, targets, _ = _case(1)
+    sampling = _sampling([Sampling(0.5, allowed_token_ids=ALLOWED)], [0] * TOKENS)
+    logp, entropy, outside = chunked_logprobs(h, head, targets, sampling, 7)
+    z = (h @ head.weight.T).detach() / 0.5
+    inside = torch.log_softmax(z[:, ALLOWED], dim=-1)
+    column = {int(t): k for k, t in enumerate(ALLOWED)}
+    want = inside[torch.arange(TOKENS), [column[int(t)] for t in targets]]
+    close = {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(logp.detach(), want.float(), **close)
+    torch.testing.assert_close(entropy.detach(), -(inside.exp() * inside).sum(-1).float(), **close)
+    kept = torch.softmax(z, dim=-1)[:, ALLOWED].sum(-1)
+    torch.testing.assert_close(outside, (1 - kept).float(), **close)
+    assert not outside.requires_grad
+    # with nothing restricted there is no outside
+    _, _, none = chunked_logprobs(h, head, targets, _sampling([Sampling(0.5)], [0] * TOKENS), 7)
+    assert bool((none == 0).all())
+
+
+def test_a_target_the_learner_would_truncate_is_kept_not_minus_infinity() -> None:
+    """The sampler drew it, so it was in the sampler's kept set: a recomputed threshold that
+    drops it (the policy moved, or float noise at the boundary) must not score it at -inf."""
+    head, h, _, _ = _case(2)
+    logits = (h @ head.weight.T).detach()
+    worst = logits.argmin(dim=-1)  # far outside any top-2
+    sampling = _sampling([Sampling(1.0, top_k=2)], [0] * TOKENS)
+    logp, _, _ = chunked_logprobs(h, head, worst, sampling, 8)
+    top2 = logits.topk(2, dim=-1).values
+    kept = torch.cat([top2, logits.gather(1, worst[:, None])], dim=-1)
+    want = logits.gather(1, worst[:, None])[:, 0] - torch.logsumexp(kept, dim=-1)
+    torch.testing.assert_close(logp.detach(), want.float(), rtol=1e-5, atol=1e-5)
 
 
 def test_no_vocabulary_sized_block_beyond_the_chunk_is_kept_for_backward() -> None:
@@ -50,9 +105,11 @@ def test_no_vocabulary_sized_block_beyond_the_chunk_is_kept_for_backward() -> No
         saved.append(t.numel())
         return t
 
+    truncating = _sampling([Sampling(0.9, top_p=0.8, allowed_token_ids=np.arange(0, vocab, 2))],
+                           [0] * tokens)  # fmt: skip
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logp, _ = chunked_logprobs(h, head, torch.zeros(tokens, dtype=torch.long),
-                                   torch.ones(tokens), chunk)  # fmt: skip
+        logp, _, _ = chunked_logprobs(h, head, torch.zeros(tokens, dtype=torch.long),
+                                      truncating, chunk)  # fmt: skip
     assert max(saved) < chunk * vocab  # never [T, V] (1.28M), not even one [chunk, V] block
     logp.sum().backward()
     assert h.grad is not None and float(h.grad.abs().sum()) > 0

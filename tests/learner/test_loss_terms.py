@@ -12,11 +12,11 @@ import torch
 from broker.messages import Trajectory, TrajectoryGroup, Turn
 from learner.algorithms import Algorithm
 from learner.batch import BatchRules, Sample, prepare_batch
-from learner.config import LearnerConfig, LossConfig
+from learner.config import LearnerConfig, LossConfig, Overlong
 from learner.core import Core, build_core
 from learner.critic import CriticConfig, load_critic, restore_critic, save_critic, token_rewards
 from learner.distributed import DistContext
-from learner.reference import Reference
+from learner.reference import Reference, kl_turn_penalties
 from learner.trainer import Trainer, sequence_logprobs
 from tests.learner.factories import make_group
 from tests.learner.test_trainer import _trainer, optim
@@ -141,3 +141,49 @@ def test_critic_gae_on_a_three_turn_episode_and_value_learning(
     for mine, theirs in zip(critic.estimate(samples), again.estimate(samples), strict=True):
         np.testing.assert_array_equal(mine, theirs)
     assert np.abs(critic.estimate(samples)[0]).max() > 0  # trained, not the zero head
+
+
+def test_defect_d4_an_overlong_masked_episode_is_penalised_in_the_baseline(
+    tiny_model_dir: Path,
+) -> None:
+    # KL as a reward penalty with DAPO's overlong mask: the masked episode trains nothing,
+    # but its return enters the group baseline, so it must carry its KL penalty there too.
+    core = build_core(LearnerConfig.load({"model": tiny_model_dir, "kl_coef": 0.5,
+                                          "kl_mode": "reward", "overlong": "mask"}, environ={}),
+                      DistContext(), torch.device("cpu"))  # fmt: skip
+    assert core.reference is not None
+
+    def episode(reward: float, tokens: int, truncation: str | None = None) -> Trajectory:
+        turn = Turn([1, 2], list(range(3, 3 + tokens)), [-1.0] * tokens, 0, reward, True, False)
+        finish = "truncated" if truncation else "terminated"
+        return Trajectory((turn,), finish, truncation=truncation)  # type: ignore[arg-type]
+
+    task = make_group("d4", [0.0, 0.0, 0.0]).task
+    episodes = (episode(1.0, 6, "context"), episode(1.0, 2), episode(0.0, 2))
+    group = TrajectoryGroup("d4", task, tuple(dataclasses.replace(e, sample_index=i)
+                                              for i, e in enumerate(episodes)), "w")  # fmt: skip
+    prepared = core.prepare([group], replay=False)
+    assert [s.episode for s in prepared.samples] == [1, 2]
+    rules = core.cfg.batch
+    every = prepare_batch([group], dataclasses.replace(rules, overlong=Overlong.NONE,
+                                                       skip_zero_variance=False), 0)  # fmt: skip
+    penalties = kl_turn_penalties(core.reference, every.samples, core.trainer.scoring,
+                                  core.cfg.loss.kl_estimator, 0.5)  # fmt: skip
+    assert float(np.abs(penalties[("d4", 0)]).sum()) > 0.1
+    unpenalised = {k: v for k, v in penalties.items() if k != ("d4", 0)}
+    wrong = prepare_batch([group], rules, 0, unpenalised)
+    right = prepare_batch([group], rules, 0, penalties)
+    got = [s.advantages[s.loss_mask > 0][0] for s in prepared.samples]
+    assert got == pytest.approx([s.advantages[s.loss_mask > 0][0] for s in right.samples])
+    assert got != pytest.approx([s.advantages[s.loss_mask > 0][0] for s in wrong.samples])
+
+
+def test_the_learning_rate_follows_the_schedule_step_by_step(tiny_model_dir: Path) -> None:
+    core = build_core(LearnerConfig.load({"model": tiny_model_dir, "learning_rate": 1e-3,
+                                          "lr_warmup_steps": 2}, environ={}),
+                      DistContext(), torch.device("cpu"))  # fmt: skip
+    seen = []
+    for k in range(3):
+        core.train([make_group(f"lr{k}")], replay=False)
+        seen.append(core.trainer.optimizer.param_groups[0]["lr"])
+    assert seen == pytest.approx([5e-4, 1e-3, 1e-3])

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from learner.config import Aggregation, Correction, KLEstimator
+from learner.config import Aggregation, Correction, CorrectionLevel, KLEstimator, PolicyRatio
 from learner.losses import (
     PolicyLossConfig,
     PolicyTerms,
@@ -29,7 +29,7 @@ def _one(ratio: float, weight: float, advantage: float, cfg: PolicyLossConfig = 
     logp = (prox + gap).clone().requires_grad_(True)
     mu = prox - math.log(weight)
     adv = torch.tensor([[advantage]], dtype=torch.float64)
-    terms = decoupled_ppo_loss(logp, prox, mu, adv, cfg)
+    terms = decoupled_ppo_loss(logp, prox, mu, adv, torch.ones_like(adv), cfg)
     terms.loss.sum().backward()
     assert logp.grad is not None
     return terms, float(logp.grad)
@@ -98,7 +98,8 @@ def test_log_ratios_are_clamped_so_no_gap_is_infinite() -> None:
     assert float(terms.loss.detach()) == pytest.approx(-1.2) and grad == 0.0
     # prox 100 nats above mu: w = exp(20) before the cap, 2 after, finite in float32
     prox = torch.zeros(1, 1)
-    out = decoupled_ppo_loss(prox.clone(), prox, prox - 100.0, torch.ones(1, 1), CFG)
+    one = torch.ones(1, 1)
+    out = decoupled_ppo_loss(prox.clone(), prox, prox - 100.0, one, one, CFG)
     assert torch.isfinite(out.loss).all() and float(out.weight) == 2.0
 
 
@@ -139,6 +140,77 @@ def test_aggregation_modes() -> None:
 
     assert agg(Aggregation.TOKEN_MEAN) == pytest.approx((1 + 2 + 3 + 4) / 4)
     assert agg(Aggregation.SEQ_MEAN) == pytest.approx((6 / 3 + 4 / 1) / 2)
-    assert agg(Aggregation.SEQ_MEAN_TOKEN_SUM) == pytest.approx((6 + 4) / 2)  # Dr. GRPO
+    assert agg(Aggregation.SEQ_MEAN_TOKEN_SUM) == pytest.approx((6 + 4) / 2)
     for mode in Aggregation:  # shares of micro-batches add up to the whole batch's loss
         assert agg(mode, slice(0, 1)) + agg(mode, slice(1, 2)) == pytest.approx(agg(mode))
+
+
+def test_dr_grpo_divides_by_a_constant_not_the_lengths() -> None:
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    got = aggregate(loss, mask, Aggregation.SEQ_MEAN_TOKEN_SUM_NORM, total_tokens=4,
+                    total_sequences=2, norm_tokens=8)  # fmt: skip
+    assert float(got) == pytest.approx((6 / 8 + 4 / 8) / 2)
+
+
+def _rows(cfg: PolicyLossConfig, log_w: list[list[float]], mask: list[list[float]],
+          log_r: list[list[float]] | None = None) -> tuple[PolicyTerms, torch.Tensor]:  # fmt: skip
+    """Two-token rows with ``log pi_prox - log mu = log_w`` and A = 1; (terms, dloss/dlogp)."""
+    prox = torch.full((len(log_w), 2), math.log(0.5), dtype=torch.float64)
+    gap = torch.tensor(log_r if log_r is not None else [[0.0, 0.0]] * len(log_w),
+                       dtype=torch.float64)  # fmt: skip
+    logp = (prox + gap).requires_grad_(True)
+    mu = prox - torch.tensor(log_w, dtype=torch.float64)
+    m = torch.tensor(mask, dtype=torch.float64)
+    terms = decoupled_ppo_loss(logp, prox, mu, torch.ones_like(prox), m, cfg)
+    (terms.loss * m).sum().backward()
+    assert logp.grad is not None
+    return terms, logp.grad
+
+
+def test_sequence_correction_weights_the_whole_sequence_by_the_product() -> None:
+    # verl's sequence TIS: w = prod of the sequence's token ratios = exp(0.3 + 0.2) (cap 2),
+    # the same weight on both tokens; a masked-out token's ratio does not count.
+    seq = PolicyLossConfig(**{**CFG.__dict__, "level": CorrectionLevel.SEQUENCE})
+    terms, _ = _rows(seq, [[0.3, 0.2], [0.3, 5.0]], [[1, 1], [1, 0]])
+    assert terms.weight[0].tolist() == pytest.approx([math.exp(0.5)] * 2)
+    assert terms.weight[1].tolist() == pytest.approx([math.exp(0.3)] * 2)
+    # the product can pass the cap where no token does: exp(0.4 + 0.4) > 2
+    terms, _ = _rows(seq, [[0.4, 0.4]], [[1, 1]])
+    assert terms.weight[0].tolist() == pytest.approx([2.0, 2.0]) and bool(terms.corrected.all())
+    assert terms.behaviour_ratio[0].tolist() == pytest.approx([math.exp(0.4)] * 2)
+
+
+def test_geometric_mask_rejects_the_whole_sequence() -> None:
+    # prime-rl's sequence mask: the geometric mean exp((0.1 + 1.5) / 2) = exp(0.8) > C = 2
+    # rejects both tokens, though the first alone would pass; the other row is kept whole.
+    geo = PolicyLossConfig(**{**CFG.__dict__, "correction": Correction.MIS,
+                              "level": CorrectionLevel.GEOMETRIC})  # fmt: skip
+    terms, grad = _rows(geo, [[0.1, 1.5], [0.1, 0.5]], [[1, 1], [1, 1]])
+    assert terms.rejected[0].tolist() == [True, True] and terms.rejected[1].tolist() == [False] * 2
+    assert grad[0].tolist() == [0.0, 0.0]
+    assert grad[1].tolist() == pytest.approx([-math.exp(0.3)] * 2)  # -A r w, w = exp(0.3)
+
+
+def test_gspo_clips_the_sequence_ratio_and_keeps_each_tokens_gradient() -> None:
+    # GSPO: s = exp(mean log r) = exp((0.1 + 0.3) / 2) = exp(0.2) > 1.2, A > 0: the whole
+    # sequence is clipped and has no gradient. In a row with s = exp(0.05), inside the band,
+    # each token's loss -A s carries its own gradient -A s (straight through).
+    gspo = PolicyLossConfig(**{**CFG.__dict__, "ratio": PolicyRatio.SEQUENCE})
+    terms, grad = _rows(gspo, [[0.0, 0.0], [0.0, 0.0]], [[1, 1], [1, 1]],
+                        log_r=[[0.1, 0.3], [0.0, 0.1]])  # fmt: skip
+    assert terms.ratio[0].tolist() == pytest.approx([math.exp(0.2)] * 2)
+    assert terms.clipped[0].tolist() == [True, True] and grad[0].tolist() == [0.0, 0.0]
+    assert terms.ratio[1].tolist() == pytest.approx([math.exp(0.05)] * 2)
+    assert grad[1].tolist() == pytest.approx([-math.exp(0.05)] * 2)
+
+
+def test_k1_and_k3_straight_through_carry_k2s_gradient() -> None:
+    ln2 = math.log(2.0)
+    ref = torch.tensor([math.log(0.25)], dtype=torch.float64)
+    for estimator, value in [(KLEstimator.K1_ST, ln2), (KLEstimator.K3_ST, 0.5 + ln2 - 1.0)]:
+        logp = torch.tensor([math.log(0.5)], dtype=torch.float64, requires_grad=True)
+        out = kl_penalty(logp, ref, estimator)
+        out.sum().backward()
+        assert float(out.detach()) == pytest.approx(value), estimator
+        assert float(logp.grad) == pytest.approx(ln2), estimator  # type: ignore[arg-type]

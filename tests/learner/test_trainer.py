@@ -3,6 +3,7 @@ gradients independent of how the batch is split (sequence counts, token budgets,
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import torch
 from broker.messages import Trajectory, TrajectoryGroup, Turn
 from learner.algorithms import Algorithm
 from learner.batch import BatchRules, Sample, prepare_batch
-from learner.config import Aggregation, LossConfig, OptimConfig, ScaleConfig
+from learner.config import Aggregation, Correction, LossConfig, OptimConfig, ScaleConfig
 from learner.distributed import DistContext
 from learner.trainer import Trainer
 from tests.learner.factories import make_group
@@ -57,7 +58,7 @@ def test_importance_ratio_is_exactly_one_on_policy(tiny_model_dir: Path) -> None
     group = make_group("g-on-policy", [0.0, 1.0, 1.0, 0.0], vocab=256)
     samples = prepare_batch([group], RULES, version=0).samples
     with torch.no_grad():
-        _, logp, _ = trainer.forward(samples)
+        _, logp, _, _ = trainer.forward(samples)
     on_policy = prepare_batch([_with_behaviour(group, samples, logp)], RULES, version=0).samples
     stats = trainer.step(on_policy, sum(int(s.loss_mask.sum()) for s in on_policy), len(on_policy))
     assert stats.ratio_mean == 1.0 and stats.ratio_min == 1.0 and stats.ratio_max == 1.0
@@ -69,7 +70,7 @@ def test_importance_ratio_is_exactly_one_on_policy(tiny_model_dir: Path) -> None
 
 def _completion_logp(trainer: Trainer, samples: list[Sample]) -> np.ndarray:
     with torch.no_grad():
-        batch, logp, _ = trainer.forward(samples)
+        batch, logp, _, _ = trainer.forward(samples)
     return (logp * batch["mask"]).sum(dim=1).numpy()
 
 
@@ -78,7 +79,7 @@ def test_step_raises_rewarded_and_lowers_unrewarded_completions(tiny_model_dir: 
     group = make_group("g-direction", [1.0, 0.0, 1.0, 0.0], vocab=256)
     samples = prepare_batch([group], RULES, version=0).samples
     with torch.no_grad():
-        _, logp, _ = trainer.forward(samples)
+        _, logp, _, _ = trainer.forward(samples)
     samples = prepare_batch([_with_behaviour(group, samples, logp)], RULES, version=0).samples
     before = _completion_logp(trainer, samples)
     trainer.step(samples, sum(int(s.loss_mask.sum()) for s in samples), len(samples))
@@ -110,7 +111,8 @@ def test_gradients_do_not_depend_on_the_split(
         scale = ScaleConfig(max_tokens_per_micro_batch=budget, packing=packing,
                             logprob_chunk_tokens=7, activation_checkpointing=recompute)  # fmt: skip
         trainer = _trainer(tiny_model_dir, micro=micro, scale=scale)
-        trainer.cfg = OptimConfig(**{**trainer.cfg.__dict__, "aggregation": aggregation})
+        trainer.cfg = OptimConfig(**{**trainer.cfg.__dict__, "aggregation": aggregation,
+                                     "norm_tokens": 16})  # fmt: skip
         counts.append(len(trainer.my_micro_batches(samples)))
         trainer.step(samples, tokens, len(samples))
         grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters()]))
@@ -118,3 +120,25 @@ def test_gradients_do_not_depend_on_the_split(
     for other in grads[1:]:
         torch.testing.assert_close(grads[0], other, rtol=1e-4, atol=1e-6)
     assert float(grads[0].abs().sum()) > 0
+
+
+def test_mis_rejected_tokens_leave_the_loss_and_its_denominator(tiny_model_dir: Path) -> None:
+    # One sequence whose recorded logprobs are 5 nats below the model's (w = e^5 > C = 2) is
+    # masked by MIS: the step's gradient is that of the other sequences trained alone, with
+    # their own token count as the denominator (not diluted by the rejected tokens).
+    mis = LossConfig(correction=Correction.MIS)
+    group = make_group("g-mis", [0.0, 1.0, 1.0, 0.0], vocab=256)
+    first = _trainer(tiny_model_dir, terms=mis)
+    samples = prepare_batch([group], RULES, version=0).samples
+    with torch.no_grad():
+        _, logp, _, _ = first.forward(samples)
+    own = prepare_batch([_with_behaviour(group, samples, logp)], RULES, version=0).samples
+    bad = dataclasses.replace(own[0], behaviour_logp=own[0].behaviour_logp - 5 * own[0].loss_mask)
+    stats = first.step([bad, *own[1:]], sum(int(s.loss_mask.sum()) for s in own), len(own))
+    assert stats.rejected_fraction == pytest.approx(own[0].loss_mask.sum() / sum(
+        s.loss_mask.sum() for s in own))  # fmt: skip
+    alone = _trainer(tiny_model_dir, terms=mis)
+    alone.step(own[1:], sum(int(s.loss_mask.sum()) for s in own[1:]), len(own) - 1)
+    for a, b in zip(first.model.parameters(), alone.model.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-7)
+    assert any(float(p.grad.abs().sum()) > 0 for p in alone.model.parameters())

@@ -24,7 +24,8 @@ async def chatty(task: dict[str, Any], api: OpenAIConfig) -> dict[str, Any]:
                 {"role": "assistant", "content": reply.choices[0].message.content or ""},
                 {"role": "user", "content": "more"},
             ]
-    return {"reward": task["reward"], "metrics": {"calls": float(task["calls"])}}
+    metrics = {"calls": float(task["calls"]), "seed": float(api.seed)}
+    return {"reward": task["reward"], "metrics": metrics}
 
 
 async def forgetful(task: Any, api: OpenAIConfig) -> float:

@@ -27,10 +27,16 @@ async def test_masked_tokens_reproduce_text_observations_and_logprobs(
 
     assert [t.sample_index for t in group.trajectories] == [0, 1, 2]
     model = _load_model(tiny_model_dir)
+    # One prompt for the group: every episode was reset with the task's seed.
+    transcripts = list(testenvs.TRANSCRIPTS[task.seed])
+    assert len(transcripts) == 3 and len({t[0] for t in transcripts}) == 1
     for traj in group.trajectories:
         assert traj.error is ErrorCategory.NONE and traj.finish_reason == "terminated"
         assert len(traj.turns) == 3 and [t.reward for t in traj.turns] == [1.0, 2.0, 3.0]
-        transcript = testenvs.TRANSCRIPTS[task.seed + traj.sample_index]
+        said = [codec.decode(turn.completion_ids) for turn in traj.turns]
+        # the episode's own transcript: the one whose actions it produced (each used once)
+        transcript = next(t for t in transcripts if [x for k, x in t if k == "action"] == said)
+        transcripts.remove(transcript)
         observations = [text for kind, text in transcript if kind == "obs"]
         actions = [text for kind, text in transcript if kind == "action"]
         for i, turn in enumerate(traj.turns):

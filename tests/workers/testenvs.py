@@ -1,14 +1,15 @@
 """Small environments the worker tests register (imported in-process and by
 `python -m workers --env-modules tests.workers.testenvs`).
 
-- `wk-dialogue`: multi-turn; records what it saw and said in `TRANSCRIPTS[seed]`;
+- `wk-dialogue`: multi-turn; records what it saw and said in `TRANSCRIPTS[seed]` (one
+  transcript per episode reset with that seed: a group's episodes share it);
   `step_s` makes each step sleep, `pad` lengthens observations (to keep a task in flight while a test kills things).
 - `wk-raise`: its step raises (an env bug).
 - `wk-hang`: its step never returns (an env hang).
 - `wk-unbuildable`: passes `envs.check_spec`, but its factory raises `EnvSpecError`
   (like a codegym source name that only the worker can look up).
 - `wk-overrun`: says `terminated` and would go on answering steps after it; counts them
-  in `OVERRUN_STEPS[seed]`.
+  in `OVERRUN_STEPS[seed]` (one count per episode reset with that seed).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from typing import Any
 import envs
 from envs import Env
 
-TRANSCRIPTS: dict[int, list[tuple[str, str]]] = {}  # seed -> [(kind, text)], kind: obs/action
-OVERRUN_STEPS: dict[int, int] = {}  # seed -> steps wk-overrun received
+# seed -> one transcript per episode reset with it: [(kind, text)], kind obs/action
+TRANSCRIPTS: dict[int, list[list[tuple[str, str]]]] = {}
+OVERRUN_STEPS: dict[int, list[int]] = {}  # seed -> steps each wk-overrun episode received
 
 
 class Dialogue(Env):
@@ -32,7 +34,8 @@ class Dialogue(Env):
     async def areset(self, *, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         self.seed, self.k = seed or 0, 0
         obs = f"Hello #{self.seed}: tell me about ünïcödé {self.seed % 7}."
-        TRANSCRIPTS[self.seed] = [("obs", obs)]
+        self.transcript = [("obs", obs)]
+        TRANSCRIPTS.setdefault(self.seed, []).append(self.transcript)
         return obs, {}
 
     async def astep(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -40,7 +43,7 @@ class Dialogue(Env):
             await asyncio.sleep(self.step_s)
         self.k += 1
         obs = f"Observation {self.k}: you wrote {len(action)} characters.\n" + "." * self.pad
-        TRANSCRIPTS[self.seed] += [("action", action), ("obs", obs)]
+        self.transcript += [("action", action), ("obs", obs)]
         return obs, float(self.k), self.k >= self.turns, False, {}
 
 
@@ -68,12 +71,13 @@ class Overrun:
     """GEM-shaped, without its own end tracking: it would answer steps after the end."""
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
-        self.seed = seed or 0
-        OVERRUN_STEPS[self.seed] = 0
+        self.steps = OVERRUN_STEPS.setdefault(seed or 0, [])
+        self.slot = len(self.steps)
+        self.steps.append(0)
         return "go", {}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        OVERRUN_STEPS[self.seed] += 1
+        self.steps[self.slot] += 1
         return "still here", 1.0, True, False, {}
 
 
