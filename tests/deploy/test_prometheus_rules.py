@@ -23,6 +23,8 @@ REQUIRED_ALERTS = {
     "FarmDeadLettersRising",
     "FarmServerStaleWeights",
     "FarmSandboxPoolExhausted",
+    "FarmSamplerLearnerMismatch",
+    "FarmPolicyMassLeavingSupport",
 }
 
 
