@@ -22,6 +22,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 
 from sandbox.docker_backend import LABEL, OWNER_LABEL
 from tests.conftest import free_port, require
@@ -201,5 +202,6 @@ async def _throughput_reads_back_through_prometheus(prometheus: PrometheusServer
         if all(r["health"] != "unknown" for r in rules):
             break
         await asyncio.sleep(0.5)
-    assert len(rules) == 5
+    shipped = {r["alert"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]}
+    assert {r["name"] for r in rules} == shipped
     assert [r.get("lastError") for r in rules if r["health"] != "ok"] == []
