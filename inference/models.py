@@ -17,7 +17,8 @@ compiles for minutes). transformers reads the GGUF dequantised to float32, but
 
 Invariants: nothing is downloaded here (the package registry is the only network, at
 set-up); the conversion runs once per package version and is cached under
-`$FARM_MODEL_CACHE` (default `~/.cache/rollout-farm/models`) as `<name>-<version>`, written
+`$FARM_MODEL_CACHE` (default `~/.cache/rollout-farm/models`) as
+`<name>-<version>-r<CONVERSION_REVISION>`, written
 to a temporary directory and renamed into place, so a crash never leaves a half directory
 that looks complete; a converted directory is checked to answer a fixed question greedily
 before it is published.
@@ -41,6 +42,9 @@ log = logging.getLogger(__name__)
 
 CACHE_ENV = "FARM_MODEL_CACHE"
 DONE_MARKER = ".farm-converted"  # written last: a directory without it is not a model
+# Part of the cache key beside the package version: bump it whenever `convert` writes
+# something different (weights, config, template), so no stale directory is reused.
+CONVERSION_REVISION = 2
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,58 @@ MODELS: dict[str, PackagedModel] = {
         expect="12",
     ),
 }
+
+
+# SmolLM2-135M-Instruct's own template, as the GGUF carries it (checked at conversion). It has
+# no tools: it ignores `tools`, drops an assistant message's `tool_calls` and writes a tool
+# result as a `tool` turn.
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    "<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# What the converted directory ships instead: the same text wherever no tools are involved
+# (tests/inference/test_models.py holds it byte for byte), plus the Qwen2.5 (Hermes) tool
+# format that `inference.tiny` and `envs.parsing` use: tool schemas in the system message,
+# calls as `<tool_call>{json}</tool_call>` text, results as `<tool_response>` in a user turn.
+# The model was not trained on it; what it learns to call, it learns here.
+SMOLLM2_TOOLS_TEMPLATE = """\
+{%- set default_system = 'You are a helpful AI assistant named SmolLM, trained by Hugging Face' %}
+{%- if tools %}
+{{- '<|im_start|>system\\n' }}
+{%- if messages and messages[0].role == 'system' %}{{- messages[0].content }}{%- else %}{{- default_system }}{%- endif %}
+{{- '\\n\\n# Tools\\n\\nYou may call one or more functions. Function signatures are within <tools></tools>:\\n<tools>' }}
+{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}
+{{- '\\n</tools>\\n\\nFor each call, return a JSON object within <tool_call></tool_call> tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}
+{%- elif messages and messages[0].role != 'system' %}
+{{- '<|im_start|>system\\n' + default_system + '<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.role == 'system' and loop.first and tools %}
+{%- elif message.role == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}
+{%- elif message.role == 'assistant' and message.tool_calls %}
+{{- '<|im_start|>assistant\\n' }}
+{%- if message.content %}{{- message.content + '\\n' }}{%- endif %}
+{%- for call in message.tool_calls %}
+{%- if call.function is defined %}{%- set call = call.function %}{%- endif %}
+{%- if not loop.first %}{{- '\\n' }}{%- endif %}
+{{- '<tool_call>\\n{"name": "' + call.name + '", "arguments": ' }}
+{%- if call.arguments is string %}{{- call.arguments }}{%- else %}{{- call.arguments | tojson }}{%- endif %}
+{{- '}\\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\\n' }}
+{%- else %}
+{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
+"""
 
 
 class ModelUnavailable(RuntimeError):
@@ -105,7 +161,7 @@ def cache_root() -> Path:
 
 def cached_dir(name: str) -> Path:
     """Where `name`'s conversion for the installed package version lives (may not exist)."""
-    return cache_root() / f"{name}-{package_version(name)}"
+    return cache_root() / f"{name}-{package_version(name)}-r{CONVERSION_REVISION}"
 
 
 def is_converted(directory: Path) -> bool:
@@ -120,6 +176,9 @@ def convert(name: str, out_dir: Path) -> Path:
     path = gguf_path(name)
     gguf = dict(gguf_file=path.name)
     tokenizer = AutoTokenizer.from_pretrained(path.parent, **gguf)
+    if tokenizer.chat_template != SMOLLM2_TEMPLATE:
+        raise RuntimeError(f"{path.name} carries another chat template than SMOLLM2_TEMPLATE")
+    tokenizer.chat_template = SMOLLM2_TOOLS_TEMPLATE
     quantised = AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **gguf)
     config = quantised.config
     if hasattr(config, "quantization_config"):
