@@ -17,7 +17,6 @@ from inference.models import (
 )
 
 PLAIN_CHATS = [
-    [],
     [{"role": "user", "content": "What is 7+5?"}],
     [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "hi"}],
     [
