@@ -49,3 +49,35 @@ async def test_smollm2_answers_through_the_workers_client(
     assert sent.endswith(
         "<|im_end|>\n<|im_start|>user\nThanks. And 3+4?<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+@pytest.mark.slow
+async def test_agent_endpoint_records_fresh_renderings_on_chatml(smollm2_dir: Path) -> None:
+    """Two calls through the agent endpoint: each recorded call's prompt is the template's
+    fresh rendering of that request, whether the second continues the first's segment (the
+    reply's text re-tokenizes to the sampled ids) or starts a new one (the fallback)."""
+    from tests.workers.agent_helpers import call_prompts, open_episode, render, serving
+
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    ask = [{"role": "user", "content": QUESTION}]
+    async with serving(smollm2_dir) as endpoint:
+        record, _, sdk = open_episode(endpoint)
+        async with sdk() as api:
+            first = await api.chat.completions.create(
+                model="m", messages=ask, tools=tools, temperature=0, max_tokens=10
+            )
+            reply = first.choices[0].message.content or ""
+            history = [*ask, {"role": "assistant", "content": reply}]
+            history.append({"role": "user", "content": "  Thanks. And 3+4?"})
+            await api.chat.completions.create(
+                model="m", messages=history, tools=tools, temperature=0, max_tokens=10
+            )
+        bodies = [{"messages": ask, "tools": tools}, {"messages": history, "tools": tools}]
+        fresh = [render(endpoint, b) for b in bodies]
+        assert call_prompts(record.turns) == fresh
+        system = endpoint.codec.decode(fresh[0], skip_special=False)
+        assert '<tools>\n{"type": "function", "function": {"name": "add"' in system
+    assert "12" in reply and first.choices[0].finish_reason in ("stop", "length")
+    assert record.segments in (1, 2) and len(record.turns) == 2
+    if record.segments == 1:  # continued: only the new part is prompt-side
+        assert len(record.turns[1].prompt_ids) < len(record.turns[0].prompt_ids)
