@@ -8,7 +8,9 @@ generation prompt — is the *token diff* of the chat template rendered with
 ``apply_chat_template(..., tokenize=True)`` before and after the observation.
 
 Rendering a template costs ~0.6 ms, so the diff is computed once per template shape
-with a sentinel observation and cached as ``pre + tokens(observation) + post``. The
+with a sentinel observation and cached as ``head + tokens(before + observation + after) +
+tail``, where ``before``/``after`` are the template text sharing a tokenizer chunk with the
+observation (BPE merges across that boundary: ChatML's ``user\n`` + ``  x``). The
 cached form is checked against the full template diff on sample observations when it
 is built; a template whose diff does not split that way (it rewrites content, merges
 tokens across the boundary) uses the full rendering on every turn instead.
