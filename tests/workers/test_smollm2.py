@@ -52,9 +52,6 @@ async def test_smollm2_answers_through_the_workers_client(
 
 
 @pytest.mark.slow
-# The in-process server's engine passes `past_key_values`, which transformers 5.24 deprecates;
-# under `filterwarnings = error` that fails the forward pass (an engine matter, not this test's).
-@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
 async def test_agent_endpoint_records_fresh_renderings_on_chatml(smollm2_dir: Path) -> None:
     """Two calls through the agent endpoint: each recorded call's prompt is the template's
     fresh rendering of that request, whether the second continues the first's segment (the
