@@ -231,13 +231,13 @@ def _samples(trajectory: Trajectory, turn_rewards: np.ndarray, turn_adv: np.ndar
              group_id: str, rules: BatchRules, out: PreparedBatch) -> list[Sample]:  # fmt: skip
     if not trajectory.turns:
         return []
-    arrays = assemble(trajectory, turn_adv)
     if overlong(trajectory):
         out.overlong += 1
         if rules.overlong is Overlong.MASK:
             return []  # overlong filtering: its reward still counted in the baseline
     samples = []
     table, _ = samplings_of(trajectory)
+    arrays = assemble(trajectory, turn_adv)
     for ids, mask, logp, adv, dist, turn_index in split_segments(trajectory, arrays):
         if mask.sum() > 0:
             sample = Sample(
