@@ -13,7 +13,10 @@ Actions are one token each for the tiny byte-level model (``action_vocabulary`` 
 the ten digits plus ``"?"``).
 
 - ``choose=false`` (default): the first turn is the tool call whatever it says (a
-  fixed protocol: query, then answer), so the model learns only to use the result.
+  fixed protocol: query, then answer), so the model learns only to use the result. The
+  action vocabulary follows the protocol: ``"?"`` alone on the first turn, the digits on
+  the answer turn. The worker reads it before every turn, so the forced turn samples the
+  call (no stray digit lands in the context), and it carries no gradient worth the name.
 - ``choose=true``: the agent decides. ``"?"`` (or a Hermes/OpenAI call of a tool
   named ``lookup``: ``<tool_call>{"name": "lookup", "arguments": {}}</tool_call>``)
   calls the tool; a digit before any lookup is a format error (reward 0, the episode
@@ -40,6 +43,7 @@ from envs.parsing import parse_tool_calls
 from envs.toy import DIGITS, TRAILING_SPECIALS
 
 LOOKUP_ACTION = "?"
+_CHOICES = (*DIGITS, LOOKUP_ACTION)
 _BAD_ACTION = "error: answer a digit or call ?"
 _NOT_YET = "error: call ? first"
 
@@ -63,10 +67,9 @@ class LookupConfig(pydantic.BaseModel):
 class LookupEnv(Env):
     """Look the key up with the tool, then answer with the digit it returned."""
 
-    action_vocabulary = (*DIGITS, LOOKUP_ACTION)
-
     def __init__(self, config: LookupConfig | None = None) -> None:
         self.config = config or LookupConfig()
+        self.action_vocabulary: tuple[str, ...] = _CHOICES
         self.system_prompt = (
             "A digit is stored under the key shown. Reply ? to look it up, then reply "
             "with that digit only."
@@ -81,6 +84,7 @@ class LookupEnv(Env):
         rng = random.Random(seed)
         key = rng.choice(string.ascii_lowercase)
         self._value, self._turns, self._looked_up = rng.randrange(10), 0, False
+        self.action_vocabulary = _CHOICES if self.config.choose else (LOOKUP_ACTION,)
         return key, {"key": key}
 
     def step(self, action: Any) -> StepResult:
@@ -99,6 +103,8 @@ class LookupEnv(Env):
             self._looked_up = True
             observation = str(self._value)
             info["looked_up"] = True
+            if not self.config.choose:
+                self.action_vocabulary = DIGITS
         elif text in DIGITS:
             observation = _NOT_YET
             info.update(error=ErrorCategory.FORMAT, error_detail="answered before looking up")

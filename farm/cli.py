@@ -152,9 +152,13 @@ async def _demo(args: argparse.Namespace) -> int:
     kwargs = _config_kwargs(args)
     kwargs["work_dir"] = kwargs["work_dir"] or demo.default_output_dir()
     kwargs["max_steps"] = kwargs["max_steps"] or demo.DEMO_MAX_STEPS
-    kwargs["learner_args"] = [*demo.DEMO_LEARNER_ARGS, *(kwargs["learner_args"] or [])]
     kwargs["worker_args"] = [*demo.DEMO_WORKER_ARGS, *(kwargs["worker_args"] or [])]
     cfg = load_config(args.config, **kwargs)
+    # the demo's settings for the environment (known once the file is read) go first: the
+    # user's own learner arguments override them
+    cfg = cfg.model_copy(
+        update={"learner_args": [*demo.learner_args(cfg.env_spec), *cfg.learner_args]}
+    )
     console = Console(log_dir=cfg.work_dir / "logs", echo_children=args.verbose)
     console.line("farm", f"demo in {cfg.work_dir} (logs in {cfg.work_dir / 'logs'})")
     started, began = time.monotonic(), datetime.now()

@@ -24,7 +24,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 import envs
-from broker.messages import ErrorCategory, FinishReason, Task, Trajectory, Truncation, Turn
+from broker.messages import (
+    ErrorCategory,
+    FinishReason,
+    Sampling,
+    Task,
+    Trajectory,
+    Truncation,
+    Turn,
+)
 from inference.client import Generation, SamplingParams
 from workers import metrics
 from workers.config import EpisodeSettings
@@ -180,10 +188,9 @@ async def _loop(ep: _Episode) -> Ending:
         top_k=cfg.top_k,
         min_p=cfg.min_p,
         stop_token_ids=tuple(ctx.codec.stop_token_ids),
-        allowed_token_ids=ctx.codec.allowed_token_ids(chat.action_vocabulary),
     )
     try:
-        return await _turns(ep, prompt, params)
+        return await _turns(ep, chat, prompt, params)
     finally:
         ctx.client.end_session(ep.session)  # the sticky-server entry must not outlive it
 
@@ -196,12 +203,21 @@ class _NoChat:
     action_vocabulary = None
 
 
-async def _turns(ep: _Episode, prompt: list[int], params: SamplingParams) -> Ending:
+async def _turns(ep: _Episode, chat: ChatEnv, prompt: list[int], params: SamplingParams) -> Ending:
     ctx, cfg, state = ep.ctx, ep.cfg, ep.state
     context: list[int] = list(prompt)
     env_steps = metrics.env_steps(ep.env_name)
-    sampling = params.distribution()  # what every turn's logprobs are under
+    by_vocabulary: dict[tuple[str, ...] | None, tuple[SamplingParams, Sampling]] = {}
     while True:
+        # read before every turn: an environment may narrow its actions by phase (lookup's
+        # protocol allows only the tool call first), and the turn records what was allowed
+        vocabulary = chat.action_vocabulary
+        if vocabulary not in by_vocabulary:
+            narrowed = dataclasses.replace(
+                params, allowed_token_ids=ctx.codec.allowed_token_ids(vocabulary)
+            )
+            by_vocabulary[vocabulary] = (narrowed, narrowed.distribution())
+        params, sampling = by_vocabulary[vocabulary]
         room = cfg.max_context_tokens - len(context)
         if room <= 0:
             return (FinishReason.TRUNCATED, Truncation.CONTEXT)

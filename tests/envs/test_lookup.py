@@ -25,6 +25,21 @@ async def test_registered_and_the_tool_reveals_the_answer() -> None:
             await envs.astep(env, "1")
 
 
+async def test_the_action_vocabulary_follows_the_protocol() -> None:
+    env = envs.make("lookup")
+    await envs.areset(env, seed=4)
+    assert env.action_vocabulary == ("?",)  # the forced call: no digit to draw on turn 1
+    await envs.astep(env, "?")
+    assert env.action_vocabulary == tuple("0123456789")
+    await envs.areset(env, seed=5)
+    assert env.action_vocabulary == ("?",)  # a reset starts the protocol again
+    chooser = envs.make('lookup@{"choose": true}')
+    await envs.areset(chooser, seed=4)
+    assert set(chooser.action_vocabulary) == set("0123456789?")  # the agent decides
+    await envs.astep(chooser, "?")
+    assert set(chooser.action_vocabulary) == set("0123456789?")
+
+
 async def test_the_first_observation_does_not_predict_the_answer() -> None:
     env = envs.make("lookup")
     by_key: dict[str, set[str]] = {}

@@ -18,6 +18,7 @@ import pytest
 
 from broker.connection import RedisSettings
 from broker.keys import RunKeys
+from farm import demo
 from farm.app import FarmOutcome
 from farm.demo import learner_history, summarize, write_outputs
 from farm.stack import Stack
@@ -169,3 +170,10 @@ def test_summary_says_when_the_ten_step_mean_first_reached_the_target(tmp_path: 
     log.write_text(log.read_text().replace('"reward_mean": 1.0', '"reward_mean": 0.6'))
     short = summarize(_outcome("learner finished"), 60.0, log, started)
     assert short["target_step"] is None and short["target_s"] is None
+
+
+def test_the_demo_adds_an_environments_own_learner_settings() -> None:
+    assert demo.learner_args('toy@{"difficulty": 0}') == demo.DEMO_LEARNER_ARGS
+    lookup = demo.learner_args('lookup@{"max_turns": 2}')
+    assert lookup[: len(demo.DEMO_LEARNER_ARGS)] == demo.DEMO_LEARNER_ARGS
+    assert lookup[lookup.index("--entropy-coef") + 1] == "0.03"

@@ -62,3 +62,22 @@ async def test_an_agent_gets_the_tasks_seed_and_its_calls_differ(tiny_model_dir:
     firsts = {t.turns[0].completion_ids.tobytes() for t in group.trajectories}
     assert len(firsts) > 1, "the group's agent episodes drew identical completions"
     assert {t.timings["agent/seed"] for t in group.trajectories} == {11.0}
+
+
+async def test_each_turn_samples_and_records_the_actions_the_env_allows_then(
+    tiny_model_dir: Path, policy_server
+) -> None:
+    # lookup's protocol: the call '?' alone on turn 1, the digits on the answer turn. Before the
+    # worker read the vocabulary per turn, turn 1 drew digits too, a distractor in the context.
+    codec = load_codec(str(tiny_model_dir))
+    task = Task("phases", "lookup", group_size=16, seed=3, policy_version=0)
+    async with GenerationClient([policy_server.url], ClientConfig(request_timeout_s=30)) as client:
+        ctx = EpisodeContext(codec=codec, client=client, sampling=SamplingParams)
+        group = await run_group(ctx, CFG, task, max_turns=2, retries=0, worker_id="w")
+    call = Sampling(1.0, allowed_token_ids=codec.allowed_token_ids(("?",)))
+    answer = Sampling(1.0, allowed_token_ids=codec.allowed_token_ids(tuple("0123456789")))
+    for trajectory in group.trajectories:
+        first, second = trajectory.turns
+        assert (first.sampling, second.sampling) == (call, answer)
+        first.sampling.check_drawn(first.completion_ids)
+        second.sampling.check_drawn(second.completion_ids)
