@@ -74,7 +74,8 @@ def main(argv: list[str]) -> int:
             num_generations=s["group_size"],
             max_completion_length=1,
             temperature=1.0,
-            lr_scheduler_type="constant",  # the farm's AdamW runs at a constant rate
+            lr_scheduler_type="constant_with_warmup",  # the farm's: linear warm-up, then flat
+            warmup_steps=s["warmup_steps"],
             gradient_checkpointing=False,
             beta=0.0,
             max_steps=s["max_steps"],

@@ -1,11 +1,12 @@
 """End-to-end benchmark against TRL: time and samples to reach a mean reward on the toy task.
 
 Two systems train the same tiny model (built once per run, same seed) on `toy`
-(copy a digit, ~10% by chance) with the same group size (8), groups per step (8)
-and learning rate, one completion token restricted to the digits and stop tokens:
+(copy a digit, ~10% by chance) with the same group size (8), groups per step (16),
+learning rate and 10-step linear warm-up (the demo's settings), one completion token
+restricted to the digits and stop tokens:
 
 - this farm: `farm up` with its defaults (private Redis, the CPU policy server, two
-  workers, the learner), plus the group size, learning rate and `--max-tokens 1`;
+  workers, the learner), plus those settings and `--max-tokens 1`;
 - TRL's `GRPOTrainer` (`bench/_trl_grpo.py`), run in the benchmark's own venv,
   layered over the project venv (a `.pth` file naming its site-packages) so torch
   and transformers are the project's; it is created on first use, with pip
@@ -39,7 +40,7 @@ from typing import Any
 from farm.demo import learner_history, time_to_target
 
 ROOT = Path(__file__).resolve().parents[1]
-GROUP_SIZE, GROUPS_PER_BATCH = 8, 8
+GROUP_SIZE, GROUPS_PER_BATCH, WARMUP_STEPS = 8, 16, 10
 DEFAULT_TRL_VENV = ROOT / ".bench" / "trl-venv"
 
 
@@ -104,6 +105,8 @@ def run_farm(model: Path, work: Path, args: argparse.Namespace) -> dict[str, Any
         str(GROUPS_PER_BATCH),
         "--learning-rate",
         str(args.learning_rate),
+        "--lr-warmup-steps",
+        str(WARMUP_STEPS),
         "--seed",
         str(args.seed),
     ]
@@ -154,6 +157,7 @@ def run_trl(python: Path, model: Path, work: Path, args: argparse.Namespace) -> 
                 "learning_rate": args.learning_rate,
                 "group_size": GROUP_SIZE,
                 "groups_per_batch": GROUPS_PER_BATCH,
+                "warmup_steps": WARMUP_STEPS,
                 "max_steps": args.max_steps,
                 "window": args.window,
                 "target": args.target,
@@ -218,7 +222,8 @@ def _table(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     trl = [r for r in results if r["system"] == "trl"]
     print(
         f"target: mean reward of the last {args.window} steps >= {args.target}; "
-        f"group size {GROUP_SIZE}, {GROUPS_PER_BATCH} groups/step, lr {args.learning_rate}; "
+        f"group size {GROUP_SIZE}, {GROUPS_PER_BATCH} groups/step, "
+        f"lr {args.learning_rate} after {WARMUP_STEPS} warm-up steps; "
         f"{len(farm)} run(s), medians"
     )
     print(f"{'measure':<22} {'farm':>10} {'trl':>10} {'farm/trl':>9}")
