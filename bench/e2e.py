@@ -209,6 +209,9 @@ def _result(system: str, hit: Any, history: list[tuple[int, float, float]]) -> d
         "samples": steps * per_step if steps else None,
         "steps_run": len(history),
         "last_reward": history[-1][1] if history else None,
+        # start-up (launch to the first optimizer step) against the training after it
+        "first_step_s": history[0][2] if history else None,
+        "after_first_step_s": seconds - history[0][2] if hit and history else None,
     }
 
 
@@ -227,7 +230,12 @@ def _table(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
         f"{len(farm)} run(s), medians"
     )
     print(f"{'measure':<22} {'farm':>10} {'trl':>10} {'farm/trl':>9}")
-    for key, label in (("seconds", "wall time to target s"), ("samples", "samples to target")):
+    for key, label in (
+        ("seconds", "wall time to target s"),
+        ("first_step_s", "  launch to 1st step s"),
+        ("after_first_step_s", "  1st step to target s"),
+        ("samples", "samples to target"),
+    ):
         f, t = _median(farm, key), _median(trl, key)
         ratio = f"{f / t:9.2f}" if f is not None and t else f"{'-':>9}"
         fs = f"{f:10.1f}" if f is not None else f"{'not all':>10}"
