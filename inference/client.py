@@ -21,7 +21,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -92,6 +92,17 @@ class Generation:
     weight_versions: list[int]  # weight version that sampled each token (-1: non-integer label)
     finish_reason: str  # "stop", "length" or "abort" (abort only once resumes are exhausted)
     server: str  # base URL of the server that produced the last part
+
+
+class Generator(Protocol):
+    """What an episode needs from inference: `GenerationClient`, or a stand-in for one."""
+
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, session_id: str
+    ) -> Generation: ...
+
+    def end_session(self, session_id: str) -> None:
+        """Forget the episode's sticky server."""
 
 
 class _Retryable(Exception):

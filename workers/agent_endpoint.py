@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from broker.messages import mix_seed
-from inference.client import Generation, SamplingParams
+from inference.client import Generation, Generator, SamplingParams
 from inference.errors import InferenceError
 from inference.openai.errors import ApiError, from_validation
 from inference.openai.models import ChatCompletionRequest
@@ -46,7 +46,6 @@ from inference.openai.stream import ChatChoiceStream
 from inference.openai.text import ChoiceText
 from inference.openai.tools import ParsedMessage, extract_tool_calls
 from workers.agent_record import EpisodeRecord
-from workers.episode import Generator
 from workers.tokens import ChatCodec
 
 T = TypeVar("T", int, float)

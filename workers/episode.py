@@ -19,7 +19,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
@@ -33,29 +33,19 @@ from broker.messages import (
     Truncation,
     Turn,
 )
-from inference.client import Generation, SamplingParams
+from inference.client import Generator, SamplingParams
 from workers import metrics
+from workers.agent_endpoint import AgentEndpoint
+from workers.agent_episode import run_agent_episode
 from workers.config import EpisodeSettings
 from workers.errors import categorize
 from workers.tokens import ChatCodec
 
 if TYPE_CHECKING:
     from sandbox import SandboxPool
-    from workers.agent_endpoint import AgentEndpoint
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class Generator(Protocol):
-    """What an episode needs from inference (`inference.client.GenerationClient`)."""
-
-    async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, *, session_id: str
-    ) -> Generation: ...
-
-    def end_session(self, session_id: str) -> None:
-        """Forget the episode's sticky server."""
 
 
 @runtime_checkable
@@ -123,8 +113,6 @@ async def run_episode(
     they share one prompt; sampled with seeds of its own); return its trajectory."""
     ep = _Episode(ctx, cfg, task, index, max_turns, task.env_spec.split("@", 1)[0])
     if ep.env_name == "agent":  # a user's agent program: it drives, the endpoint records
-        from workers.agent_episode import run_agent_episode
-
         env = envs.make(task.env_spec)
         return await run_agent_episode(ctx.agents, ctx.sandbox, cfg, task, index, env)
     state = ep.state
