@@ -46,6 +46,13 @@ def check_inputs(cfg: LearnerConfig) -> None:
         from learner.tasks import load_dataset
 
         load_dataset(cfg.tasks)
+    for name, path in cfg.evaluation.sets.items():  # every eval set, before anything is issued
+        from learner.tasks import load_dataset
+
+        try:
+            load_dataset(path)
+        except TaskSourceError as exc:
+            raise TaskSourceError(f"eval set {name!r}: {exc}") from exc
 
 
 async def _main(ctx: RoleContext[LearnerConfig]) -> int:
