@@ -122,4 +122,9 @@ def load_config(argv: list[str]) -> LearnerConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return start(ROLE, sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["evaluate"]:  # one evaluation, no training (learner.evaluate)
+        from learner.evaluate import main as evaluate
+
+        return evaluate(argv[1:])
+    return start(ROLE, argv)

@@ -65,6 +65,16 @@ def test_eval_runs_through_the_farm_and_is_never_trained(
         ])  # fmt: skip
         assert learner.wait(300) == 0, f.log("learner")[-3000:]
         log = f.log("learner")
+        # one evaluation without training, through the same workers, printed as a table
+        once = subprocess.run([sys.executable, "-m", "learner", "evaluate", "--run", RUN,
+                               "--redis-url", redis_server.url, "--eval-tasks", f"held={held}",
+                               "--eval-samples", "2", "--eval-timeout-s", "120"],
+                              capture_output=True, text=True, cwd=ROOT, timeout=180)  # fmt: skip
+        assert once.returncode == 0, once.stderr[-3000:]
+        header, *rows = once.stdout.splitlines()
+        assert header.split()[:2] == ["set", "rows"] and "pass_at_2" in header
+        assert [r.split()[0] for r in rows[:2]] == ["held", "held/toy"]
+        assert rows[2].startswith("tasks 3, missing 0"), once.stdout
     lines = eval_lines(log)
     assert [e["step"] for e in lines] == [0, 2, 4], log[-3000:]
     for e in lines:
@@ -79,10 +89,10 @@ def test_eval_runs_through_the_farm_and_is_never_trained(
     keys = RunKeys(RUN)
     evals = asyncio.run(stream_groups(redis_server.url, keys.evals()))
     trained = asyncio.run(stream_groups(redis_server.url, keys.trajectories()))
-    assert all(g.task.is_eval for g in evals) and len(evals) == 9
-    assert len({g.group_id for g in evals}) == 9
+    assert all(g.task.is_eval for g in evals) and len(evals) == 12  # 3 rounds + evaluate
+    assert len({g.group_id for g in evals}) == 12
     assert not any(g.task.is_eval for g in trained) and trained
-    assert all(len(g.trajectories) == 3 for g in evals)
+    assert sorted(len(g.trajectories) for g in evals) == [2] * 3 + [3] * 9
 
     acc = EventAccumulator(
         str(tmp_path / "runs" / "tensorboard" / RUN), size_guidance={"tensors": 0}
