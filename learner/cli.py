@@ -127,4 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         from learner.evaluate import main as evaluate
 
         return evaluate(argv[1:])
+    if argv[:1] == ["filter"]:  # keep tasks by pass rate (learner.evaluate)
+        from learner.evaluate import main_filter
+
+        return main_filter(argv[1:])
     return start(ROLE, argv)

@@ -1,4 +1,9 @@
-"""`python -m learner evaluate`: one evaluation of the served weights through a running farm.
+"""`python -m learner evaluate` and `filter`: one evaluation through a running farm, and the
+pass-rate filter of a task file built on it.
+
+`filter` runs each task of ``--tasks`` ``--samples`` times the same way (at the workers'
+sampling by default: temperature 1) and writes the tasks whose pass rate lies in
+``--keep LO:HI`` to ``--out``, the rate in each row's ``meta.pass_rate``, as CodeGym does.
 
 It issues every row of every ``--eval-tasks NAME=FILE`` set to the run's tasks streams (the
 workers serve it as any task; the servers serve whatever weights they hold: a checkpoint
@@ -12,10 +17,12 @@ score, never counted as the model's failures).
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import sys
 import uuid
-from typing import ClassVar
+from pathlib import Path
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -118,3 +125,105 @@ ROLE = Role(
 
 def main(argv: list[str]) -> int:
     return start(ROLE, argv)
+
+
+class FilterConfig(RoleConfig):
+    """Everything `python -m learner filter` (`farm filter`) needs."""
+
+    role: ClassVar[str] = "learner"
+    error: ClassVar[type[Exception]] = ConfigError
+
+    redis_url: RedisUrl = Field("redis://127.0.0.1:6379/0", description="Redis URL")
+    run: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="run name")
+    partitions: int = Field(1, ge=1, le=256, description="trajectories stream partitions")
+    env_modules: CommaList = Field(
+        default_factory=list, description="modules imported to register extra environments"
+    )
+    log_level: LogLevel = Field("WARNING", description="log level")
+    tasks: Path = Field(description="JSONL task file to filter")
+    out: Path = Field(description="where the kept rows go (JSONL, meta.pass_rate on each)")
+    samples: int = Field(4, ge=1, le=4096, description="k: samples per task")
+    keep: str = Field(
+        "0.1:0.9", pattern=r"^[0-9.]+:[0-9.]+$", description="LO:HI, pass-rate band kept"
+    )
+    temperature: float = Field(1.0, ge=0.0, le=10.0, description="sampling temperature")
+    max_tokens: int | None = Field(None, ge=1, description="completion tokens per turn")
+    success_threshold: float = Field(0.5, description="episode return counted as a pass")
+    timeout_s: float = Field(600.0, gt=0.0, description="limit on the whole evaluation")
+
+    @property
+    def band(self) -> tuple[float, float]:
+        lo, hi = (float(x) for x in self.keep.split(":"))
+        if not 0.0 <= lo <= hi <= 1.0:
+            raise ConfigError(f"--keep {self.keep}: need 0 <= LO <= HI <= 1")
+        return lo, hi
+
+
+def kept_rows(rows: list[Any], groups: dict[int, Any], band: tuple[float, float],
+              threshold: float) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
+    """The rows whose pass rate lies in `band` (each with ``meta.pass_rate``), and how many
+    rows the infrastructure spoiled or never answered (left out, not scored)."""
+    kept: list[dict[str, Any]] = []
+    unscored = 0
+    for index, row in enumerate(rows):
+        group = groups.get(index)
+        if group is None or group.infra_failed:
+            unscored += 1
+            continue
+        passed = [sum(t.reward for t in e.turns) >= threshold for e in group.trajectories]
+        rate = sum(passed) / len(passed)
+        if band[0] <= rate <= band[1]:
+            line: dict[str, Any] = {"env_spec": row.env_spec, "difficulty": row.difficulty}
+            if row.max_turns is not None:
+                line["max_turns"] = row.max_turns
+            line["meta"] = {**(row.meta or {}), "pass_rate": rate}
+            kept.append(line)
+    return kept, unscored
+
+
+async def _filter(ctx: RoleContext[FilterConfig]) -> int:
+    from broker.connection import RedisSettings, connect
+    from broker.keys import RunKeys
+    from learner.evaluation import Evaluator
+    from learner.tasks import load_dataset
+
+    cfg = ctx.config
+    try:
+        band = cfg.band
+        for name in cfg.env_modules:
+            importlib.import_module(name)
+        rows = load_dataset(cfg.tasks)
+    except (ConfigError, TaskSourceError, ImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    spec = EvalConfig(eval_tasks=[f"filter={cfg.tasks}"], eval_samples=cfg.samples,
+                      eval_temperature=cfg.temperature, eval_max_tokens=cfg.max_tokens,
+                      eval_timeout_s=cfg.timeout_s)  # fmt: skip
+    redis = await connect(RedisSettings.from_url(cfg.redis_url))
+    keys = RunKeys(cfg.run, cfg.partitions)
+    evaluator = Evaluator(redis, keys, {"filter": rows}, spec, f"filter-{uuid.uuid4().hex[:8]}")
+    try:
+        await evaluator.start()
+        current = await evaluator.issue(-1, 0)
+        await evaluator.finish(current)
+    finally:
+        await _remove_group(redis, keys, evaluator.consumer.config.group)
+        await redis.aclose()
+    by_row = {g.task.eval.row: g for g in current.groups.values()}  # type: ignore[union-attr]
+    kept, unscored = kept_rows(rows, by_row, band, cfg.success_threshold)
+    cfg.out.write_text("".join(json.dumps(line) + "\n" for line in kept))
+    print(f"kept {len(kept)} of {len(rows)} tasks with pass rate in [{band[0]}, {band[1]}] "
+          f"({cfg.samples} samples each); {unscored} unscored (infrastructure) -> {cfg.out}")  # fmt: skip
+    return 3 if unscored else 0
+
+
+FILTER = Role(
+    name="learner filter",
+    config=FilterConfig,
+    main=_filter,
+    description="Keep the tasks whose pass rate through the farm lies in a band.",
+)
+
+
+def main_filter(argv: list[str]) -> int:
+    return start(FILTER, argv)
