@@ -9,6 +9,7 @@ suitable for a dead letter; nothing else escapes ``decode``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +21,7 @@ from broker.messages import (
     DEFAULT_SAMPLING,
     DeadLetter,
     ErrorCategory,
+    EvalMark,
     FinishReason,
     Message,
     PolicyVersion,
@@ -37,6 +39,7 @@ FIELD_BODY = b"b"
 
 
 def _task_to(t: Task) -> list[Any]:
+    mark = None if t.eval is None else [t.eval.set_name, t.eval.round_id, t.eval.row]
     return [
         t.task_id,
         t.env_spec,
@@ -46,10 +49,26 @@ def _task_to(t: Task) -> list[Any]:
         t.issued_at,
         t.max_turns,
         t.meta,
+        mark,
+        t.temperature,
+        t.max_tokens,
     ]
 
 
 def _task_from(v: list[Any]) -> Task:
+    if len(v) != 11:
+        raise ValueError(f"a schema-2 task has 11 fields, got {len(v)}")
+    mark, temperature, max_tokens = v[8:]
+    return dataclasses.replace(
+        _task_from_v1(v[:8]),
+        eval=None if mark is None else EvalMark(str(mark[0]), str(mark[1]), int(mark[2])),
+        temperature=temperature,
+        max_tokens=max_tokens,
+    )
+
+
+def _task_from_v1(v: list[Any]) -> Task:
+    """Task schema 1 (and the task inside group schemas 1-4): no eval mark, no sampling."""
     task_id, env_spec, group_size, seed, policy_version, issued_at, max_turns, meta = v
     return Task(
         task_id=task_id,
@@ -213,11 +232,13 @@ def _group_to(g: TrajectoryGroup) -> list[Any]:
     ]
 
 
-def _group_from(v: list[Any], traj_from: Any = _traj_from) -> TrajectoryGroup:
+def _group_from(
+    v: list[Any], traj_from: Any = _traj_from, task_from: Any = _task_from
+) -> TrajectoryGroup:
     group_id, task, trajectories, worker_id, created_at = v
     return TrajectoryGroup(
         group_id=group_id,
-        task=_task_from(task),
+        task=task_from(task),
         trajectories=tuple([traj_from(t) for t in trajectories]),
         worker_id=worker_id,
         created_at=created_at,
@@ -225,7 +246,7 @@ def _group_from(v: list[Any], traj_from: Any = _traj_from) -> TrajectoryGroup:
 
 
 def _group_from_v1(v: list[Any]) -> TrajectoryGroup:
-    return _group_from(v, _traj_from_v1)
+    return _group_from(v, _traj_from_v1, _task_from_v1)
 
 
 def _policy_to(p: PolicyVersion) -> list[Any]:
@@ -279,9 +300,15 @@ _CODECS: dict[str, tuple[type, int, Any, Any]] = {
 
 # (kind, older schema version) -> decoder: entries written before a bump still decode.
 _OLDER: dict[tuple[str, int], Any] = {
+    (Task.KIND, 1): _task_from_v1,
     (TrajectoryGroup.KIND, 1): _group_from_v1,
-    (TrajectoryGroup.KIND, 2): lambda v: _group_from(v, lambda t: _traj_from(t, _turn_from_v2)),
-    (TrajectoryGroup.KIND, 3): lambda v: _group_from(v, lambda t: _traj_from(t, _turn_from_v3)),
+    (TrajectoryGroup.KIND, 2): lambda v: _group_from(
+        v, lambda t: _traj_from(t, _turn_from_v2), _task_from_v1
+    ),
+    (TrajectoryGroup.KIND, 3): lambda v: _group_from(
+        v, lambda t: _traj_from(t, _turn_from_v3), _task_from_v1
+    ),
+    (TrajectoryGroup.KIND, 4): lambda v: _group_from(v, task_from=_task_from_v1),
 }
 
 

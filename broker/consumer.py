@@ -149,13 +149,14 @@ class Consumer:
     def config(self) -> ConsumerConfig:
         return self._config
 
-    async def ensure_groups(self) -> None:
-        """Create the group on every stream (from the start) if it does not exist."""
+    async def ensure_groups(self, start: str = "0") -> None:
+        """Create the group on every stream if it does not exist: reading from the start
+        ("0"), or only what is added after now ("$"); an existing group keeps its place."""
         for stream in self._streams:
             with redis_errors(f"creating group {self._config.group} on {stream}"):
                 try:
                     await self._redis.xgroup_create(
-                        stream, self._config.group, id="0", mkstream=True
+                        stream, self._config.group, id=start, mkstream=True
                     )
                 except ResponseError as exc:
                     if "BUSYGROUP" not in str(exc):

@@ -23,9 +23,11 @@ _RUN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _TAG = re.compile(r"^\{([A-Za-z0-9_.-]{1,64})(?::(\d+))?\}")
 
 # Consumer-group names. Workers share one group on the tasks streams; the
-# learner owns one group on each trajectories partition.
+# learner owns one group on each trajectories partition. Each evaluator (the learner's
+# evaluation, a `learner evaluate`) reads the eval streams through a group of its own.
 WORKERS_GROUP = "workers"
 LEARNER_GROUP = "learner"
+EVAL_GROUP_PREFIX = "eval-"
 
 
 def hash_tag(key: str) -> str:
@@ -87,6 +89,15 @@ class RunKeys:
     def all_trajectories(self) -> tuple[str, ...]:
         return tuple(self.trajectories(p) for p in range(self.partitions))
 
+    def evals(self, partition: int = 0) -> str:
+        """The eval-results stream of one partition: groups of eval tasks (`Task.eval`), which
+        never enter a trajectories stream, so no learner can train them."""
+        return f"{self._tag(partition)}:evals"
+
+    @property
+    def all_evals(self) -> tuple[str, ...]:
+        return tuple(self.evals(p) for p in range(self.partitions))
+
     def deadletter_of(self, partition: int = 0) -> str:
         """The dead-letter stream for entries of one partition's streams."""
         return f"{self._tag(partition)}:deadletter"
@@ -125,4 +136,5 @@ class RunKeys:
 
     @property
     def streams(self) -> tuple[str, ...]:
-        return (*self.all_tasks, *self.all_trajectories, *self.all_deadletters, self.policy_events)
+        return (*self.all_tasks, *self.all_trajectories, *self.all_evals, *self.all_deadletters,
+                self.policy_events)  # fmt: skip

@@ -70,11 +70,27 @@ def _as_f32(values: Any) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class EvalMark:
+    """What makes a task an eval task: its results are scored, never trained (schema 2)."""
+
+    set_name: str  # the eval set (``--eval-tasks NAME=FILE``)
+    round_id: str  # one evaluation (a learner step's, or one `learner evaluate`): routes results
+    row: int  # the task's line index in its set; pass@k is counted per row
+
+    def __post_init__(self) -> None:
+        if not self.set_name or not self.round_id:
+            raise ValueError("an eval mark needs a set name and a round id")
+        if self.row < 0:
+            raise ValueError("an eval mark's row must be >= 0")
+
+
+@dataclass(frozen=True)
 class Task:
     """One unit of work: run ``group_size`` episodes of one environment spec."""
 
     KIND: ClassVar[str] = "task"
-    VERSION: ClassVar[int] = 1
+    # 2: eval mark and per-task sampling (temperature, max tokens)
+    VERSION: ClassVar[int] = 2
 
     task_id: str  # unique; the group built from it carries the same id (dedup key)
     env_spec: str  # "name@{json kwargs}", resolved by envs.make
@@ -84,12 +100,25 @@ class Task:
     issued_at: float = field(default_factory=time.time)  # unix seconds
     max_turns: int | None = None  # horizon for this task (None: the env's own limit)
     meta: dict[str, Any] = field(default_factory=dict)  # curriculum data, passed through
+    # set: an eval task. Its group goes to the eval stream, never the trajectories stream; it
+    # takes no admission slot and the staleness bound does not apply (schema 2)
+    eval: EvalMark | None = None
+    temperature: float | None = None  # sampling temperature for this task (None: the worker's)
+    max_tokens: int | None = None  # completion tokens per turn (None: the worker's)
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
             raise ValueError("group_size must be >= 1")
         if not self.task_id:
             raise ValueError("task_id must not be empty")
+        if self.temperature is not None and not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+    @property
+    def is_eval(self) -> bool:
+        return self.eval is not None
 
     def sampling_seed(self, index: int, turn: int) -> int:
         """The sampling seed of turn `turn` of episode `index`: distinct per episode and turn,
@@ -256,8 +285,9 @@ class TrajectoryGroup:
     """Every episode of one task; the learner only ever sees whole groups."""
 
     KIND: ClassVar[str] = "group"
-    # 2: finish reason enum + truncation cause; 3: Turn.temperature; 4: Turn.sampling, .cut
-    VERSION: ClassVar[int] = 4
+    # 2: finish reason enum + truncation cause; 3: Turn.temperature; 4: Turn.sampling, .cut;
+    # 5: its task in task schema 2 (eval mark, per-task sampling)
+    VERSION: ClassVar[int] = 5
 
     group_id: str  # equals the task's task_id; consumers dedup on it
     task: Task  # the task this group answers

@@ -1,9 +1,10 @@
-"""`farm` command line: `up`, `demo`, `status` and `images`.
+"""`farm` command line: `up`, `demo`, `eval`, `filter`, `status` and `images`.
 
 `farm up` runs the local stack until Ctrl-C; `farm demo` runs it with demo
 settings in a fresh directory and writes a reward curve and a summary; `farm
 status` prints a running farm's state from Redis with the broker's own
-`run_state`/`format_state`; `farm images build` builds the compose stack's
+`run_state`/`format_state`; `farm eval` and `farm filter` bring the stack up without its
+learner for one `python -m learner evaluate|filter` (`farm.oneshot`); `farm images build` builds the compose stack's
 images offline (`farm.images`). Flags override `FARM_*` environment variables, which
 override `--config FILE.toml`. `--help` imports neither torch nor matplotlib.
 """
@@ -63,6 +64,20 @@ def _stack_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _oneshot_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, help="TOML file with farm settings")
+    p.add_argument("--run", help="run name (default demo)")
+    p.add_argument("--model", type=Path, help="model or exported checkpoint (default: tiny)")
+    p.add_argument("--workers", type=int, help="worker processes (default 2)")
+    p.add_argument("--worker-concurrency", type=int, help="tasks per worker at once")
+    p.add_argument("--sandbox-backend", choices=["docker", "bwrap"], help="workers' sandbox")
+    p.add_argument("--partitions", type=int, help="stream partitions (default 1)")
+    p.add_argument("--work-dir", type=Path, help="run directory (default .farm)")
+    p.add_argument("--verbose", action="store_true", help="show the children's logs")
+    p.add_argument("--worker-arg", action="append", dest="worker_args", metavar="ARG",
+                   help="extra flag for each worker (repeatable)")  # fmt: skip
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="farm", description="Rollout farm on one machine.")
     sub = root.add_subparsers(dest="command", required=True)
@@ -78,6 +93,10 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument("--run", default="demo", help="run name")
     status.add_argument("--partitions", type=int, default=1, help="the run's stream partitions")
     status.add_argument("--watch", type=float, default=0.0, help="repeat every N seconds")
+    for name, what in (("eval", "evaluate"), ("filter", "filter")):
+        one = sub.add_parser(name, help=f"bring the stack up without a learner and run "
+                             f"`python -m learner {what}` (its flags pass through)")  # fmt: skip
+        _oneshot_flags(one)
     images = sub.add_parser("images", help="build the compose stack's images offline")
     images_sub = images.add_subparsers(dest="images_command", required=True)
     build = images_sub.add_parser("build", help="build what is missing (cached by content tag)")
@@ -114,9 +133,13 @@ def _config_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args, rest = parser().parse_known_args(sys.argv[1:] if argv is None else argv)
+    if rest and args.command not in ("eval", "filter"):
+        parser().error(f"unrecognized arguments: {' '.join(rest)}")
     setup_logging("INFO")
     try:
+        if args.command in ("eval", "filter"):
+            return asyncio.run(_oneshot(args, rest))
         if args.command == "status":
             return asyncio.run(_status(args))
         if args.command == "images":
@@ -169,6 +192,19 @@ async def _demo(args: argparse.Namespace) -> int:
     print((cfg.work_dir / "summary.txt").read_text(), end="")
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0 if summary["steps"] > 0 else 1
+
+
+async def _oneshot(args: argparse.Namespace, rest: list[str]) -> int:
+    from farm.config import load_config
+    from farm.console import Console
+    from farm.oneshot import run_oneshot
+
+    keys = ("run", "model", "workers", "worker_concurrency", "sandbox_backend", "partitions",
+            "work_dir", "worker_args")  # fmt: skip
+    cfg = load_config(args.config, **{k: getattr(args, k) for k in keys})
+    console = Console(log_dir=cfg.work_dir / "logs", echo_children=args.verbose)
+    command = "evaluate" if args.command == "eval" else "filter"
+    return await run_oneshot(cfg, console, command, rest)
 
 
 async def _status(args: argparse.Namespace) -> int:

@@ -46,6 +46,13 @@ def check_inputs(cfg: LearnerConfig) -> None:
         from learner.tasks import load_dataset
 
         load_dataset(cfg.tasks)
+    for name, path in cfg.evaluation.sets.items():  # every eval set, before anything is issued
+        from learner.tasks import load_dataset
+
+        try:
+            load_dataset(path)
+        except TaskSourceError as exc:
+            raise TaskSourceError(f"eval set {name!r}: {exc}") from exc
 
 
 async def _main(ctx: RoleContext[LearnerConfig]) -> int:
@@ -115,4 +122,13 @@ def load_config(argv: list[str]) -> LearnerConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return start(ROLE, sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["evaluate"]:  # one evaluation, no training (learner.evaluate)
+        from learner.evaluate import main as evaluate
+
+        return evaluate(argv[1:])
+    if argv[:1] == ["filter"]:  # keep tasks by pass rate (learner.evaluate)
+        from learner.evaluate import main_filter
+
+        return main_filter(argv[1:])
+    return start(ROLE, argv)

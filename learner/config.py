@@ -19,7 +19,7 @@ import enum
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import ConfigDict, Field, SecretStr, model_validator
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
 from broker.connection import RedisUrl
@@ -341,6 +341,49 @@ class HorizonSchedule:
         return min(self.horizon_max, self.horizon_start + step // self.horizon_every)
 
 
+@dataclass(frozen=True, config=COMPONENT)
+class EvalConfig:
+    """Evaluation on held-out task sets through the same farm (`learner.evaluation`)."""
+
+    eval_tasks: CommaList = Field(
+        default_factory=list,
+        description="eval sets NAME=FILE.jsonl (repeatable); their tasks are never trained",
+    )
+    eval_interval: int = Field(0, ge=0, description="evaluate every N steps (0: never)")
+    eval_before_train: bool = Field(False, description="evaluate the initial weights first")
+    eval_samples: int = Field(1, ge=1, le=4096, description="k: samples per eval task")
+    eval_temperature: float = Field(
+        0.0, ge=0.0, le=10.0, description="eval temperature (0: greedy)"
+    )
+    eval_max_tokens: int | None = Field(
+        None, ge=1, description="eval completion tokens per turn (None: the workers')"
+    )
+    eval_success_threshold: float = Field(0.5, description="episode return counted as a pass")
+    eval_timeout_s: float = Field(
+        600.0, gt=0.0, description="limit on one evaluation, and on waiting for it at the end"
+    )
+    eval_dir: Path | None = Field(
+        None, description="where eval-STEP.json go (default: the checkpoint dir; None: none)"
+    )
+
+    @field_validator("eval_tasks")
+    @classmethod
+    def _named(cls, value: list[str]) -> list[str]:
+        names = [spec.partition("=")[0] for spec in value]
+        for spec, name in zip(value, names, strict=True):
+            if not name or not spec.partition("=")[2] or not name.replace("-", "_").isidentifier():
+                raise ValueError(
+                    f"eval set {spec!r} must be NAME=FILE (NAME: letters, digits, -, _)"
+                )
+        if len(set(names)) != len(names):
+            raise ValueError(f"eval set names repeat: {names}")
+        return value
+
+    @property
+    def sets(self) -> dict[str, Path]:
+        return {n: Path(f) for n, _, f in (spec.partition("=") for spec in self.eval_tasks)}
+
+
 class LearnerConfig(RoleConfig):
     """Everything `python -m learner` needs; see docs/learner.md for the reference."""
 
@@ -399,6 +442,7 @@ class LearnerConfig(RoleConfig):
     horizon: HorizonSchedule = section(HorizonSchedule)
     loss: LossConfig = section(LossConfig)
     tracking: TrackingConfig = section(TrackingConfig)  # docs/tracking.md
+    evaluation: EvalConfig = section(EvalConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> LearnerConfig:
@@ -409,6 +453,9 @@ class LearnerConfig(RoleConfig):
             optim.lr_decay_steps or self.max_steps
         ):
             raise ValueError(f"lr_schedule {optim.lr_schedule} needs lr_decay_steps or max_steps")
+        evaluation = self.evaluation
+        if (evaluation.eval_interval or evaluation.eval_before_train) and not evaluation.eval_tasks:
+            raise ValueError("eval_interval and eval_before_train need eval_tasks NAME=FILE")
         if self.loss.kl_target is not None and not self.loss.kl_coef:
             raise ValueError("kl_target (the adaptive KL controller) needs kl_coef > 0 to start")
         return self

@@ -40,6 +40,7 @@ from learner.checkpoint import LearnerState
 from learner.components import dynamic_sampling
 from learner.core import Core, skip_record, step_record
 from learner.errors import RunFailedError
+from learner.evaluation import EvalSchedule, Evaluator, load_sets
 from learner.health import DeadLetterWatch, FailureWatch
 from learner.record import emit, emit_skip
 from learner.source import LiveSource
@@ -65,12 +66,18 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
         feeder = await _make_feeder(core, redis, keys)
         source = await _make_source(core, redis, keys, feeder, stop)
         await retry_while_unavailable(lambda: _publish_initial(redis, keys, state), "policy", stop)
+        evals = await _make_evals(core, redis, keys)
         unacked: list[Delivery] = []
         try:
-            await _steps(core, Live(source, feeder, pusher, redis, keys), stop, unacked)
+            if evals is not None and cfg.evaluation.eval_before_train and not state.step:
+                await evals.before_train(state.step, state.version)
+            await _steps(core, Live(source, feeder, pusher, redis, keys, evals), stop, unacked)
         except RunFailedError:
             await _make_durable(core, source, unacked, stop, final=True)  # trained stays trained
             raise
+        finally:
+            if evals is not None:
+                await evals.close()
         await _make_durable(core, source, unacked, stop, final=True)
         return state
     finally:
@@ -91,6 +98,7 @@ class Live:
     pusher: WeightPusher | None
     redis: aioredis.Redis
     keys: RunKeys
+    evals: EvalSchedule | None = None
 
 
 async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Delivery]) -> None:
@@ -101,7 +109,7 @@ async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Deli
     while not (cfg.max_steps and state.step >= cfg.max_steps):
         batch = await live.source.next_batch(cfg.groups_per_batch, state.version, state.step, stop)
         if batch is None:
-            return
+            break
         prepared, stats = core.train(batch.groups, replay=False)
         if live.feeder is not None:
             live.feeder.sampler.observe(prepared.episode_returns)
@@ -127,6 +135,21 @@ async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Deli
         last = cfg.max_steps and state.step >= cfg.max_steps
         if cfg.checkpoint_dir is None or state.step % cfg.checkpoint_interval == 0 or last:
             await _make_durable(core, live.source, unacked, stop)
+        if live.evals is not None:
+            await live.evals.after_step(state.step, state.version)
+    if live.evals is not None:  # the round in flight, within its deadline
+        await live.evals.drain()
+
+
+async def _make_evals(core: Core, redis: aioredis.Redis, keys: RunKeys) -> EvalSchedule | None:
+    cfg = core.cfg
+    if not cfg.evaluation.eval_tasks:
+        return None
+    evaluator = Evaluator(redis, keys, load_sets(cfg.evaluation), cfg.evaluation,
+                          cfg.consumer_name, cfg.consumer)  # fmt: skip
+    await evaluator.start()
+    out_dir = cfg.evaluation.eval_dir or cfg.checkpoint_dir
+    return EvalSchedule(evaluator, out_dir, core.tracker.evaluation)
 
 
 async def _make_durable(

@@ -31,7 +31,9 @@ import redis.asyncio as aioredis
 
 import envs
 from broker.admission import AdmissionBudget
+from broker.codec import decode
 from broker.connection import as_str
+from broker.errors import DecodeError
 from broker.keys import RunKeys
 from broker.messages import Task
 from broker.producer import Producer
@@ -239,7 +241,9 @@ async def count_in_flight(
     Workers publish a group and ack its task in one transaction, so every issued
     task whose group the learner has not acked is exactly one of: undelivered or
     pending on the tasks stream, or its group undelivered or pending (read, not yet
-    acked) on a trajectories stream. Where Redis cannot tell a group's lag (an entry
+    acked) on a trajectories stream. Eval tasks (`Task.eval`) took no slot and are left
+    out: the tasks streams' waiting and pending entries are read to find them. Where
+    Redis cannot tell a group's lag (an entry
     deleted past its last delivery, or a failover), the entries past the last
     delivery are counted: counting the whole stream instead would hold admission
     slots that nothing ever releases, and stall the run once they crowd out a batch.
@@ -256,7 +260,39 @@ async def count_in_flight(
         if lag is None:
             lag = await _entries_after(redis, stream, info["last-delivered-id"])
         total += int(lag) + int(info.get("pending", 0))
+        if group == workers_group:
+            total -= await _eval_entries(redis, stream, group, info["last-delivered-id"])
     return total
+
+
+async def _eval_entries(
+    redis: aioredis.Redis, stream: str, group: str, last_delivered: bytes | str
+) -> int:
+    """How many of `stream`'s waiting and pending entries are eval tasks."""
+    pending = await redis.xpending_range(stream, group, min="-", max="+", count=1_000_000)
+    ids = [as_str(p["message_id"]) for p in pending]
+    rows: list[tuple[Any, dict[bytes, bytes]]] = []
+    for chunk in range(0, len(ids), 500):
+        async with redis.pipeline(transaction=False) as pipe:
+            for entry_id in ids[chunk : chunk + 500]:
+                pipe.xrange(stream, min=entry_id, max=entry_id)
+            for found in await pipe.execute():
+                rows += found
+    low = as_str(last_delivered)
+    while True:  # entries not yet delivered, in pages
+        page = await redis.xrange(stream, min=f"({low}", max="+", count=256)
+        rows += page
+        if len(page) < 256:
+            break
+        low = as_str(page[-1][0])
+    count = 0
+    for _, fields in rows:
+        try:
+            task = decode(fields, expect=Task)
+        except DecodeError:
+            continue  # dead-lettered when read: it holds a slot like any task until then
+        count += isinstance(task, Task) and task.is_eval
+    return count
 
 
 async def _entries_after(redis: aioredis.Redis, stream: str, entry_id: bytes | str) -> int:

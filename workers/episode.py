@@ -169,9 +169,10 @@ async def _loop(ep: _Episode) -> Ending:
     obs, _ = await _env_call(ep, envs.areset(ep.env, seed=ep.task.seed))
     chat: ChatEnv = ep.env if isinstance(ep.env, ChatEnv) else _NoChat()
     prompt = ctx.codec.initial_prompt(obs, chat.system_prompt, chat.tools)
+    task = ep.task  # an eval task may set its own temperature and max tokens
     params = ctx.sampling(
-        max_tokens=cfg.max_tokens,
-        temperature=cfg.temperature,
+        max_tokens=cfg.max_tokens if task.max_tokens is None else task.max_tokens,
+        temperature=cfg.temperature if task.temperature is None else task.temperature,
         top_p=cfg.top_p,
         top_k=cfg.top_k,
         min_p=cfg.min_p,
@@ -212,7 +213,7 @@ async def _turns(ep: _Episode, chat: ChatEnv, prompt: list[int], params: Samplin
         state.phase = "inference"
         t0 = time.monotonic()
         seed = ep.task.sampling_seed(ep.index, len(state.turns)) if cfg.sampling_seeds else None
-        call = dataclasses.replace(params, max_tokens=min(cfg.max_tokens, room), seed=seed)
+        call = dataclasses.replace(params, max_tokens=min(params.max_tokens, room), seed=seed)
         gen = await ctx.client.generate(context, call, session_id=ep.session)
         state.inference_s += time.monotonic() - t0
         metrics.INFERENCE_LATENCY.observe(time.monotonic() - t0)

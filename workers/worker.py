@@ -169,8 +169,11 @@ class Worker:
     async def _commit(self, delivery: Delivery, group: TrajectoryGroup) -> bool:
         """Publish the group and ack its task, together with any other groups finishing now,
         riding out an outage; False: left pending."""
-        # The task's own partition: its commit stays within one hash tag (cluster slot).
-        stream = self.keys.trajectories(self.keys.partition_of(delivery.stream))
+        # The task's own partition: its commit stays within one hash tag (cluster slot). An
+        # eval task's group goes to the eval stream, where no learner reads to train.
+        partition = self.keys.partition_of(delivery.stream)
+        is_eval = group.task.is_eval
+        stream = self.keys.evals(partition) if is_eval else self.keys.trajectories(partition)
         return await self._commits.commit(delivery, stream, group)
 
     async def _drain(self) -> None:

@@ -25,6 +25,7 @@ from learner.tracking.config import TrackerKind, TrackingConfig
 if TYPE_CHECKING:
     from broker.messages import TrajectoryGroup
     from learner.batch import PreparedBatch
+    from learner.evaluation import EvalResult
     from learner.record import StepRecord
     from learner.tracking.render import Decode
     from learner.tracking.samples import SampleTable
@@ -122,6 +123,13 @@ class Tracker:
             log.exception("sample tables failed at step %d; off for the rest of the run", step)
             self.samples_on = False
             return None
+
+    def evaluation(self, result: EvalResult) -> None:
+        """Log one evaluation's figures (``eval/SET[/ENV]/METRIC``) at the step it started."""
+        from learner.evaluation import tracker_scalars
+
+        scalars = tracker_scalars(result)
+        self._each(result.step, lambda b: b.log_scalars(result.step, scalars))
 
     def skip(self, step: int) -> None:
         """Count a batch that trained nothing (logged at `step`, the steps done so far)."""

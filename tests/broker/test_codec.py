@@ -15,6 +15,7 @@ from broker.errors import DecodeError
 from broker.messages import (
     DeadLetter,
     ErrorCategory,
+    EvalMark,
     FinishReason,
     PolicyVersion,
     Sampling,
@@ -163,6 +164,8 @@ def _one_turn_group(turn: Turn) -> TrajectoryGroup:
 def _with_turn_fields(fields: dict[bytes, bytes], version: bytes, turn_fields: list) -> dict:
     body = msgpack.unpackb(fields[b"b"], raw=False)
     body[2][0][0][0] = turn_fields
+    if version != b"5":  # group schemas 1-4 carried task schema 1 (8 fields)
+        body[1] = body[1][:8]
     return {b"k": b"group", b"v": version, b"b": msgpack.packb(body, use_bin_type=True)}
 
 
@@ -170,7 +173,7 @@ def test_schema_4_records_the_whole_sampled_distribution() -> None:
     sampling = Sampling(0.7, top_k=5, top_p=0.9, min_p=0.05, allowed_token_ids=[9, 3, 3, 4])
     turn = Turn([1, 2], [3], [-0.5], 4, 1.0, True, False, sampling=sampling)
     fields = encode(_one_turn_group(dataclasses.replace(turn, cut=True)))
-    assert fields[b"v"] == b"4"
+    assert fields[b"v"] == b"5"
     assert decode(fields).trajectories[0].turns[0].cut  # type: ignore[union-attr]
     decoded = decode(fields).trajectories[0].turns[0].sampling  # type: ignore[union-attr]
     assert decoded == sampling and decoded.allowed_token_ids.tolist() == [3, 4, 9]
@@ -210,12 +213,14 @@ def test_older_schemas_decode_with_what_they_recorded() -> None:
     assert isinstance(v2, TrajectoryGroup)
     assert v2.trajectories[0].turns[0].sampling == Sampling()
     assert np.array_equal(v2.trajectories[0].turns[0].completion_ids, [3])
-    with pytest.raises(DecodeError, match="7 or 8 fields"):  # a schema-4 body under a 2 tag
-        decode({**fields, b"v": b"2"})
+    with pytest.raises(DecodeError, match="7 or 8 fields"):  # a schema-4 turn under a 2 tag
+        decode(_with_turn_fields(fields, b"2", turn))
+    v4 = decode(_with_turn_fields(fields, b"4", turn))  # schema 4: task schema 1 inside
+    assert v4.task.eval is None and v4.task.temperature is None  # type: ignore[union-attr]
     with pytest.raises(DecodeError, match="temperature"):
         decode(_with_turn_fields(fields, b"3", [*turn[:8], -1.0]))
-    with pytest.raises(DecodeError, match="unsupported schema version 5"):
-        decode({**fields, b"v": b"5"})
+    with pytest.raises(DecodeError, match="unsupported schema version 6"):
+        decode({**fields, b"v": b"6"})
 
 
 def test_group_schema_1_entries_still_decode() -> None:
@@ -236,9 +241,27 @@ def test_group_schema_1_entries_still_decode() -> None:
     assert cut.outcome == "truncated:context" and cut.turns[0].truncated
     assert (failed.finish_reason, failed.truncation) == (FinishReason.ERROR, None)
     assert failed.error is ErrorCategory.INFERENCE
-    assert encode(group)[b"v"] == b"4"  # re-encoded in the current schema
-    with pytest.raises(DecodeError, match="unsupported schema version 5"):
-        decode({b"k": b"group", b"v": b"5", b"b": body})
+    assert encode(group)[b"v"] == b"5"  # re-encoded in the current schema
+    with pytest.raises(DecodeError, match="unsupported schema version 6"):
+        decode({b"k": b"group", b"v": b"6", b"b": body})
+
+
+def test_eval_tasks_are_marked_on_the_wire_and_task_schema_1_still_decodes() -> None:
+    mark = EvalMark("held-out", "round-3", 7)
+    task = Task("t1", "toy@{}", 4, 9, 2, eval=mark, temperature=0.0, max_tokens=5)
+    fields = encode(task)
+    assert fields[b"v"] == b"2"
+    back = decode(fields, expect=Task)
+    assert back == task and back.is_eval  # type: ignore[union-attr]
+    old = msgpack.packb(["t0", "toy@{}", 2, 7, 0, 1.0, None, {}], use_bin_type=True)
+    v1 = decode({b"k": b"task", b"v": b"1", b"b": old}, expect=Task)
+    assert isinstance(v1, Task) and not v1.is_eval and v1.temperature is None
+    with pytest.raises(DecodeError, match="11 fields"):  # a schema-1 body under a 2 tag
+        decode({b"k": b"task", b"v": b"2", b"b": old})
+    with pytest.raises(ValueError, match="round id"):
+        EvalMark("held-out", "", 0)
+    with pytest.raises(ValueError, match="max_tokens"):
+        Task("t1", "toy@{}", 4, 9, 2, max_tokens=0)
 
 
 def test_a_truncation_cause_goes_only_with_truncated() -> None:

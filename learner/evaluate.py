@@ -1,0 +1,229 @@
+"""`python -m learner evaluate` and `filter`: one evaluation through a running farm, and the
+pass-rate filter of a task file built on it.
+
+`filter` runs each task of ``--tasks`` ``--samples`` times the same way (at the workers'
+sampling by default: temperature 1) and writes the tasks whose pass rate lies in
+``--keep LO:HI`` to ``--out``, the rate in each row's ``meta.pass_rate``, as CodeGym does.
+
+It issues every row of every ``--eval-tasks NAME=FILE`` set to the run's tasks streams (the
+workers serve it as any task; the servers serve whatever weights they hold: a checkpoint
+served with ``python -m inference --model DIR``, or the learner's latest push), collects
+the groups from the eval streams through a consumer group of its own, prints a table and
+removes its group. Exit codes: 0 every row scored; 2 a bad configuration or eval set;
+3 rows missing at the time limit or spoiled by the infrastructure (listed apart from the
+score, never counted as the model's failures).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from broker.connection import RedisUrl
+from launch.runner import Role, RoleContext, start
+from launch.settings import CommaList, LogLevel, RoleConfig, section
+from learner.config import EvalConfig
+from learner.errors import ConfigError, TaskSourceError
+
+log = logging.getLogger("learner")
+
+COLUMNS = ("rows", "scored_rows", "infra_failed_rows", "mean_at_k", "pass_at_1")
+
+
+class EvaluateConfig(RoleConfig):
+    """Everything `python -m learner evaluate` needs."""
+
+    role: ClassVar[str] = "learner"
+    error: ClassVar[type[Exception]] = ConfigError
+
+    redis_url: RedisUrl = Field("redis://127.0.0.1:6379/0", description="Redis URL")
+    run: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="run name")
+    partitions: int = Field(1, ge=1, le=256, description="trajectories stream partitions")
+    env_modules: CommaList = Field(
+        default_factory=list, description="modules imported to register extra environments"
+    )
+    log_level: LogLevel = Field("WARNING", description="log level")
+    evaluation: EvalConfig = section(EvalConfig)
+
+
+def table(result: object, k: int) -> str:
+    """The result as a plain-text table, one line per set and per set/env."""
+    from learner.evaluation import EvalResult
+
+    assert isinstance(result, EvalResult)
+    cols = (*COLUMNS, f"pass_at_{k}") if k > 1 else COLUMNS
+    width = max([len("set"), *(len(key) for key in result.sets)])
+    lines = [f"{'set':<{width}}  " + "  ".join(f"{c:>17}" for c in cols)]
+    for key, figures in result.sets.items():
+        cells = [f"{figures.get(c, 0.0):>17.4g}" for c in cols]
+        lines.append(f"{key:<{width}}  " + "  ".join(cells))
+    lines.append(f"tasks {result.tasks}, missing {result.missing_rows}, weight versions "
+                 f"{result.weight_versions[0]}..{result.weight_versions[1]}, "
+                 f"{result.seconds:.1f}s")  # fmt: skip
+    return "\n".join(lines)
+
+
+async def _main(ctx: RoleContext[EvaluateConfig]) -> int:
+    from broker.connection import RedisSettings, connect
+    from broker.keys import RunKeys
+    from broker.policy import current_policy
+    from learner.evaluation import Evaluator, load_sets
+
+    cfg = ctx.config
+    if not cfg.evaluation.eval_tasks:
+        print("error: evaluate needs --eval-tasks NAME=FILE", file=sys.stderr)
+        return 2
+    try:
+        for name in cfg.env_modules:
+            importlib.import_module(name)
+        sets = load_sets(cfg.evaluation)
+    except (TaskSourceError, ImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    redis = await connect(RedisSettings.from_url(cfg.redis_url))
+    keys = RunKeys(cfg.run, cfg.partitions)
+    name = f"evaluate-{uuid.uuid4().hex[:8]}"
+    evaluator = Evaluator(redis, keys, sets, cfg.evaluation, name)
+    try:
+        await evaluator.start()
+        policy = await current_policy(redis, keys)
+        version = policy.version if policy is not None else 0
+        result = await evaluator.run_round(-1, version)
+    finally:
+        await _remove_group(redis, keys, evaluator.consumer.config.group)
+        await redis.aclose()
+    print(table(result, cfg.evaluation.eval_samples))
+    infra = sum(f["infra_failed_rows"] for key, f in result.sets.items() if "/" not in key)
+    return 3 if result.missing_rows or infra else 0
+
+
+async def _remove_group(redis: object, keys: object, group: str) -> None:
+    """This evaluation's group and seen sets go with it: nothing reads them again."""
+    from broker.keys import RunKeys
+
+    assert isinstance(keys, RunKeys)
+    for stream in keys.all_evals:
+        await redis.xgroup_destroy(stream, group)  # type: ignore[attr-defined]
+    for partition in range(keys.partitions):
+        await redis.delete(keys.seen(group, partition))  # type: ignore[attr-defined]
+
+
+ROLE = Role(
+    name="learner evaluate",
+    config=EvaluateConfig,
+    main=_main,
+    description="One evaluation of the served weights through the farm (docs/learner.md).",
+)
+
+
+def main(argv: list[str]) -> int:
+    return start(ROLE, argv)
+
+
+class FilterConfig(RoleConfig):
+    """Everything `python -m learner filter` (`farm filter`) needs."""
+
+    role: ClassVar[str] = "learner"
+    error: ClassVar[type[Exception]] = ConfigError
+
+    redis_url: RedisUrl = Field("redis://127.0.0.1:6379/0", description="Redis URL")
+    run: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="run name")
+    partitions: int = Field(1, ge=1, le=256, description="trajectories stream partitions")
+    env_modules: CommaList = Field(
+        default_factory=list, description="modules imported to register extra environments"
+    )
+    log_level: LogLevel = Field("WARNING", description="log level")
+    tasks: Path = Field(description="JSONL task file to filter")
+    out: Path = Field(description="where the kept rows go (JSONL, meta.pass_rate on each)")
+    samples: int = Field(4, ge=1, le=4096, description="k: samples per task")
+    keep: str = Field(
+        "0.1:0.9", pattern=r"^[0-9.]+:[0-9.]+$", description="LO:HI, pass-rate band kept"
+    )
+    temperature: float = Field(1.0, ge=0.0, le=10.0, description="sampling temperature")
+    max_tokens: int | None = Field(None, ge=1, description="completion tokens per turn")
+    success_threshold: float = Field(0.5, description="episode return counted as a pass")
+    timeout_s: float = Field(600.0, gt=0.0, description="limit on the whole evaluation")
+
+    @property
+    def band(self) -> tuple[float, float]:
+        lo, hi = (float(x) for x in self.keep.split(":"))
+        if not 0.0 <= lo <= hi <= 1.0:
+            raise ConfigError(f"--keep {self.keep}: need 0 <= LO <= HI <= 1")
+        return lo, hi
+
+
+def kept_rows(rows: list[Any], groups: dict[int, Any], band: tuple[float, float],
+              threshold: float) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
+    """The rows whose pass rate lies in `band` (each with ``meta.pass_rate``), and how many
+    rows the infrastructure spoiled or never answered (left out, not scored)."""
+    kept: list[dict[str, Any]] = []
+    unscored = 0
+    for index, row in enumerate(rows):
+        group = groups.get(index)
+        if group is None or group.infra_failed:
+            unscored += 1
+            continue
+        passed = [sum(t.reward for t in e.turns) >= threshold for e in group.trajectories]
+        rate = sum(passed) / len(passed)
+        if band[0] <= rate <= band[1]:
+            line: dict[str, Any] = {"env_spec": row.env_spec, "difficulty": row.difficulty}
+            if row.max_turns is not None:
+                line["max_turns"] = row.max_turns
+            line["meta"] = {**(row.meta or {}), "pass_rate": rate}
+            kept.append(line)
+    return kept, unscored
+
+
+async def _filter(ctx: RoleContext[FilterConfig]) -> int:
+    from broker.connection import RedisSettings, connect
+    from broker.keys import RunKeys
+    from learner.evaluation import Evaluator
+    from learner.tasks import load_dataset
+
+    cfg = ctx.config
+    try:
+        band = cfg.band
+        for name in cfg.env_modules:
+            importlib.import_module(name)
+        rows = load_dataset(cfg.tasks)
+    except (ConfigError, TaskSourceError, ImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    spec = EvalConfig(eval_tasks=[f"filter={cfg.tasks}"], eval_samples=cfg.samples,
+                      eval_temperature=cfg.temperature, eval_max_tokens=cfg.max_tokens,
+                      eval_timeout_s=cfg.timeout_s)  # fmt: skip
+    redis = await connect(RedisSettings.from_url(cfg.redis_url))
+    keys = RunKeys(cfg.run, cfg.partitions)
+    evaluator = Evaluator(redis, keys, {"filter": rows}, spec, f"filter-{uuid.uuid4().hex[:8]}")
+    try:
+        await evaluator.start()
+        current = await evaluator.issue(-1, 0)
+        await evaluator.finish(current)
+    finally:
+        await _remove_group(redis, keys, evaluator.consumer.config.group)
+        await redis.aclose()
+    by_row = {g.task.eval.row: g for g in current.groups.values()}  # type: ignore[union-attr]
+    kept, unscored = kept_rows(rows, by_row, band, cfg.success_threshold)
+    cfg.out.write_text("".join(json.dumps(line) + "\n" for line in kept))
+    print(f"kept {len(kept)} of {len(rows)} tasks with pass rate in [{band[0]}, {band[1]}] "
+          f"({cfg.samples} samples each); {unscored} unscored (infrastructure) -> {cfg.out}")  # fmt: skip
+    return 3 if unscored else 0
+
+
+FILTER = Role(
+    name="learner filter",
+    config=FilterConfig,
+    main=_filter,
+    description="Keep the tasks whose pass rate through the farm lies in a band.",
+)
+
+
+def main_filter(argv: list[str]) -> int:
+    return start(FILTER, argv)
