@@ -12,6 +12,7 @@ through-the-farm tests (test_e2e.py) check that the distributed loop learns the 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,32 +32,92 @@ from workers.episode import EpisodeContext
 from workers.group import run_group
 from workers.tokens import load_codec
 
+# event-loop turns a batch waits, so that every episode of a gather has queued its request
+_SETTLE_TURNS = 20
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    done: asyncio.Future[Generation]
+
 
 class ModelGenerator:
-    """Token-in, token-out generation from an in-process model (one forward per token)."""
+    """Token-in, token-out generation from an in-process model.
+
+    Requests made in the same turn of the event loop (the episodes of one `asyncio.gather`) are
+    decoded as one left-padded batch with a KV cache, as the CPU server batches them: a
+    pretrained model's step would otherwise be one full forward per token per episode. Each
+    row keeps its own seeded generator, so a row samples what it would sample alone.
+    """
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.version = 0
+        self._pending: list[_Request] = []
+        self._batch: asyncio.Task[None] | None = None
+        params = inspect.signature(model.forward).parameters
+        # transformers 5.24 renamed forward's `past_key_values` to `cache` (the old name warns)
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, *, session_id: str
     ) -> Generation:
-        ids, tokens, logprobs = list(prompt_ids), [], []
-        gen = None if params.seed is None else torch.Generator().manual_seed(params.seed)
-        spec = SampleSpec(params.distribution(), 0)
-        finish = "length"
-        for _ in range(params.max_tokens):
+        request = _Request(list(prompt_ids), params, asyncio.get_running_loop().create_future())
+        self._pending.append(request)
+        if self._batch is None:
+            self._batch = asyncio.create_task(self._run_batch(), name="in-process-batch")
+        return await request.done
+
+    async def _run_batch(self) -> None:
+        for _ in range(_SETTLE_TURNS):  # let every episode of the gather reach generate()
+            await asyncio.sleep(0)
+        batch, self._pending, self._batch = self._pending, [], None
+        try:
+            results = self._decode(batch)
+        except Exception as exc:  # every waiting episode gets the failure, none hangs
+            for request in batch:
+                request.done.set_exception(exc)
+            return
+        for request, result in zip(batch, results, strict=True):
+            request.done.set_result(result)
+
+    def _decode(self, batch: list[_Request]) -> list[Generation]:
+        from transformers import DynamicCache
+
+        width = max(len(r.prompt) for r in batch)
+        feed = torch.zeros((len(batch), width), dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, r in enumerate(batch):
+            feed[i, width - len(r.prompt) :] = torch.tensor(r.prompt)
+            mask[i, width - len(r.prompt) :] = 1
+        gens = [None if r.params.seed is None else torch.Generator().manual_seed(r.params.seed)
+                for r in batch]  # fmt: skip
+        specs = [SampleSpec(r.params.distribution(), 0) for r in batch]
+        rows: list[tuple[list[int], list[float]]] = [([], []) for _ in batch]
+        finish = ["length"] * len(batch)
+        live = [r.params.max_tokens > 0 for r in batch]
+        cache = DynamicCache(config=self.model.config)
+        while any(live):
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -feed.shape[1] :]
             with torch.no_grad():
-                logits = self.model(torch.tensor([ids])).logits[0, -1:]
-            [token], [logprob], _ = sample_rows(logits, [spec], [gen])
-            ids.append(token)
-            tokens.append(token)
-            logprobs.append(logprob)
-            if token in params.stop_token_ids:
-                finish = "stop"
-                break
-        return Generation(tokens, logprobs, [self.version] * len(tokens), finish, "in-process")
+                out = self.model(input_ids=feed, attention_mask=mask, position_ids=positions,
+                                 use_cache=True, logits_to_keep=1, **{self._cache_arg: cache})  # fmt: skip
+            tokens, logprobs, _ = sample_rows(out.logits[:, -1], specs, gens)
+            for i, r in enumerate(batch):
+                if not live[i]:
+                    continue
+                rows[i][0].append(tokens[i])
+                rows[i][1].append(logprobs[i])
+                if tokens[i] in r.params.stop_token_ids:
+                    finish[i], live[i] = "stop", False
+                elif len(rows[i][0]) >= r.params.max_tokens:
+                    live[i] = False
+            feed = torch.tensor(tokens)[:, None]
+            mask = torch.cat([mask, torch.ones((len(batch), 1), dtype=torch.long)], dim=1)
+        return [Generation(t, lp, [self.version] * len(t), f, "in-process")
+                for (t, lp), f in zip(rows, finish, strict=True)]  # fmt: skip
 
     def end_session(self, session_id: str) -> None:
         """No sticky servers here."""
