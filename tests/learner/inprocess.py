@@ -177,3 +177,25 @@ async def _groups(ctx: EpisodeContext, cfg: EpisodeSettings, tasks: list[Task]) 
 def window_mean(rewards: Sequence[float], window: int = 10) -> list[float]:
     """The mean of each run of `window` consecutive steps."""
     return [sum(rewards[i - window : i]) / window for i in range(window, len(rewards) + 1)]
+
+
+@dataclass(frozen=True)
+class Score:
+    """A policy's score on a set of prompts: mean reward over every sample, and pass@k (the
+    share of prompts with at least one sample that scored 1)."""
+
+    mean: float
+    pass_at_k: float
+
+
+def evaluate(model: torch.nn.Module, model_dir: Path, env_spec: str, seeds: Sequence[int], *,
+             k: int, settings: EpisodeSettings) -> Score:  # fmt: skip
+    """`k` samples of each reset seed's prompt from `model`, through the workers' episode code."""
+    ctx = EpisodeContext(load_codec(str(model_dir)), ModelGenerator(model), SamplingParams)
+    tasks = [Task(f"eval-{s}", env_spec, k, s, 0) for s in seeds]
+    groups = asyncio.run(_groups(ctx, settings, tasks))
+    returns = [[sum(t.reward for t in tr.turns) for tr in g.trajectories] for g in groups]
+    return Score(
+        mean=sum(map(sum, returns)) / sum(map(len, returns)),
+        pass_at_k=sum(max(r) >= 1.0 for r in returns) / len(returns),
+    )
