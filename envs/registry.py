@@ -35,6 +35,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")
 _BUILTINS: dict[str, str] = {
     "toy": "envs.toy:make_toy",
     "lookup": "envs.lookup:make_lookup",
+    "arith": "envs.arith:make_arith",
     "http": "envs.http:make_http_env",
     "code": "envs.code:make_code_env",
     "codegym": "envs.codegym:make_codegym_env",

@@ -12,6 +12,7 @@ through-the-farm tests (test_e2e.py) check that the distributed loop learns the 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,62 +32,92 @@ from workers.episode import EpisodeContext
 from workers.group import run_group
 from workers.tokens import load_codec
 
+# event-loop turns a batch waits, so that every episode of a gather has queued its request
+_SETTLE_TURNS = 20
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    done: asyncio.Future[Generation]
+
 
 class ModelGenerator:
     """Token-in, token-out generation from an in-process model.
 
-    The episodes of a step call `generate` concurrently; the calls that are waiting for their
-    next token are decoded in one padded forward (right padding: under the causal mask a pad
-    after a row's last token cannot change its logits) and sampled together, each row with
-    its own seeded generator, as the CPU server does.
+    Requests made in the same turn of the event loop (the episodes of one `asyncio.gather`) are
+    decoded as one left-padded batch with a KV cache, as the CPU server batches them: a
+    pretrained model's step would otherwise be one full forward per token per episode. Each
+    row keeps its own seeded generator, so a row samples what it would sample alone.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.version = 0
-        self._waiting: list[
-            tuple[list[int], SampleSpec, torch.Generator | None, asyncio.Future]
-        ] = []
+        self._pending: list[_Request] = []
+        self._batch: asyncio.Task[None] | None = None
+        params = inspect.signature(model.forward).parameters
+        # transformers 5.24 renamed forward's `past_key_values` to `cache` (the old name warns)
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, *, session_id: str
     ) -> Generation:
-        ids, tokens, logprobs = list(prompt_ids), [], []
-        gen = None if params.seed is None else torch.Generator().manual_seed(params.seed)
-        spec = SampleSpec(params.distribution(), 0)
-        finish = "length"
-        for _ in range(params.max_tokens):
-            token, logprob = await self._next_token(ids, spec, gen)
-            ids.append(token)
-            tokens.append(token)
-            logprobs.append(logprob)
-            if token in params.stop_token_ids:
-                finish = "stop"
-                break
-        return Generation(tokens, logprobs, [self.version] * len(tokens), finish, "in-process")
+        request = _Request(list(prompt_ids), params, asyncio.get_running_loop().create_future())
+        self._pending.append(request)
+        if self._batch is None:
+            self._batch = asyncio.create_task(self._run_batch(), name="in-process-batch")
+        return await request.done
 
-    def _next_token(
-        self, ids: list[int], spec: SampleSpec, gen: torch.Generator | None
-    ) -> asyncio.Future:
-        loop = asyncio.get_running_loop()
-        if not self._waiting:
-            loop.call_soon(self._decode)  # after every episode that is ready has queued
-        future = loop.create_future()
-        self._waiting.append((ids, spec, gen, future))
-        return future
+    async def _run_batch(self) -> None:
+        for _ in range(_SETTLE_TURNS):  # let every episode of the gather reach generate()
+            await asyncio.sleep(0)
+        batch, self._pending, self._batch = self._pending, [], None
+        try:
+            results = self._decode(batch)
+        except Exception as exc:  # every waiting episode gets the failure, none hangs
+            for request in batch:
+                request.done.set_exception(exc)
+            return
+        for request, result in zip(batch, results, strict=True):
+            request.done.set_result(result)
 
-    def _decode(self) -> None:
-        waiting, self._waiting = self._waiting, []
-        lengths = [len(ids) for ids, *_ in waiting]
-        batch = torch.zeros(len(waiting), max(lengths), dtype=torch.long)
-        for row, (ids, *_) in enumerate(waiting):
-            batch[row, : len(ids)] = torch.tensor(ids)
-        with torch.no_grad():
-            logits = self.model(batch).logits
-        last = logits[torch.arange(len(waiting)), torch.tensor(lengths) - 1]
-        tokens, logprobs, _ = sample_rows(last, [w[1] for w in waiting], [w[2] for w in waiting])
-        for (*_, future), token, logprob in zip(waiting, tokens, logprobs, strict=True):
-            future.set_result((token, logprob))
+    def _decode(self, batch: list[_Request]) -> list[Generation]:
+        from transformers import DynamicCache
+
+        width = max(len(r.prompt) for r in batch)
+        feed = torch.zeros((len(batch), width), dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, r in enumerate(batch):
+            feed[i, width - len(r.prompt) :] = torch.tensor(r.prompt)
+            mask[i, width - len(r.prompt) :] = 1
+        gens = [None if r.params.seed is None else torch.Generator().manual_seed(r.params.seed)
+                for r in batch]  # fmt: skip
+        specs = [SampleSpec(r.params.distribution(), 0) for r in batch]
+        rows: list[tuple[list[int], list[float]]] = [([], []) for _ in batch]
+        finish = ["length"] * len(batch)
+        live = [r.params.max_tokens > 0 for r in batch]
+        cache = DynamicCache(config=self.model.config)
+        while any(live):
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -feed.shape[1] :]
+            with torch.no_grad():
+                out = self.model(input_ids=feed, attention_mask=mask, position_ids=positions,
+                                 use_cache=True, logits_to_keep=1, **{self._cache_arg: cache})  # fmt: skip
+            tokens, logprobs, _ = sample_rows(out.logits[:, -1], specs, gens)
+            for i, r in enumerate(batch):
+                if not live[i]:
+                    continue
+                rows[i][0].append(tokens[i])
+                rows[i][1].append(logprobs[i])
+                if tokens[i] in r.params.stop_token_ids:
+                    finish[i], live[i] = "stop", False
+                elif len(rows[i][0]) >= r.params.max_tokens:
+                    live[i] = False
+            feed = torch.tensor(tokens)[:, None]
+            mask = torch.cat([mask, torch.ones((len(batch), 1), dtype=torch.long)], dim=1)
+        return [Generation(t, lp, [self.version] * len(t), f, "in-process")
+                for (t, lp), f in zip(rows, finish, strict=True)]  # fmt: skip
 
     def end_session(self, session_id: str) -> None:
         """No sticky servers here."""
@@ -103,25 +134,27 @@ class Run:
 
 def train(model_dir: Path, env_spec: str, *, steps: int, seed: int, groups: int = 4,
           group_size: int = 8, flags: dict[str, object] | None = None,
-          settings: EpisodeSettings | None = None, push: bool = True) -> Run:  # fmt: skip
+          settings: EpisodeSettings | None = None, push: bool = True,
+          threads: int | None = 1) -> Run:  # fmt: skip
     """`steps` synchronous steps of `groups` x `group_size` episodes of `env_spec`, trained by
     the learner's own `Core` (batch preparation, critic, schedules) built from `flags`, the
     learner's command-line settings.
 
     ``push=False`` is the control: episodes keep sampling the initial weights (a frozen copy)
     while the learner trains, as a farm whose weights never reach the servers.
-    """
 
-    # One thread: a seeded run is then the same run on any machine (a reduction split across
-    # threads rounds differently and the trajectories part), and the tiny model is no faster
-    # on two (measured: 200 lookup steps in 209 s on two threads, ~150 s on one).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    `threads` defaults to one: a seeded run is then the same run on any machine (a reduction
+    split across threads rounds differently and the trajectories part), and the tiny model is
+    no faster on two (200 lookup steps took 209 s on two threads, ~150 s on one). None keeps
+    torch's setting, for a pretrained model that needs every core.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
     try:
         return _train(model_dir, env_spec, steps=steps, seed=seed, groups=groups,
                       group_size=group_size, flags=flags, settings=settings, push=push)  # fmt: skip
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
 
 
 def _train(model_dir: Path, env_spec: str, *, steps: int, seed: int, groups: int,
@@ -162,3 +195,25 @@ async def _groups(ctx: EpisodeContext, cfg: EpisodeSettings, tasks: list[Task]) 
 def window_mean(rewards: Sequence[float], window: int = 10) -> list[float]:
     """The mean of each run of `window` consecutive steps."""
     return [sum(rewards[i - window : i]) / window for i in range(window, len(rewards) + 1)]
+
+
+@dataclass(frozen=True)
+class Score:
+    """A policy's score on a set of prompts: mean reward over every sample, and pass@k (the
+    share of prompts with at least one sample that scored 1)."""
+
+    mean: float
+    pass_at_k: float
+
+
+def evaluate(model: torch.nn.Module, model_dir: Path, env_spec: str, seeds: Sequence[int], *,
+             k: int, settings: EpisodeSettings) -> Score:  # fmt: skip
+    """`k` samples of each reset seed's prompt from `model`, through the workers' episode code."""
+    ctx = EpisodeContext(load_codec(str(model_dir)), ModelGenerator(model), SamplingParams)
+    tasks = [Task(f"eval-{s}", env_spec, k, s, 0) for s in seeds]
+    groups = asyncio.run(_groups(ctx, settings, tasks))
+    returns = [[sum(t.reward for t in tr.turns) for tr in g.trajectories] for g in groups]
+    return Score(
+        mean=sum(map(sum, returns)) / sum(map(len, returns)),
+        pass_at_k=sum(max(r) >= 1.0 for r in returns) / len(returns),
+    )

@@ -52,7 +52,7 @@ GOOD = '{"env_spec": "toy@{\\"difficulty\\": 1}"}\n'
 @pytest.mark.parametrize(
     ("spec", "fragments"),
     [
-        ("nope@{}", ["unknown environment 'nope'", "registered: agent, code, codegym"]),
+        ("nope@{}", ["unknown environment 'nope'", "registered: agent, arith, code, codegym"]),
         ("toy@{bad", ["not valid JSON"]),
         ("codegym", ["missing a required argument: 'env'",
                      "accepted kwargs: env (required), config_index"]),

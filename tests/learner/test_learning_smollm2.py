@@ -1,0 +1,61 @@
+"""A real pretrained model learns a task it fails: SmolLM2-135M-Instruct on `arith`, in-process.
+
+`arith` asks "What is a+b? Answer with the number only." and pays 1 when the answer is the
+last thing the reply says. The base model mostly rambles past the number until the 12-token
+turn is cut, or talks around it. GRPO (4 prompts x 8 samples a step, lr 2e-5, temperature 1)
+on the train split teaches it to answer and stop; the score is taken on the held-out split
+(problems never trained on), k = 4 samples of each, before and after. Seeds 0, 1, 2 measured
+(BENCHMARKS.md, "SmolLM2 on arith"); the test runs seed 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import envs
+from envs.arith import split_problems
+from tests.learner.inprocess import Score, evaluate, train
+from workers.config import EpisodeSettings
+
+HELD_OUT = 'arith@{"split": "heldout"}'
+SETTINGS = EpisodeSettings(max_tokens=12, temperature=1.0)
+FLAGS = {"learning_rate": 2e-5, "micro_batch_size": 8}
+STEPS, K = 8, 4
+# held-out mean@4, base 0.0875 (pass@4 0.30) -> after 8 steps: seed 1 0.825 (0.90), seed 2
+# 0.738 (0.85); seed 0, on 80 random held-out draws instead of each problem x 4: 0.05 -> 0.68.
+BASE_BELOW, RISE = 0.15, 0.3
+
+
+def held_out_seeds() -> list[int]:
+    """The first reset seed that draws each held-out problem: every one scored once."""
+    env, seeds, seen = envs.make(HELD_OUT), [], set()
+    wanted = len(split_problems(9, "+", 0.2)["heldout"])
+    seed = 0
+    while len(seen) < wanted:
+        _, info = env.reset(seed=seed)
+        if info["problem"] not in seen:
+            seen.add(info["problem"])
+            seeds.append(seed)
+        seed += 1
+    return seeds
+
+
+def _score(model: object, model_dir: Path) -> Score:
+    return evaluate(model, model_dir, HELD_OUT, held_out_seeds(), k=K, settings=SETTINGS)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_smollm2_learns_to_answer_and_stop_on_held_out_problems(smollm2_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    base = _score(AutoModelForCausalLM.from_pretrained(smollm2_dir).eval(), smollm2_dir)
+    run = train(smollm2_dir, "arith", steps=STEPS, seed=0, groups=4, group_size=8,
+                flags=FLAGS, settings=SETTINGS, threads=None)  # fmt: skip
+    assert run.core is not None
+    after = _score(run.core.trainer.model.eval(), smollm2_dir)
+    assert base.mean < BASE_BELOW, base
+    assert after.mean >= base.mean + RISE, (base, after, run.rewards)
+    assert after.pass_at_k > base.pass_at_k, (base, after)
