@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import _report as report
+
 HIDDEN, LAYERS, HEADS, KV_HEADS, MLP, VOCAB = 512, 8, 8, 2, 1408, 151_936
 CHUNK = 256  # LM-head chunk: 2 x 256 x 151,936 x 4 B = 297 MiB of logit buffers
 MIB = 2**20
@@ -208,49 +210,58 @@ def main(argv: list[str]) -> int:
                         help="tokens per sequence of the chunked/full rows (empty: FSDP rows only)")  # fmt: skip
     parser.add_argument("--fsdp-length", type=int, default=1024, help="tokens per sequence (x2)")
     parser.add_argument("--modes", default="chunked,full,fsdp", help="rows to run")
-    parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
-    args = parser.parse_args([a for a in argv if a not in ("--memory", "--quick")])
-    lengths = [2048] if "--quick" in argv else [int(x) for x in args.lengths.split(",") if x]
-    print(
+    parser.add_argument("--quick", action="store_true", help="2048 tokens only")
+    parser.add_argument("--smoke", action="store_true", help="chunked and full at 256 (CI)")
+    parser.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")
+    args = parser.parse_args([a for a in argv if a != "--memory"])
+    run = report.start("learner", argv)
+    lengths = [int(x) for x in args.lengths.split(",") if x]
+    modes = args.modes.split(",")
+    if args.quick:
+        lengths = [2048]
+    if args.smoke:
+        lengths, modes = [256], ["chunked", "full"]
+    lines = [
         "| mode | tokens/seq | seqs | ranks | peak MiB (per rank) | floor MiB | peak/floor "
         "| step s | samples/s | tokens/s |\n|---|---|---|---|---|---|---|---|---|---|"
-    )
+    ]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for mode, length, seqs in plan(lengths, args.fsdp_length, args.modes.split(",")):
+        for mode, length, seqs in plan(lengths, args.fsdp_length, modes):
             # logits, log_softmax, its exp (entropy) and a gradient: 4 x [T, V] float32
             need = 4 * 4 * length * VOCAB * seqs if mode == "full" else 0
             if need > 0.6 * _available():
-                print(
+                lines.append(
                     f"| {mode} | {length} | {seqs} | 1 | not run: needs > {need / 2**30:.0f}"
                     f" GiB, {_available() / 2**30:.0f} GiB available | | | | | |"
                 )
                 continue
             for row in _spawn(mode, length, seqs, Path(tmp) / f"{mode}-{length}.json"):
                 rows.append(row)
-                print(_fmt(row), flush=True)
-    _summary(rows)
-    if args.json:
-        print(json.dumps(rows))
-    return 0
+                lines.append(_fmt(row))
+                print(lines[-1], file=sys.stderr, flush=True)  # progress: rows take minutes
+    lines += _summary(rows)
+    return report.emit(run, rows, "\n".join(lines), args.json)
 
 
-def _summary(rows: list[dict[str, Any]]) -> None:
+def _summary(rows: list[dict[str, Any]]) -> list[str]:
+    out = []
     one = [r for r in rows if r["mode"] == "fsdp-1"]
     two = [r for r in rows if r["mode"] == "fsdp-2"]
     if one and two:
         per_rank = max(r["peak"] for r in two)
-        print(f"\nFSDP: peak per rank {per_rank / MIB:,.0f} MiB with 2 ranks vs "
+        out.append(f"\nFSDP: peak per rank {per_rank / MIB:,.0f} MiB with 2 ranks vs "
               f"{one[0]['peak'] / MIB:,.0f} MiB in one process (ratio {per_rank / one[0]['peak']:.2f}); "
               f"parameter + AdamW state per rank {16 * one[0]['params'] / 2 / MIB:,.0f} vs "
               f"{16 * one[0]['params'] / MIB:,.0f} MiB")  # fmt: skip
     for r in two:
         if r["export"]["file"]:
             e = r["export"]
-            print(f"weight export from shards (rank 0 writes): peak extra RSS "
+            out.append(f"weight export from shards (rank 0 writes): peak extra RSS "
                   f"{e['peak_extra'] / MIB:,.0f} MiB, largest tensor {e['largest_tensor'] / MIB:,.0f}"
                   f" MiB, model file {e['file'] / MIB:,.0f} MiB "
                   f"(ratio to the model {e['peak_extra'] / e['file']:.2f})")  # fmt: skip
+    return out
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["case"]:
