@@ -6,11 +6,12 @@ drew it from (`learner.distribution.TokenSampling`, applied by `inference.sampli
 allowed-token mask, the temperature, min-p, top-k and top-p, renormalised over the kept
 tokens). It returns the target's logprob, the entropy of that distribution, and the policy's
 probability mass outside it (under the tempered, unrestricted distribution: a drift the sampler
-never shows). Each chunk is one autograd node (`_ChunkLogprobs`) that keeps only the chunk's
-hidden states and per-token scalars (the truncation is kept as one threshold per token, so
-backward re-applies it without sorting), recomputes the chunk's logits in backward and forms
-their gradient in place: at most two ``[chunk, V]`` float32 buffers exist at any time, and
-``[T, V]`` never exists for a whole sequence. `full_logprobs` is the unchunked reference the
+never shows). The whole head is one autograd node (`_HeadLogprobs`) that keeps only the hidden
+states and per-token scalars (the truncation is kept as one threshold per token, so backward
+re-applies it without sorting), recomputes each chunk's logits in backward and forms their
+gradient in place: at most two ``[chunk, V]`` float32 buffers exist at any time, ``[T, V]``
+never exists for a whole sequence, and the head's weight gradient is one ``[V, H]`` buffer
+that every chunk adds into. `full_logprobs` is the unchunked reference the
 tests and the memory benchmark compare against.
 
 The kept set is treated as fixed in backward (no gradient flows through which tokens it
@@ -53,36 +54,82 @@ def _keep(
     return threshold
 
 
-class _ChunkLogprobs(torch.autograd.Function):
-    """Target logprob, entropy and outside mass of one chunk; backward recomputes the logits.
+def _chunk_forward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    rows: RowSampling,
+) -> tuple[torch.Tensor, ...]:
+    """(target logprob, entropy, outside mass, logsumexp, threshold or None) of one chunk."""
+    z = _tempered(hidden, weight, bias, rows)
+    restricted = rows.allowed is not None or rows.truncates()
+    full = torch.logsumexp(z, dim=-1) if restricted else None
+    threshold = _keep(z, rows, targets, None) if restricted else None
+    lse = torch.logsumexp(z, dim=-1)
+    target = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    # 1 - the kept mass under the tempered, unrestricted policy (0 when nothing is dropped)
+    outside = -torch.expm1(lse - full) if full is not None else torch.zeros_like(lse)
+    z.clamp_(min=_FLOOR)  # exp(_FLOOR - lse) is 0: p z is 0 outside, not nan
+    probs = (z - lse.unsqueeze(-1)).exp_()
+    entropy = lse - probs.mul_(z).sum(dim=-1)
+    return target, entropy, outside, lse, threshold
 
-    Saves only the chunk's hidden states and per-token scalars (the truncation as a threshold
-    per token), and works on at most two ``[chunk, V]`` float32 buffers at a time (forward and
-    backward). With ``z`` the kept logits, ``p = softmax(z)`` (0 outside the kept set) and
-    ``H`` the entropy: ``d logp_y / dz = onehot(y) - p`` and ``dH / dz = -p (log p + H)``.
+
+def _chunk_grad(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    rows: RowSampling,
+    saved: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+    grad_target: torch.Tensor,
+    grad_entropy: torch.Tensor,
+) -> torch.Tensor:
+    """dL/dlogits of one chunk, ``[chunk, V]`` in the weight's dtype, the logits recomputed."""
+    lse, entropy, threshold = saved
+    logp = _tempered(hidden, weight, bias, rows)
+    if rows.allowed is not None or threshold is not None:
+        _keep(logp, rows, targets, threshold)
+    logp.clamp_(min=_FLOOR).sub_(lse.unsqueeze(-1))
+    probs = logp.exp()
+    # dL/dz = g_H * (-p (logp + H)) + g_y * (onehot(y) - p), built in place in `logp`
+    grad = logp.add_(entropy.unsqueeze(-1)).mul_(probs).mul_(-grad_entropy.unsqueeze(-1))
+    grad.sub_(probs.mul_(grad_target.unsqueeze(-1)))
+    del probs
+    grad.scatter_add_(-1, targets.unsqueeze(-1), grad_target.unsqueeze(-1))
+    scale = effective_temperature(rows.temperature).unsqueeze(-1)
+    return grad.div_(scale).to(weight.dtype)
+
+
+class _HeadLogprobs(torch.autograd.Function):
+    """Target logprob, entropy and outside mass of every token, chunk by chunk; backward
+    recomputes each chunk's logits.
+
+    One autograd node for the whole head: it saves the hidden states (already alive: they are
+    its input) and per-token scalars (the truncation as a threshold per token), works on at
+    most two ``[chunk, V]`` float32 buffers at a time, and in backward accumulates every
+    chunk's weight gradient into one ``[V, H]`` buffer and writes its hidden-state gradient
+    into one ``[N, H]`` buffer (a node per chunk made autograd hold a second ``[V, H]``
+    gradient while summing them, and a zero-filled ``[N, H]`` per chunk for the slices).
+    With ``z`` the kept logits, ``p = softmax(z)`` (0 outside the kept set) and ``H`` the
+    entropy: ``d logp_y / dz = onehot(y) - p`` and ``dH / dz = -p (log p + H)``.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, sampling, span):  # type: ignore[no-untyped-def]
-        # the rows' allowed mask is [chunk, V]: rebuilt in backward from `sampling`, not kept
-        rows = sampling.rows(*span, weight.shape[0])
-        z = _tempered(hidden, weight, bias, rows)
-        restricted = rows.allowed is not None or rows.truncates()
-        full = torch.logsumexp(z, dim=-1) if restricted else None
-        threshold = _keep(z, rows, targets, None) if restricted else None
-        lse = torch.logsumexp(z, dim=-1)
-        target = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-        # 1 - the kept mass under the tempered, unrestricted policy (0 when nothing is dropped)
-        outside = -torch.expm1(lse - full) if full is not None else torch.zeros_like(lse)
-        z.clamp_(min=_FLOOR)  # exp(_FLOOR - lse) is 0: p z is 0 outside, not nan
-        probs = (z - lse.unsqueeze(-1)).exp_()
-        entropy = lse - probs.mul_(z).sum(dim=-1)
-        ctx.sampling, ctx.span, ctx.threshold, ctx.restricted = (
-            sampling,
-            span,
-            threshold,
-            restricted,
-        )
+    def forward(ctx, hidden, weight, bias, targets, sampling, chunk_tokens):  # type: ignore[no-untyped-def]
+        n, vocab = targets.shape[0], weight.shape[0]
+        spans = [(a, min(a + chunk_tokens, n)) for a in range(0, n, chunk_tokens)]
+        target, entropy, outside, lse = (hidden.new_empty(n, dtype=torch.float32) for _ in "tesl")
+        thresholds = []
+        for a, b in spans:
+            # the rows' allowed mask is [chunk, V]: rebuilt in backward from `sampling`, not kept
+            rows = sampling.rows(a, b, vocab)
+            parts = _chunk_forward(hidden[a:b], weight, bias, targets[a:b], rows)
+            for out, part in zip((target, entropy, outside, lse), parts[:4], strict=True):
+                out[a:b] = part
+            thresholds.append(parts[4])
+        ctx.sampling, ctx.spans, ctx.thresholds = sampling, spans, thresholds
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
         ctx.mark_non_differentiable(outside)
         return target, entropy, outside
@@ -90,23 +137,22 @@ class _ChunkLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_target, grad_entropy, _grad_outside):  # type: ignore[no-untyped-def]
         hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
-        rows = ctx.sampling.rows(*ctx.span, weight.shape[0])
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros_like(weight) if need_weight else None
+        grad_bias = torch.zeros_like(bias) if bias is not None and need_bias else None
         with torch.no_grad():
-            logp = _tempered(hidden, weight, bias, rows)
-            if ctx.restricted:
-                _keep(logp, rows, targets, ctx.threshold)
-            logp.clamp_(min=_FLOOR).sub_(lse.unsqueeze(-1))
-            probs = logp.exp()
-            # dL/dz = g_H * (-p (logp + H)) + g_y * (onehot(y) - p), built in place in `logp`
-            grad = logp.add_(entropy.unsqueeze(-1)).mul_(probs).mul_(-grad_entropy.unsqueeze(-1))
-            grad.sub_(probs.mul_(grad_target.unsqueeze(-1)))
-            del probs
-            grad.scatter_add_(-1, targets.unsqueeze(-1), grad_target.unsqueeze(-1))
-            scale = effective_temperature(rows.temperature).unsqueeze(-1)
-            grad = grad.div_(scale).to(weight.dtype)
-            grad_hidden = grad @ weight if ctx.needs_input_grad[0] else None
-            grad_weight = grad.t() @ hidden if ctx.needs_input_grad[1] else None
-            grad_bias = grad.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+            for (a, b), threshold in zip(ctx.spans, ctx.thresholds, strict=True):
+                rows = ctx.sampling.rows(a, b, weight.shape[0])
+                saved = (lse[a:b], entropy[a:b], threshold)
+                grad = _chunk_grad(hidden[a:b], weight, bias, targets[a:b], rows, saved,
+                                   grad_target[a:b], grad_entropy[a:b])  # fmt: skip
+                if grad_hidden is not None:
+                    torch.mm(grad, weight, out=grad_hidden[a:b])
+                if grad_weight is not None:
+                    grad_weight.addmm_(grad.t(), hidden[a:b])
+                if grad_bias is not None:
+                    grad_bias.add_(grad.sum(0))
         return grad_hidden, grad_weight, grad_bias, None, None, None
 
 
@@ -126,17 +172,11 @@ def chunked_logprobs(
     shape = targets.shape
     flat_h = hidden.reshape(-1, hidden.shape[-1])
     flat_t = targets.reshape(-1)
-    outs: list[list[torch.Tensor]] = [[], [], []]
-    for start in range(0, flat_t.shape[0], chunk_tokens):
-        stop = min(start + chunk_tokens, flat_t.shape[0])
-        parts = _ChunkLogprobs.apply(flat_h[start:stop], head.weight, head.bias,
-                                     flat_t[start:stop], sampling, (start, stop))  # fmt: skip
-        for out, part in zip(outs, parts, strict=True):
-            out.append(part)
-    if not outs[0]:
+    if not flat_t.shape[0]:
         empty = flat_h.new_zeros(0, dtype=torch.float32).reshape(shape)
         return empty, empty, empty
-    logp, entropy, outside = (torch.cat(out).reshape(shape) for out in outs)
+    parts = _HeadLogprobs.apply(flat_h, head.weight, head.bias, flat_t, sampling, chunk_tokens)
+    logp, entropy, outside = (part.reshape(shape) for part in parts)
     return logp, entropy, outside
 
 
