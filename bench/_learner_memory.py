@@ -77,14 +77,25 @@ def build_model() -> Any:
 def samples(n: int, length: int) -> list[Any]:
     import numpy as np
 
+    from broker.messages import Sampling
     from learner.batch import Sample
 
     rng = np.random.default_rng(0)
     mask = np.ones(length, np.float32)
     mask[0] = 0
-    return [Sample(rng.integers(1, VOCAB, length), mask, -rng.uniform(5, 15, length).astype(
-        np.float32), np.full(length, 1.0 - 2 * (i % 2), np.float32), np.ones(length, np.float32),
-        False, f"s{i}") for i in range(n)]  # fmt: skip
+    return [
+        Sample(
+            input_ids=rng.integers(1, VOCAB, length),
+            loss_mask=mask,
+            behaviour_logp=-rng.uniform(5, 15, length).astype(np.float32),
+            advantages=np.full(length, 1.0 - 2 * (i % 2), np.float32),
+            sampling_index=np.zeros(length, np.int32),  # every token drawn at temperature 1
+            stale=False,
+            group_id=f"s{i}",
+            samplings=(Sampling(1.0),),
+        )
+        for i in range(n)
+    ]
 
 
 def full_logits_policy(lm: Any) -> Any:

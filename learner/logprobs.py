@@ -102,34 +102,159 @@ def _chunk_grad(
     return grad.div_(scale).to(weight.dtype)
 
 
+def _tile_logits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    temperature: torch.Tensor,
+    cols: tuple[int, int],
+) -> torch.Tensor:
+    """Float32 logits of vocabulary columns ``cols`` over each row's temperature."""
+    a, b = cols
+    logits = torch.nn.functional.linear(hidden, weight[a:b], None if bias is None else bias[a:b])
+    return logits.float().div_(temperature.unsqueeze(-1))
+
+
+def _tile_keep(
+    z: torch.Tensor, rows: RowSampling, targets: torch.Tensor, cols: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask a tile to the allowed set in place, its target kept; (target's column, in tile)."""
+    a, b = cols
+    inside = (targets >= a) & (targets < b)
+    column = (targets - a).clamp_(0, b - a - 1).unsqueeze(-1)
+    if rows.allowed is not None:
+        target = z.gather(-1, column)
+        z.masked_fill_(~rows.allowed[:, a:b], float("-inf"))
+        z.scatter_(-1, column, torch.where(inside.unsqueeze(-1), target, z.gather(-1, column)))
+    return column, inside
+
+
+class _Online:
+    """Running logsumexp of tiles of a row, and the sum of ``exp(z - m) z`` (for the entropy)."""
+
+    def __init__(self, rows: int, like: torch.Tensor) -> None:
+        self.m = like.new_full((rows,), float("-inf"), dtype=torch.float32)
+        self.s = like.new_zeros(rows, dtype=torch.float32)
+        self.t = like.new_zeros(rows, dtype=torch.float32)
+
+    def add(self, z: torch.Tensor) -> None:
+        """Fold in a tile ``z`` (clamped in place: -inf becomes a finite floor, e^z still 0)."""
+        m = torch.maximum(self.m, z.amax(dim=-1))
+        shift = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # a row all -inf so far
+        rescale = torch.exp(self.m - shift)
+        z.clamp_(min=_FLOOR)  # p z is 0 outside the kept set, not nan
+        e = (z - shift.unsqueeze(-1)).exp_()
+        self.s.mul_(rescale).add_(e.sum(dim=-1))
+        self.t.mul_(rescale).add_(e.mul_(z).sum(dim=-1))
+        self.m = m
+
+    def lse(self) -> torch.Tensor:
+        return self.m + self.s.log()
+
+    def mean_z(self) -> torch.Tensor:
+        """``sum p z`` under the softmax of everything added."""
+        return self.t / self.s
+
+
+def _tiled_forward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    rows: RowSampling,
+    tile: int,
+) -> tuple[torch.Tensor, ...]:
+    """`_chunk_forward` for rows that do not truncate, over vocabulary tiles (online softmax)."""
+    n, vocab = targets.shape[0], weight.shape[0]
+    temperature = effective_temperature(rows.temperature)
+    kept, everything = _Online(n, hidden), _Online(n, hidden)
+    target = hidden.new_zeros(n, dtype=torch.float32)
+    for a in range(0, vocab, tile):
+        cols = (a, min(a + tile, vocab))
+        z = _tile_logits(hidden, weight, bias, temperature, cols)
+        if rows.allowed is not None:
+            everything.add(z)
+        column, inside = _tile_keep(z, rows, targets, cols)
+        target = torch.where(inside, z.gather(-1, column).squeeze(-1), target)
+        kept.add(z)
+        del z
+    lse = kept.lse()
+    # 1 - the kept mass under the tempered, unrestricted policy (0 when nothing is dropped)
+    outside = -torch.expm1(lse - everything.lse()) if rows.allowed is not None else None
+    return target - lse, lse - kept.mean_z(), outside, lse, None
+
+
+def _tiled_grad(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    rows: RowSampling,
+    saved: tuple[torch.Tensor, torch.Tensor],
+    grads: tuple[torch.Tensor, torch.Tensor],
+    out: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
+    tile: int,
+) -> None:
+    """Add the chunk's gradients into ``out`` (hidden rows, weight, bias), tile by tile."""
+    lse, entropy = saved
+    grad_target, grad_entropy = grads
+    grad_hidden, grad_weight, grad_bias = out
+    vocab = weight.shape[0]
+    temperature = effective_temperature(rows.temperature)
+    for a in range(0, vocab, tile):
+        b = min(a + tile, vocab)
+        logp = _tile_logits(hidden, weight, bias, temperature, (a, b))
+        column, inside = _tile_keep(logp, rows, targets, (a, b))
+        logp.clamp_(min=_FLOOR).sub_(lse.unsqueeze(-1))
+        probs = logp.exp()
+        # dL/dz = g_H * (-p (logp + H)) + g_y * (onehot(y) - p), built in place in `logp`
+        grad = logp.add_(entropy.unsqueeze(-1)).mul_(probs).mul_(-grad_entropy.unsqueeze(-1))
+        grad.sub_(probs.mul_(grad_target.unsqueeze(-1)))
+        del probs
+        grad.scatter_add_(-1, column, (grad_target * inside).unsqueeze(-1))
+        grad = grad.div_(temperature.unsqueeze(-1)).to(weight.dtype)
+        if grad_hidden is not None:
+            grad_hidden.addmm_(grad, weight[a:b])
+        if grad_weight is not None:
+            grad_weight[a:b].addmm_(grad.t(), hidden)
+        if grad_bias is not None:
+            grad_bias[a:b].add_(grad.sum(0))
+
+
 class _HeadLogprobs(torch.autograd.Function):
     """Target logprob, entropy and outside mass of every token, chunk by chunk; backward
-    recomputes each chunk's logits.
+    recomputes the logits.
 
     One autograd node for the whole head: it saves the hidden states (already alive: they are
-    its input) and per-token scalars (the truncation as a threshold per token), works on at
-    most two ``[chunk, V]`` float32 buffers at a time, and in backward accumulates every
-    chunk's weight gradient into one ``[V, H]`` buffer and writes its hidden-state gradient
-    into one ``[N, H]`` buffer (a node per chunk made autograd hold a second ``[V, H]``
-    gradient while summing them, and a zero-filled ``[N, H]`` per chunk for the slices).
-    With ``z`` the kept logits, ``p = softmax(z)`` (0 outside the kept set) and ``H`` the
-    entropy: ``d logp_y / dz = onehot(y) - p`` and ``dH / dz = -p (log p + H)``.
+    its input) and per-token scalars (the truncation as a threshold per token). A chunk whose
+    rows do not truncate (no top-k, top-p or min-p) is scored over vocabulary tiles with an
+    online softmax, so its buffers are ``[chunk, tile]``; a chunk with a truncating row needs
+    whole rows to find the threshold and works on at most two ``[chunk, V]`` buffers. In
+    backward every chunk's weight gradient is added into one ``[V, H]`` buffer and its
+    hidden-state gradient written into one ``[N, H]`` buffer (a node per chunk made autograd
+    hold a second ``[V, H]`` gradient while summing them, and a zero-filled ``[N, H]`` per
+    chunk for the slices). With ``z`` the kept logits, ``p = softmax(z)`` (0 outside the kept
+    set) and ``H`` the entropy: ``d logp_y / dz = onehot(y) - p`` and
+    ``dH / dz = -p (log p + H)``.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, sampling, chunk_tokens):  # type: ignore[no-untyped-def]
+    def forward(ctx, hidden, weight, bias, targets, sampling, chunk_tokens, tile):  # type: ignore[no-untyped-def]
         n, vocab = targets.shape[0], weight.shape[0]
         spans = [(a, min(a + chunk_tokens, n)) for a in range(0, n, chunk_tokens)]
-        target, entropy, outside, lse = (hidden.new_empty(n, dtype=torch.float32) for _ in "tesl")
+        target, entropy, lse = (hidden.new_empty(n, dtype=torch.float32) for _ in "tel")
+        outside = hidden.new_zeros(n, dtype=torch.float32)
         thresholds = []
         for a, b in spans:
             # the rows' allowed mask is [chunk, V]: rebuilt in backward from `sampling`, not kept
             rows = sampling.rows(a, b, vocab)
-            parts = _chunk_forward(hidden[a:b], weight, bias, targets[a:b], rows)
+            args = (hidden[a:b], weight, bias, targets[a:b], rows)
+            parts = _chunk_forward(*args) if rows.truncates() else _tiled_forward(*args, tile)
             for out, part in zip((target, entropy, outside, lse), parts[:4], strict=True):
-                out[a:b] = part
+                if part is not None:
+                    out[a:b] = part
             thresholds.append(parts[4])
-        ctx.sampling, ctx.spans, ctx.thresholds = sampling, spans, thresholds
+        ctx.sampling, ctx.spans, ctx.thresholds, ctx.tile = sampling, spans, thresholds, tile
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
         ctx.mark_non_differentiable(outside)
         return target, entropy, outside
@@ -138,22 +263,31 @@ class _HeadLogprobs(torch.autograd.Function):
     def backward(ctx, grad_target, grad_entropy, _grad_outside):  # type: ignore[no-untyped-def]
         hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
-        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_hidden = torch.zeros_like(hidden) if need_hidden else None
         grad_weight = torch.zeros_like(weight) if need_weight else None
         grad_bias = torch.zeros_like(bias) if bias is not None and need_bias else None
         with torch.no_grad():
             for (a, b), threshold in zip(ctx.spans, ctx.thresholds, strict=True):
                 rows = ctx.sampling.rows(a, b, weight.shape[0])
+                h, y = hidden[a:b], targets[a:b]
+                g = (grad_target[a:b], grad_entropy[a:b])
+                rows_out = None if grad_hidden is None else grad_hidden[a:b]
+                if threshold is None:
+                    _tiled_grad(h, weight, bias, y, rows, (lse[a:b], entropy[a:b]), g,
+                                (rows_out, grad_weight, grad_bias), ctx.tile)  # fmt: skip
+                    continue
                 saved = (lse[a:b], entropy[a:b], threshold)
-                grad = _chunk_grad(hidden[a:b], weight, bias, targets[a:b], rows, saved,
-                                   grad_target[a:b], grad_entropy[a:b])  # fmt: skip
-                if grad_hidden is not None:
-                    torch.mm(grad, weight, out=grad_hidden[a:b])
+                grad = _chunk_grad(h, weight, bias, y, rows, saved, *g)
+                if rows_out is not None:
+                    rows_out.addmm_(grad, weight)
                 if grad_weight is not None:
-                    grad_weight.addmm_(grad.t(), hidden[a:b])
+                    grad_weight.addmm_(grad.t(), h)
                 if grad_bias is not None:
                     grad_bias.add_(grad.sum(0))
-        return grad_hidden, grad_weight, grad_bias, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None
+
+
+VOCAB_TILE = 8192  # vocabulary columns per tile: [chunk, 8192] float32 buffers, not [chunk, V]
 
 
 def chunked_logprobs(
@@ -162,6 +296,7 @@ def chunked_logprobs(
     targets: torch.Tensor,
     sampling: TokenSampling,
     chunk_tokens: int,
+    vocab_tile: int = VOCAB_TILE,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logprob of each target, entropy, outside mass), float32, shaped like ``targets``.
 
@@ -175,7 +310,9 @@ def chunked_logprobs(
     if not flat_t.shape[0]:
         empty = flat_h.new_zeros(0, dtype=torch.float32).reshape(shape)
         return empty, empty, empty
-    parts = _HeadLogprobs.apply(flat_h, head.weight, head.bias, flat_t, sampling, chunk_tokens)
+    parts = _HeadLogprobs.apply(
+        flat_h, head.weight, head.bias, flat_t, sampling, chunk_tokens, vocab_tile
+    )
     logp, entropy, outside = (part.reshape(shape) for part in parts)
     return logp, entropy, outside
 
