@@ -6,7 +6,8 @@ heads, MLP 1408, vocabulary 151,936, tied embeddings; random weights, no downloa
 resident set is its own) training one AdamW step, twice, on sequences of the given length,
 activation checkpointing on:
 
-* ``chunked``: the learner's path (`learner.trainer.Trainer`, LM head in 256-token chunks);
+* ``chunked``: the learner's path (`learner.trainer.Trainer`, LM head in 256-token chunks
+  over 8192-column vocabulary tiles, fused AdamW);
 * ``full``: the same step with the logits materialised for the whole sequence
   (``lm(...).logits``, then log_softmax), what the learner did before chunking;
 * ``fsdp-1`` / ``fsdp-2``: the chunked step on 2 sequences, one process vs two gloo ranks
@@ -20,6 +21,7 @@ mark of the resident set (VmHWM, reset after the model is built and sharded, so 
 load is not counted) minus the resident set before the model was built. The weight export row
 streams the full weights out of the shards (`learner.export`) and reports the peak extra
 resident memory on the writing rank (sampled every 2 ms) against the model's size.
+`--quick`: 2048 tokens only; `--smoke` (CI): chunked and full at 256 tokens.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from typing import Any
 from bench import _report as report
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, MLP, VOCAB = 512, 8, 8, 2, 1408, 151_936
-CHUNK = 256  # LM-head chunk: 2 x 256 x 151,936 x 4 B = 297 MiB of logit buffers
+CHUNK = 256  # LM-head chunk; its logits are [256, 8192] vocabulary tiles (8 MiB each)
 MIB = 2**20
 
 
