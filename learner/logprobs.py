@@ -26,6 +26,7 @@ import torch
 
 from inference.sampling import RowSampling, effective_temperature, keep_threshold, tempered_logits
 from learner.distribution import TokenSampling
+from learner.tied import GradSink
 
 _FLOOR = torch.finfo(torch.float32).min  # stands for -inf where 0 * -inf would give nan
 
@@ -239,7 +240,7 @@ class _HeadLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, sampling, chunk_tokens, tile):  # type: ignore[no-untyped-def]
+    def forward(ctx, hidden, weight, bias, targets, sampling, chunk_tokens, tile, sink):  # type: ignore[no-untyped-def]
         n, vocab = targets.shape[0], weight.shape[0]
         spans = [(a, min(a + chunk_tokens, n)) for a in range(0, n, chunk_tokens)]
         target, entropy, lse = (hidden.new_empty(n, dtype=torch.float32) for _ in "tel")
@@ -255,6 +256,7 @@ class _HeadLogprobs(torch.autograd.Function):
                     out[a:b] = part
             thresholds.append(parts[4])
         ctx.sampling, ctx.spans, ctx.thresholds, ctx.tile = sampling, spans, thresholds, tile
+        ctx.sink = sink
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
         ctx.mark_non_differentiable(outside)
         return target, entropy, outside
@@ -284,7 +286,9 @@ class _HeadLogprobs(torch.autograd.Function):
                     grad_weight.addmm_(grad.t(), h)
                 if grad_bias is not None:
                     grad_bias.add_(grad.sum(0))
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None
+        if ctx.sink is not None:  # the tied embedding adds its rows in (`learner.tied`)
+            ctx.sink.grad = grad_weight
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
 
 VOCAB_TILE = 8192  # vocabulary columns per tile: [chunk, 8192] float32 buffers, not [chunk, V]
@@ -297,12 +301,14 @@ def chunked_logprobs(
     sampling: TokenSampling,
     chunk_tokens: int,
     vocab_tile: int = VOCAB_TILE,
+    sink: GradSink | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logprob of each target, entropy, outside mass), float32, shaped like ``targets``.
 
     ``hidden`` is ``[..., H]`` (the positions that predict ``targets``), ``targets`` is ``[...]``
     and ``sampling`` has one entry per target. Differentiable in ``hidden`` and the head's
-    parameters (the outside mass is not).
+    parameters (the outside mass is not). ``sink`` receives the head's weight gradient (a tied
+    embedding adds into it: `learner.tied`).
     """
     shape = targets.shape
     flat_h = hidden.reshape(-1, hidden.shape[-1])
@@ -311,7 +317,7 @@ def chunked_logprobs(
         empty = flat_h.new_zeros(0, dtype=torch.float32).reshape(shape)
         return empty, empty, empty
     parts = _HeadLogprobs.apply(
-        flat_h, head.weight, head.bias, flat_t, sampling, chunk_tokens, vocab_tile
+        flat_h, head.weight, head.bias, flat_t, sampling, chunk_tokens, vocab_tile, sink
     )
     logp, entropy, outside = (part.reshape(shape) for part in parts)
     return logp, entropy, outside
