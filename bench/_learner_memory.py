@@ -18,7 +18,9 @@ gradients, two AdamW moments; divided by the ranks under FSDP) + the checkpointe
 inputs and final hidden states (4 x tokens x hidden x (layers + 1)) + one layer's
 recomputed activations (4 x tokens x (4 hidden + 3 MLP)). Peak = the kernel's high-water
 mark of the resident set (VmHWM, reset after the model is built and sharded, so the one-off
-load is not counted) minus the resident set before the model was built. The weight export row
+load is not counted) minus the resident set before the model was built; malloc live = the
+peak of what malloc has handed out and not had back (`mallinfo2`, sampled every 5 ms), which
+leaves out freed heap that glibc keeps resident. The weight export row
 streams the full weights out of the shards (`learner.export`) and reports the peak extra
 resident memory on the writing rank (sampled every 2 ms) against the model's size.
 `--quick`: 2048 tokens only; `--smoke` (CI): chunked and full at 256 tokens.
@@ -56,6 +58,44 @@ def reset_peak() -> None:
     ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks",
+                "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]  # fmt: skip
+
+
+def malloc_live() -> int:
+    """Bytes malloc has handed out and not had back (heap in use + mmapped blocks)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.mallinfo2.restype = _Mallinfo2
+    info = libc.mallinfo2()
+    return int(info.uordblks + info.hblkhd)
+
+
+class LivePeak:
+    """The peak of `malloc_live` over a block, sampled every 5 ms in a thread.
+
+    The resident set also holds freed heap that glibc has not returned (a freed [T, H]
+    tensor below the mmap threshold stays resident); this is what the tensors alive need.
+    """
+
+    def __init__(self) -> None:
+        self.peak, self._done = 0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="malloc-sampler")
+
+    def _sample(self) -> None:
+        while not self._done.is_set():
+            self.peak = max(self.peak, malloc_live())
+            time.sleep(0.005)
+
+    def __enter__(self) -> LivePeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 def peak_rss() -> int:
@@ -102,6 +142,8 @@ def samples(n: int, length: int) -> list[Any]:
 
 def full_logits_policy(lm: Any) -> Any:
     """The pre-chunking computation: logits for every position, then log_softmax."""
+    import torch
+
     from learner.logprobs import full_logprobs
     from learner.policy import PolicyModel
 
@@ -114,7 +156,8 @@ def full_logits_policy(lm: Any) -> Any:
                 use_cache=False,
             ).logits
             flat = logits.reshape(-1, logits.shape[-1]).index_select(0, batch["src"])
-            return full_logprobs(flat, batch["targets"], batch["temperature"])
+            logp, entropy = full_logprobs(flat, batch["targets"], batch["sampling"])
+            return logp, entropy, torch.zeros_like(logp)  # the benchmark samples unrestricted
 
     return FullLogits(lm, 0)
 
@@ -128,7 +171,7 @@ def run_case(mode: str, length: int, sequences: int) -> dict[str, Any]:
     from learner.trainer import Trainer
 
     torch.set_num_threads(1 if mode == "fsdp-2" else 2)
-    base = rss()
+    base, live_base = rss(), malloc_live()
     dist = init_distributed(torch.device("cpu"))
     model = build_model()
     params = sum(p.numel() for p in model.parameters())
@@ -144,13 +187,14 @@ def run_case(mode: str, length: int, sequences: int) -> dict[str, Any]:
     tokens = sequences * (length - 1)
     reset_peak()  # the peak of the training steps, not of building and sharding the model
     times = []
-    for _ in range(2):  # the first step also allocates the AdamW state
-        started = time.perf_counter()
-        trainer.step(batch, tokens, sequences)
-        times.append(time.perf_counter() - started)
+    with LivePeak() as live:
+        for _ in range(2):  # the first step also allocates the AdamW state
+            started = time.perf_counter()
+            trainer.step(batch, tokens, sequences)
+            times.append(time.perf_counter() - started)
     peak = peak_rss() - base
     row = {"mode": mode, "length": length, "sequences": sequences, "world": dist.world,
-           "params": params, "peak": peak, "step_s": times[-1],
+           "params": params, "peak": peak, "live_peak": live.peak - live_base, "step_s": times[-1],
            "floor": floor(params, length * sequences // dist.world, dist.world)}  # fmt: skip
     if mode == "fsdp-2":
         row["export"] = export_peak(trainer, dist)
@@ -206,7 +250,8 @@ def _fmt(row: dict[str, Any]) -> str:
     tokens = row["length"] * row["sequences"]
     return (f"| {row['mode']} | {row['length']} | {row['sequences']} | {row['world']} | "
             f"{row['peak'] / MIB:,.0f} | {row['floor'] / MIB:,.0f} | "
-            f"{row['peak'] / row['floor']:.2f} | {row['step_s']:.1f} | "
+            f"{row['peak'] / row['floor']:.2f} | {row['live_peak'] / MIB:,.0f} | "
+            f"{row['live_peak'] / row['floor']:.2f} | {row['step_s']:.1f} | "
             f"{row['sequences'] / row['step_s']:.3f} | {tokens / row['step_s']:,.0f} |")  # fmt: skip
 
 
@@ -236,7 +281,8 @@ def main(argv: list[str]) -> int:
         lengths, modes = [256], ["chunked", "full"]
     lines = [
         "| mode | tokens/seq | seqs | ranks | peak MiB (per rank) | floor MiB | peak/floor "
-        "| step s | samples/s | tokens/s |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| malloc live MiB | live/floor | step s | samples/s | tokens/s |"
+        "\n|---|---|---|---|---|---|---|---|---|---|---|---|"
     ]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -246,7 +292,7 @@ def main(argv: list[str]) -> int:
             if need > 0.6 * _available():
                 lines.append(
                     f"| {mode} | {length} | {seqs} | 1 | not run: needs > {need / 2**30:.0f}"
-                    f" GiB, {_available() / 2**30:.0f} GiB available | | | | | |"
+                    f" GiB, {_available() / 2**30:.0f} GiB available | | | | | | | |"
                 )
                 continue
             for row in _spawn(mode, length, seqs, Path(tmp) / f"{mode}-{length}.json"):
