@@ -62,15 +62,15 @@ def _chunk_forward(
     targets: torch.Tensor,
     rows: RowSampling,
 ) -> tuple[torch.Tensor, ...]:
-    """(target logprob, entropy, outside mass, logsumexp, threshold or None) of one chunk."""
+    """(target logprob, entropy, outside mass, logsumexp, threshold) of a chunk whose rows
+    truncate (the threshold needs whole rows: ``[chunk, V]`` logits)."""
     z = _tempered(hidden, weight, bias, rows)
-    restricted = rows.allowed is not None or rows.truncates()
-    full = torch.logsumexp(z, dim=-1) if restricted else None
-    threshold = _keep(z, rows, targets, None) if restricted else None
+    full = torch.logsumexp(z, dim=-1)
+    threshold = _keep(z, rows, targets, None)
     lse = torch.logsumexp(z, dim=-1)
     target = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-    # 1 - the kept mass under the tempered, unrestricted policy (0 when nothing is dropped)
-    outside = -torch.expm1(lse - full) if full is not None else torch.zeros_like(lse)
+    # 1 - the kept mass under the tempered, unrestricted policy
+    outside = -torch.expm1(lse - full)
     z.clamp_(min=_FLOOR)  # exp(_FLOOR - lse) is 0: p z is 0 outside, not nan
     probs = (z - lse.unsqueeze(-1)).exp_()
     entropy = lse - probs.mul_(z).sum(dim=-1)
@@ -83,15 +83,14 @@ def _chunk_grad(
     bias: torch.Tensor | None,
     targets: torch.Tensor,
     rows: RowSampling,
-    saved: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+    saved: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     grad_target: torch.Tensor,
     grad_entropy: torch.Tensor,
 ) -> torch.Tensor:
-    """dL/dlogits of one chunk, ``[chunk, V]`` in the weight's dtype, the logits recomputed."""
+    """dL/dlogits of a truncating chunk, ``[chunk, V]`` in the weight's dtype, recomputed."""
     lse, entropy, threshold = saved
     logp = _tempered(hidden, weight, bias, rows)
-    if rows.allowed is not None or threshold is not None:
-        _keep(logp, rows, targets, threshold)
+    _keep(logp, rows, targets, threshold)
     logp.clamp_(min=_FLOOR).sub_(lse.unsqueeze(-1))
     probs = logp.exp()
     # dL/dz = g_H * (-p (logp + H)) + g_y * (onehot(y) - p), built in place in `logp`
