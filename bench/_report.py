@@ -6,7 +6,9 @@ the table (stdout), or with `--json` the table to stderr and one JSON envelope t
 Loads are `/proc/loadavg`'s 1, 5 and 15-minute averages. `quiet` is true when the run
 holds the lock of `../shared/tools/quiet`: that script takes `flock` on fd 9 opened on
 its lock file (``$QUIET_LOCK``, default /tmp/rollout-farm-quiet.lock) and then execs the
-command, which inherits the descriptor, so a run under quiet has that file open.
+command, which inherits the descriptor, so a run under quiet has that file open (a benchmark
+started from Python with ``close_fds``, as ``subprocess.run`` does by default, does not
+inherit it and reads as not quiet: start benchmarks from the shell under quiet).
 BENCHMARKS.md quotes only runs with ``quiet`` true and a 1-minute ``load_before`` under 1.0.
 """
 
