@@ -12,7 +12,6 @@ or acking. The cluster is the tests' launcher
 from __future__ import annotations
 
 import asyncio
-import json
 import multiprocessing
 import statistics
 import subprocess
@@ -187,17 +186,18 @@ def run_cluster_bench(quick: bool) -> list[ClusterRow]:
             cluster.stop()
 
 
-def report(quick: bool, as_json: bool) -> None:
-    """Print the cluster rows (after the single-node table of `bench broker`)."""
+def report(quick: bool) -> tuple[list[dict[str, Any]], str]:
+    """The cluster rows and their table (after the single-node table of `bench broker`)."""
     rows = run_cluster_bench(quick)
-    if as_json:
-        print(json.dumps([asdict(r) for r in rows], indent=1))
-        return
     repeats = 1 if quick else 3
-    print(
-        f"\nbroker on a local Redis Cluster (3 masters, 3 replicas), {PARTITIONS} partitions a run"
+    text = "\n".join(
+        (
+            f"\nbroker on a local Redis Cluster (3 masters, 3 replicas), {PARTITIONS} partitions"
+            " a run",
+            f"publish -> consume -> commit per slot; medians of {repeats}; ent/s summed over runs",
+            table(rows),
+            "raw XADD = redis-benchmark --cluster, pipelined XADD of the same payload on every",
+            "master at once (no consume, no ack); masters = those holding the runs' partitions",
+        )
     )
-    print(f"publish -> consume -> commit per slot; medians of {repeats}; ent/s summed over runs")
-    print(table(rows))
-    print("raw XADD = redis-benchmark --cluster, pipelined XADD of the same payload on every")
-    print("master at once (no consume, no ack); masters = those holding the runs' partitions")
+    return [asdict(r) for r in rows], text

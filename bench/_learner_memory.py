@@ -6,7 +6,8 @@ heads, MLP 1408, vocabulary 151,936, tied embeddings; random weights, no downloa
 resident set is its own) training one AdamW step, twice, on sequences of the given length,
 activation checkpointing on:
 
-* ``chunked``: the learner's path (`learner.trainer.Trainer`, LM head in 256-token chunks);
+* ``chunked``: the learner's path (`learner.trainer.Trainer`, LM head in 256-token chunks
+  over 8192-column vocabulary tiles, fused AdamW);
 * ``full``: the same step with the logits materialised for the whole sequence
   (``lm(...).logits``, then log_softmax), what the learner did before chunking;
 * ``fsdp-1`` / ``fsdp-2``: the chunked step on 2 sequences, one process vs two gloo ranks
@@ -17,9 +18,12 @@ gradients, two AdamW moments; divided by the ranks under FSDP) + the checkpointe
 inputs and final hidden states (4 x tokens x hidden x (layers + 1)) + one layer's
 recomputed activations (4 x tokens x (4 hidden + 3 MLP)). Peak = the kernel's high-water
 mark of the resident set (VmHWM, reset after the model is built and sharded, so the one-off
-load is not counted) minus the resident set before the model was built. The weight export row
+load is not counted) minus the resident set before the model was built; malloc live = the
+peak of what malloc has handed out and not had back (`mallinfo2`, sampled every 5 ms), which
+leaves out freed heap that glibc keeps resident. The weight export row
 streams the full weights out of the shards (`learner.export`) and reports the peak extra
 resident memory on the writing rank (sampled every 2 ms) against the model's size.
+`--quick`: 2048 tokens only; `--smoke` (CI): chunked and full at 256 tokens.
 """
 
 from __future__ import annotations
@@ -37,8 +41,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import _report as report
+
 HIDDEN, LAYERS, HEADS, KV_HEADS, MLP, VOCAB = 512, 8, 8, 2, 1408, 151_936
-CHUNK = 256  # LM-head chunk: 2 x 256 x 151,936 x 4 B = 297 MiB of logit buffers
+CHUNK = 256  # LM-head chunk; its logits are [256, 8192] vocabulary tiles (8 MiB each)
 MIB = 2**20
 
 
@@ -52,6 +58,44 @@ def reset_peak() -> None:
     ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks",
+                "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]  # fmt: skip
+
+
+def malloc_live() -> int:
+    """Bytes malloc has handed out and not had back (heap in use + mmapped blocks)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.mallinfo2.restype = _Mallinfo2
+    info = libc.mallinfo2()
+    return int(info.uordblks + info.hblkhd)
+
+
+class LivePeak:
+    """The peak of `malloc_live` over a block, sampled every 5 ms in a thread.
+
+    The resident set also holds freed heap that glibc has not returned (a freed [T, H]
+    tensor below the mmap threshold stays resident); this is what the tensors alive need.
+    """
+
+    def __init__(self) -> None:
+        self.peak, self._done = 0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="malloc-sampler")
+
+    def _sample(self) -> None:
+        while not self._done.is_set():
+            self.peak = max(self.peak, malloc_live())
+            time.sleep(0.005)
+
+    def __enter__(self) -> LivePeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 def peak_rss() -> int:
@@ -75,18 +119,31 @@ def build_model() -> Any:
 def samples(n: int, length: int) -> list[Any]:
     import numpy as np
 
+    from broker.messages import Sampling
     from learner.batch import Sample
 
     rng = np.random.default_rng(0)
     mask = np.ones(length, np.float32)
     mask[0] = 0
-    return [Sample(rng.integers(1, VOCAB, length), mask, -rng.uniform(5, 15, length).astype(
-        np.float32), np.full(length, 1.0 - 2 * (i % 2), np.float32), np.ones(length, np.float32),
-        False, f"s{i}") for i in range(n)]  # fmt: skip
+    return [
+        Sample(
+            input_ids=rng.integers(1, VOCAB, length),
+            loss_mask=mask,
+            behaviour_logp=-rng.uniform(5, 15, length).astype(np.float32),
+            advantages=np.full(length, 1.0 - 2 * (i % 2), np.float32),
+            sampling_index=np.zeros(length, np.int32),  # every token drawn at temperature 1
+            stale=False,
+            group_id=f"s{i}",
+            samplings=(Sampling(1.0),),
+        )
+        for i in range(n)
+    ]
 
 
 def full_logits_policy(lm: Any) -> Any:
     """The pre-chunking computation: logits for every position, then log_softmax."""
+    import torch
+
     from learner.logprobs import full_logprobs
     from learner.policy import PolicyModel
 
@@ -99,7 +156,8 @@ def full_logits_policy(lm: Any) -> Any:
                 use_cache=False,
             ).logits
             flat = logits.reshape(-1, logits.shape[-1]).index_select(0, batch["src"])
-            return full_logprobs(flat, batch["targets"], batch["temperature"])
+            logp, entropy = full_logprobs(flat, batch["targets"], batch["sampling"])
+            return logp, entropy, torch.zeros_like(logp)  # the benchmark samples unrestricted
 
     return FullLogits(lm, 0)
 
@@ -113,7 +171,7 @@ def run_case(mode: str, length: int, sequences: int) -> dict[str, Any]:
     from learner.trainer import Trainer
 
     torch.set_num_threads(1 if mode == "fsdp-2" else 2)
-    base = rss()
+    base, live_base = rss(), malloc_live()
     dist = init_distributed(torch.device("cpu"))
     model = build_model()
     params = sum(p.numel() for p in model.parameters())
@@ -129,13 +187,14 @@ def run_case(mode: str, length: int, sequences: int) -> dict[str, Any]:
     tokens = sequences * (length - 1)
     reset_peak()  # the peak of the training steps, not of building and sharding the model
     times = []
-    for _ in range(2):  # the first step also allocates the AdamW state
-        started = time.perf_counter()
-        trainer.step(batch, tokens, sequences)
-        times.append(time.perf_counter() - started)
+    with LivePeak() as live:
+        for _ in range(2):  # the first step also allocates the AdamW state
+            started = time.perf_counter()
+            trainer.step(batch, tokens, sequences)
+            times.append(time.perf_counter() - started)
     peak = peak_rss() - base
     row = {"mode": mode, "length": length, "sequences": sequences, "world": dist.world,
-           "params": params, "peak": peak, "step_s": times[-1],
+           "params": params, "peak": peak, "live_peak": live.peak - live_base, "step_s": times[-1],
            "floor": floor(params, length * sequences // dist.world, dist.world)}  # fmt: skip
     if mode == "fsdp-2":
         row["export"] = export_peak(trainer, dist)
@@ -191,7 +250,8 @@ def _fmt(row: dict[str, Any]) -> str:
     tokens = row["length"] * row["sequences"]
     return (f"| {row['mode']} | {row['length']} | {row['sequences']} | {row['world']} | "
             f"{row['peak'] / MIB:,.0f} | {row['floor'] / MIB:,.0f} | "
-            f"{row['peak'] / row['floor']:.2f} | {row['step_s']:.1f} | "
+            f"{row['peak'] / row['floor']:.2f} | {row['live_peak'] / MIB:,.0f} | "
+            f"{row['live_peak'] / row['floor']:.2f} | {row['step_s']:.1f} | "
             f"{row['sequences'] / row['step_s']:.3f} | {tokens / row['step_s']:,.0f} |")  # fmt: skip
 
 
@@ -208,49 +268,59 @@ def main(argv: list[str]) -> int:
                         help="tokens per sequence of the chunked/full rows (empty: FSDP rows only)")  # fmt: skip
     parser.add_argument("--fsdp-length", type=int, default=1024, help="tokens per sequence (x2)")
     parser.add_argument("--modes", default="chunked,full,fsdp", help="rows to run")
-    parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
-    args = parser.parse_args([a for a in argv if a not in ("--memory", "--quick")])
-    lengths = [2048] if "--quick" in argv else [int(x) for x in args.lengths.split(",") if x]
-    print(
+    parser.add_argument("--quick", action="store_true", help="2048 tokens only")
+    parser.add_argument("--smoke", action="store_true", help="chunked and full at 256 (CI)")
+    parser.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")
+    args = parser.parse_args([a for a in argv if a != "--memory"])
+    run = report.start("learner", argv)
+    lengths = [int(x) for x in args.lengths.split(",") if x]
+    modes = args.modes.split(",")
+    if args.quick:
+        lengths = [2048]
+    if args.smoke:
+        lengths, modes = [256], ["chunked", "full"]
+    lines = [
         "| mode | tokens/seq | seqs | ranks | peak MiB (per rank) | floor MiB | peak/floor "
-        "| step s | samples/s | tokens/s |\n|---|---|---|---|---|---|---|---|---|---|"
-    )
+        "| malloc live MiB | live/floor | step s | samples/s | tokens/s |"
+        "\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+    ]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for mode, length, seqs in plan(lengths, args.fsdp_length, args.modes.split(",")):
+        for mode, length, seqs in plan(lengths, args.fsdp_length, modes):
             # logits, log_softmax, its exp (entropy) and a gradient: 4 x [T, V] float32
             need = 4 * 4 * length * VOCAB * seqs if mode == "full" else 0
             if need > 0.6 * _available():
-                print(
+                lines.append(
                     f"| {mode} | {length} | {seqs} | 1 | not run: needs > {need / 2**30:.0f}"
-                    f" GiB, {_available() / 2**30:.0f} GiB available | | | | | |"
+                    f" GiB, {_available() / 2**30:.0f} GiB available | | | | | | | |"
                 )
                 continue
             for row in _spawn(mode, length, seqs, Path(tmp) / f"{mode}-{length}.json"):
                 rows.append(row)
-                print(_fmt(row), flush=True)
-    _summary(rows)
-    if args.json:
-        print(json.dumps(rows))
-    return 0
+                lines.append(_fmt(row))
+                print(lines[-1], file=sys.stderr, flush=True)  # progress: rows take minutes
+    lines += _summary(rows)
+    return report.emit(run, rows, "\n".join(lines), args.json)
 
 
-def _summary(rows: list[dict[str, Any]]) -> None:
+def _summary(rows: list[dict[str, Any]]) -> list[str]:
+    out = []
     one = [r for r in rows if r["mode"] == "fsdp-1"]
     two = [r for r in rows if r["mode"] == "fsdp-2"]
     if one and two:
         per_rank = max(r["peak"] for r in two)
-        print(f"\nFSDP: peak per rank {per_rank / MIB:,.0f} MiB with 2 ranks vs "
+        out.append(f"\nFSDP: peak per rank {per_rank / MIB:,.0f} MiB with 2 ranks vs "
               f"{one[0]['peak'] / MIB:,.0f} MiB in one process (ratio {per_rank / one[0]['peak']:.2f}); "
               f"parameter + AdamW state per rank {16 * one[0]['params'] / 2 / MIB:,.0f} vs "
               f"{16 * one[0]['params'] / MIB:,.0f} MiB")  # fmt: skip
     for r in two:
         if r["export"]["file"]:
             e = r["export"]
-            print(f"weight export from shards (rank 0 writes): peak extra RSS "
+            out.append(f"weight export from shards (rank 0 writes): peak extra RSS "
                   f"{e['peak_extra'] / MIB:,.0f} MiB, largest tensor {e['largest_tensor'] / MIB:,.0f}"
                   f" MiB, model file {e['file'] / MIB:,.0f} MiB "
                   f"(ratio to the model {e['peak_extra'] / e['file']:.2f})")  # fmt: skip
+    return out
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["case"]:

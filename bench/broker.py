@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import os
 import shutil
@@ -25,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import _report as report
 from broker.codec import encode
 from broker.connection import RedisSettings, connect
 from broker.consumer import Consumer, ConsumerConfig
@@ -270,7 +270,8 @@ def main(argv: list[str]) -> int:
     global READ_COUNT  # farm_pass reads it; one knob, set once per run
     p = argparse.ArgumentParser(prog="python -m bench broker", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small counts, one repeat (under a minute)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--smoke", action="store_true", help="the smallest counts (CI)")
+    p.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")
     p.add_argument("--cluster", action="store_true", help="add rows for a local 3-master cluster")
     p.add_argument(
         "--read-count",
@@ -280,15 +281,18 @@ def main(argv: list[str]) -> int:
         help="entries per consumer read (the learner reads up to groups_per_batch)",
     )
     args = p.parse_args(argv)
+    run = report.start("broker", argv)
     READ_COUNT = args.read_count
     if not (shutil.which("redis-server") and shutil.which("redis-benchmark")):
         print("redis-server and redis-benchmark are required (Debian: redis-server, redis-tools)")
         return 2
     tune_malloc()  # as the learner process does
     plan = {1024: 2000, 8192: 400, 32768: 120}
-    repeats = 1 if args.quick else 3
+    repeats = 1 if args.quick or args.smoke else 3
     if args.quick:
         plan = {k: max(40, v // 4) for k, v in plan.items()}
+    if args.smoke:
+        plan = {1024: 40, 8192: 16}
     with tempfile.TemporaryDirectory() as tmp:
         proc, port = start_redis(Path(tmp))
         try:
@@ -296,22 +300,20 @@ def main(argv: list[str]) -> int:
         finally:
             proc.terminate()
             proc.wait(10)
-    if args.json:
-        print(json.dumps([asdict(r) for r in rows], indent=1))
-    else:
-        print(
-            "broker: publish -> consume -> ack, groups of 8 trajectories; medians of",
-            repeats,
-            f"runs; consumer reads of up to {READ_COUNT} entries",
-        )
-        print(table(rows))
-        print("raw XADD = redis-benchmark, pipelined XADD of the same payload (no consume, no ack)")
-        print(
+    result: dict[str, Any] = {"single": [asdict(r) for r in rows]}
+    text = "\n".join(
+        (
+            f"broker: publish -> consume -> ack, groups of 8 trajectories; medians of {repeats}"
+            f" runs; consumer reads of up to {READ_COUNT} entries",
+            table(rows),
+            "raw XADD = redis-benchmark, pipelined XADD of the same payload (no consume, no ack)",
             f"CPU-bound ent/s = {os.cpu_count()} cores / (redis + producer + consumer CPU per"
-            " entry): the rate if every core did nothing but the farm's work"
+            " entry): the rate if every core did nothing but the farm's work",
         )
+    )
     if args.cluster:
-        from bench._broker_cluster import report
+        from bench._broker_cluster import report as cluster_report
 
-        report(args.quick, args.json)
-    return 0
+        result["cluster"], cluster_text = cluster_report(args.quick or args.smoke)
+        text += "\n" + cluster_text
+    return report.emit(run, result, text, args.json)

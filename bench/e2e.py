@@ -37,6 +37,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench import _report as report
 from farm.demo import learner_history, time_to_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,16 +221,16 @@ def _median(rows: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(values) if len(values) == len(rows) and values else None
 
 
-def _table(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
+def _table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     farm = [r for r in results if r["system"] == "farm"]
     trl = [r for r in results if r["system"] == "trl"]
-    print(
+    lines = [
         f"target: mean reward of the last {args.window} steps >= {args.target}; "
         f"group size {GROUP_SIZE}, {GROUPS_PER_BATCH} groups/step, "
         f"lr {args.learning_rate} after {WARMUP_STEPS} warm-up steps; "
-        f"{len(farm)} run(s), medians"
-    )
-    print(f"{'measure':<22} {'farm':>10} {'trl':>10} {'farm/trl':>9}")
+        f"{len(farm)} run(s), medians",
+        f"{'measure':<22} {'farm':>10} {'trl':>10} {'farm/trl':>9}",
+    ]
     for key, label in (
         ("seconds", "wall time to target s"),
         ("first_step_s", "  launch to 1st step s"),
@@ -239,14 +240,15 @@ def _table(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
         f, t = _median(farm, key), _median(trl, key)
         ratio = f"{f / t:9.2f}" if f is not None and t else f"{'-':>9}"
         fs = f"{f:10.1f}" if f is not None else f"{'not all':>10}"
-        ts = f"{t:10.1f}" if t is not None else f"{'not all':>10}"
-        print(f"{label:<22} {fs} {ts} {ratio}")
+        ts = f"{t:10.1f}" if t is not None else f"{'not all' if trl else 'not run':>10}"
+        lines.append(f"{label:<22} {fs} {ts} {ratio}")
     for r in results:
-        print(
+        lines.append(
             f"  {r['system']:<5} reached={r['reached']} seconds={r['seconds'] and round(r['seconds'], 1)}"
             f" steps={r['steps']} steps_run={r['steps_run']}"
         )
-    print("(wall time from process launch, start-up included; goal farm/trl <= 0.5)")
+    lines.append("(wall time from process launch, start-up included; goal farm/trl <= 0.5)")
+    return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
@@ -261,11 +263,23 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--budget-s", type=float, default=900.0, help="seconds before giving up")
     parser.add_argument("--seed", type=int, default=0, help="model and sampling seed")
     parser.add_argument("--trl-venv", type=Path, default=DEFAULT_TRL_VENV, help="TRL's venv")
+    parser.add_argument(
+        "--systems", default=None, help="comma-separated, of farm,trl (default both; smoke: farm)"
+    )
     parser.add_argument("--quick", action="store_true", help="one run of each")
-    parser.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    parser.add_argument(
+        "--smoke", action="store_true", help="one farm run of 2 steps, no TRL (CI: no venv build)"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")
     args = parser.parse_args(argv)
-    runs = 1 if args.quick else args.runs
-    python = ensure_trl_venv(args.trl_venv)
+    started = report.start("e2e", argv)
+    systems = (args.systems or ("farm" if args.smoke else "farm,trl")).split(",")
+    if unknown := set(systems) - {"farm", "trl"}:
+        parser.error(f"--systems: unknown {sorted(unknown)}; choose from farm, trl")
+    if args.smoke:
+        args.max_steps, args.budget_s = 2, 120.0
+    runs = 1 if args.quick or args.smoke else args.runs
+    python = ensure_trl_venv(args.trl_venv) if "trl" in systems else None
     from inference.tiny import build_tiny_model
 
     results: list[dict[str, Any]] = []
@@ -273,17 +287,13 @@ def main(argv: list[str]) -> int:
         model = build_tiny_model(Path(tmp) / "model", seed=args.seed)
         for i in range(runs):
             order = ("farm", "trl") if i % 2 == 0 else ("trl", "farm")
-            for system in order:
+            for system in (s for s in order if s in systems):
                 work = Path(tmp) / f"{system}-{i}"
                 row = (
-                    run_farm(model, work, args)
-                    if system == "farm"
-                    else run_trl(python, model, work, args)
+                    run_trl(python, model, work, args)
+                    if python is not None and system == "trl"
+                    else run_farm(model, work, args)
                 )
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 results.append(row)
-    if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        _table(results, args)
-    return 0
+    return report.emit(started, results, _table(results, args), args.json)

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import envs
+from bench import _report as report
 
 SUM_TWO = "a, b = map(int, input().split())\nprint(a + b)\n"
 
@@ -91,8 +91,8 @@ async def bench_codegym(pool: Any, samples: int) -> dict[str, Any]:
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from sandbox import SandboxConfig, SandboxPool
 
-    samples = 10 if args.quick else 50
-    rows = [await bench_toy(2_000 if args.quick else 20_000)]
+    samples = 2 if args.smoke else 10 if args.quick else 50
+    rows = [await bench_toy(100 if args.smoke else 2_000 if args.quick else 20_000)]
     async with SandboxPool(SandboxConfig(backend=args.backend)) as pool:
         rows.append(await bench_code(pool, samples))
         rows.append(await bench_codegym(pool, samples))
@@ -104,20 +104,25 @@ def main(argv: list[str]) -> int:
         prog="python -m bench envs", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--quick", action="store_true", help="fewer samples (well under a minute)")
-    parser.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    parser.add_argument("--smoke", action="store_true", help="two samples a case (CI)")
+    parser.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")
     parser.add_argument(
         "--backend", default="bwrap", choices=["bwrap", "docker"], help="sandbox backend"
     )
     args = parser.parse_args(argv)
+    started = report.start("envs", argv)
     rows = asyncio.run(run(args))
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    print(f"{'case':<22} {'unit':<12} {'envs':>10} {'floor':>10} {'envs/floor':>11}")
-    for r in rows:
-        print(
-            f"{r['case']:<22} {r['unit']:<12} {r['envs']:>10.2f} {r['floor']:>10.2f} {r['ratio']:>11.2f}"
-        )
-    print("(median; floor = bare env calls for toy, bare sandbox run_python calls otherwise;"
-          " envs/floor = floor speed relative: 1.0 means no overhead)")  # fmt: skip
-    return 0
+    return report.emit(started, rows, table(rows), args.json)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'case':<22} {'unit':<12} {'envs':>10} {'floor':>10} {'envs/floor':>11}"]
+    lines += [
+        f"{r['case']:<22} {r['unit']:<12} {r['envs']:>10.2f} {r['floor']:>10.2f} {r['ratio']:>11.2f}"
+        for r in rows
+    ]
+    lines.append(
+        "(median; floor = bare env calls for toy, bare sandbox run_python calls otherwise;"
+        " envs/floor = floor speed relative: 1.0 means no overhead)"
+    )
+    return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""`python -m bench farm [--quick] [--json] [--backend docker|bwrap|both]`: the farm end to end.
+"""`python -m bench farm [--quick|--smoke] [--json] [--backend docker|bwrap|both]`: the farm end to end.
 
 N concurrent multi-turn episodes of the `code` environment (problem `sum-two`, up to 3
 attempts, test feedback between them) run by real `python -m workers` processes, each
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import subprocess
@@ -37,6 +36,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench import _report as report
 from bench._loadgen import MIX, code_answer
 from bench.broker import start_redis
 from bench.workers import _free_port, loadgen
@@ -278,7 +278,9 @@ def _merge(parts: list[dict[float, float]]) -> dict[float, float]:
     return out
 
 
-async def sandbox_ceiling(backend: str, n: int, workers: int, window_s: float) -> dict[str, float]:
+async def sandbox_ceiling(
+    backend: str, n: int, workers: int, window_s: float, ramp_s: float
+) -> dict[str, float]:
     """Tool calls/s with the sandboxes saturated: as many lanes as the farm has episodes
     (at most the pools' session slots), each evaluating the same solution mix back to
     back, in this process."""
@@ -308,7 +310,7 @@ async def sandbox_ceiling(backend: str, n: int, workers: int, window_s: float) -
     async with SandboxPool(config) as pool, asyncio.TaskGroup() as tg:
         for k in range(lanes):
             tg.create_task(lane(), name=f"ceiling:{k}")
-        await asyncio.sleep(max(window_s / 2, 10.0))  # ramp-up: sandboxes start, sessions open
+        await asyncio.sleep(ramp_s)  # ramp-up: sandboxes start, sessions open
         measuring, t0 = True, time.monotonic()
         await asyncio.sleep(window_s)
         wall, stop = time.monotonic() - t0, True
@@ -319,9 +321,11 @@ async def sandbox_ceiling(backend: str, n: int, workers: int, window_s: float) -
             "p99_ms": times[int(len(times) * 0.99)] * 1e3 if times else float("nan")}  # fmt: skip
 
 
-async def run_backend(backend: str, n: int, window_s: float, tmp: Path, model: Path) -> dict:
+async def run_backend(
+    backend: str, n: int, window_s: float, ramp_s: float, tmp: Path, model: Path
+) -> dict:
     workers = max(1, -(-n // EPISODES_PER_WORKER))
-    ceiling = await sandbox_ceiling(backend, n, workers, window_s)
+    ceiling = await sandbox_ceiling(backend, n, workers, window_s, ramp_s)
     redis, redis_port = start_redis(tmp)
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -338,7 +342,7 @@ async def run_backend(backend: str, n: int, window_s: float, tmp: Path, model: P
         stop_workers(procs, tmp)
         redis.terminate()
         redis.wait(10)
-    ceiling_after = await sandbox_ceiling(backend, n, workers, window_s)
+    ceiling_after = await sandbox_ceiling(backend, n, workers, window_s, ramp_s)
     # Measured before and after the farm (this host is shared and noisy): the higher
     # one is the ceiling, so the ratio errs low.
     ceiling = max(ceiling, ceiling_after, key=lambda c: c["tool_calls_per_s"])
@@ -370,14 +374,20 @@ def table(results: list[dict[str, Any]]) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench farm", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="100 episodes, short window")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--smoke", action="store_true", help="8 episodes, 2 s windows, bwrap (CI)")
+    parser.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")
     parser.add_argument("--episodes", type=int, default=None, help="concurrent episodes")
     parser.add_argument("--window-s", type=float, default=None, help="measuring window")
-    parser.add_argument("--backend", choices=("docker", "bwrap", "both"), default="both")
+    parser.add_argument(
+        "--backend", choices=("docker", "bwrap", "both"), help="default: both (smoke: bwrap)"
+    )
     args = parser.parse_args(argv)
-    n = args.episodes or (100 if args.quick else 1000)
-    window = args.window_s or (20.0 if args.quick else 60.0)
-    backends = ("docker", "bwrap") if args.backend == "both" else (args.backend,)
+    run = report.start("farm", argv)
+    n = args.episodes or (8 if args.smoke else 100 if args.quick else 1000)
+    window = args.window_s or (2.0 if args.smoke else 20.0 if args.quick else 60.0)
+    ramp = 2.0 if args.smoke else max(window / 2, 10.0)
+    backend = args.backend or ("bwrap" if args.smoke else "both")
+    backends = ("docker", "bwrap") if backend == "both" else (backend,)
     from inference.tiny import build_tokenizer
     from workers.resources import loop_factory, raise_open_files_limit, tune_gc
 
@@ -387,8 +397,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-farm-") as tmp:
         model = Path(tmp) / "model"
         build_tokenizer().save_pretrained(model)
-        for backend in backends:
-            with asyncio.Runner(loop_factory=loop_factory(LOOPS[backend])) as runner:
-                results.append(runner.run(run_backend(backend, n, window, Path(tmp), model)))
-    print(json.dumps(results, indent=2) if args.json else table(results))
-    return 0
+        for b in backends:
+            with asyncio.Runner(loop_factory=loop_factory(LOOPS[b])) as runner:
+                results.append(runner.run(run_backend(b, n, window, ramp, Path(tmp), model)))
+    return report.emit(run, results, table(results), args.json)

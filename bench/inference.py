@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import socket
 import statistics
@@ -28,6 +27,7 @@ from typing import Any
 
 import aiohttp
 
+from bench import _report as report
 from bench._multiturn import MultiTurn, compare, table_rows
 
 
@@ -202,7 +202,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="small model and load (under a minute)"
     )
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--smoke", action="store_true", help="the smallest sizes (CI)")
+    parser.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")
     parser.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
     parser.add_argument(
         "--multi-turn-only", action="store_true", help="run only the multi-turn row"
@@ -214,10 +215,14 @@ def main(argv: list[str]) -> int:
         "--model", type=Path, help="throughput only, on this model directory (16 x 32 tokens)"
     )
     args = parser.parse_args(argv)
+    run = report.start("inference", argv)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one bar per weight push would bury the table
-    if args.quick:
+    if args.smoke:
+        args.hidden, args.layers, args.concurrency, args.tokens, args.repeats = 64, 2, 4, 8, 1
+        args.load = MultiTurn(episodes=2, turns=2, system_tokens=32, new_tokens=8, user_tokens=8)
+    elif args.quick:
         args.hidden, args.layers, args.concurrency, args.tokens, args.repeats = 64, 2, 16, 32, 3
         args.load = MultiTurn(
             episodes=16, turns=4, system_tokens=256, new_tokens=32, user_tokens=16
@@ -230,8 +235,6 @@ def main(argv: list[str]) -> int:
     if args.model is not None:
         args.concurrency, args.tokens, args.repeats = 16, 32, 3
         result = asyncio.run(_run_model(args))
-        print(json.dumps(result, indent=2) if args.json else _table(result, args.load))
-        return 0
-    result = asyncio.run(_run(args))
-    print(json.dumps(result, indent=2) if args.json else _table(result, args.load))
-    return 0
+    else:
+        result = asyncio.run(_run(args))
+    return report.emit(run, result, _table(result, args.load), args.json)

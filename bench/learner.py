@@ -9,7 +9,7 @@
    learner's `WeightPusher` pushes and verifies successive versions. Baseline: writing
    the same weights with `safetensors.save_file` plus fsync (the disk write alone).
 
-Medians are quoted. `--quick` runs fewer steps and pushes (under a minute).
+Medians are quoted. `--quick` runs fewer steps and pushes (under a minute); `--smoke` one of each (CI).
 `--memory` runs the long-sequence memory benchmark instead (`bench/_learner_memory.py`).
 """
 
@@ -25,11 +25,13 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bench import _report as report
 from broker.connection import RedisSettings, connect
 from broker.keys import RunKeys
 from broker.messages import Task, Trajectory, TrajectoryGroup, Turn
@@ -177,6 +179,22 @@ def _stamp(line: str) -> float:
     return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """The file route's `learner.weights.WeightSource` over one in-process model (no ranks)."""
+
+    model: Any
+    model_dir: Path
+
+    def export(self, out_dir: Path) -> int:
+        from learner.export import export_hf_dir
+
+        return export_hf_dir(self.model, out_dir, True, self.model_dir)
+
+    def weight_stream(self) -> Any:
+        raise NotImplementedError("the benchmark pushes through files only")
+
+
 def push_times(model_dir: Path, tmp: Path, pushes: int) -> tuple[float, float, int]:
     """(median push+verify s, median safetensors save+fsync s, bytes)."""
     import torch
@@ -184,7 +202,6 @@ def push_times(model_dir: Path, tmp: Path, pushes: int) -> tuple[float, float, i
     from transformers import AutoModelForCausalLM
 
     from learner.config import LearnerConfig
-    from learner.export import export_hf_dir
     from learner.weights import WeightPusher
 
     port = _free_port()
@@ -217,15 +234,13 @@ def push_times(model_dir: Path, tmp: Path, pushes: int) -> tuple[float, float, i
             {"model": model_dir, "inference_urls": base, "weights_dir": tmp / "w"}
         )
         pusher = WeightPusher(cfg)
-
-        def export(out: Path) -> int:
-            return export_hf_dir(model, out, True, model_dir)
+        source = ModelSource(model, model_dir)
 
         async def run() -> list[float]:
             times = []
             for v in range(1, pushes + 1):
                 started = time.perf_counter()
-                await pusher.push(export, v)
+                await pusher.push(source, v)
                 times.append(time.perf_counter() - started)
             return times
 
@@ -255,9 +270,11 @@ def main(argv: list[str]) -> int:
         return _learner_memory.main(argv)
     parser = argparse.ArgumentParser(prog="python -m bench learner", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer steps (under a minute)")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--smoke", action="store_true", help="one timed step and push (CI)")
+    parser.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")
     args = parser.parse_args(argv)
-    steps, pushes = (4, 3) if args.quick else (15, 10)
+    run = report.start("learner", argv)
+    steps, pushes = (1, 1) if args.smoke else (4, 3) if args.quick else (15, 10)
     from transformers.utils import logging as hf_logging
 
     from inference.tiny import build_tiny_model
@@ -291,22 +308,20 @@ def main(argv: list[str]) -> int:
         "pushes": pushes,
         "batch": f"{GROUPS_PER_BATCH} groups x {GROUP_SIZE} x ({PROMPT}+{COMPLETION}) tokens",
     }
-    if args.json:
-        print(json.dumps(result))
-        return 0
-    print(f"learner benchmark ({result['batch']}, tiny model, CPU), medians")
-    print(f"{'metric':<34}{'farm':>12}{'baseline':>14}{'ratio':>8}")
-    print(
-        f"{'samples/s (batch always buffered)':<34}{result['samples_per_s']:>12}"
-        f"{result['compute_only_samples_per_s']:>14}{result['throughput_ratio']:>8}"
+    return report.emit(run, result, table(result), args.json)
+
+
+def table(result: dict[str, Any]) -> str:
+    return "\n".join(
+        (
+            f"learner benchmark ({result['batch']}, tiny model, CPU), medians",
+            f"{'metric':<34}{'farm':>12}{'baseline':>14}{'ratio':>8}",
+            f"{'samples/s (batch always buffered)':<34}{result['samples_per_s']:>12}"
+            f"{result['compute_only_samples_per_s']:>14}{result['throughput_ratio']:>8}",
+            f"{'  vs Trainer.step time, same run':<34}{result['samples_per_s']:>12}"
+            f"{result['in_run_compute_samples_per_s']:>14}{result['in_run_ratio']:>8}",
+            f"{'share of step time waiting':<34}{result['wait_share']:>12}{'target<=0.05':>14}",
+            f"{'weight push + verify (s)':<34}{result['weight_push_s']:>12}"
+            f"{result['safetensors_save_fsync_s']:>14}{result['push_ratio']:>8}",
+        )
     )
-    print(
-        f"{'  vs Trainer.step time, same run':<34}{result['samples_per_s']:>12}"
-        f"{result['in_run_compute_samples_per_s']:>14}{result['in_run_ratio']:>8}"
-    )
-    print(f"{'share of step time waiting':<34}{result['wait_share']:>12}{'target<=0.05':>14}")
-    print(
-        f"{'weight push + verify (s)':<34}{result['weight_push_s']:>12}"
-        f"{result['safetensors_save_fsync_s']:>14}{result['push_ratio']:>8}"
-    )
-    return 0

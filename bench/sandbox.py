@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import subprocess
@@ -23,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import _report as report
 from sandbox import SandboxConfig, SandboxPool
 
 CALL = "def f(x):\n    return x + 1\nprint(f(41))"
@@ -165,7 +165,7 @@ async def live_sessions(config: SandboxConfig, n: int, per_sandbox: int) -> dict
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    n_calls = 200 if args.quick else 1000
+    n_calls = 20 if args.smoke else 200 if args.quick else 1000
     config = SandboxConfig(
         backend=args.backend, warm=2, sessions_per_sandbox=16, socket_dir=SOCKET_DIR
     )
@@ -175,9 +175,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         paused, cpu = await round_trips(pool, n_calls, 0.005)
         burst, _ = await round_trips(pool, n_calls, 0.0)
         out.update(cpu)
-        acquire = await acquire_times(pool, 50 if args.quick else 300)
+        acquire = await acquire_times(pool, 5 if args.smoke else 50 if args.quick else 300)
         if args.backend == "docker":
-            n_exec = 10 if args.quick else 40
+            n_exec = 3 if args.smoke else 10 if args.quick else 40
             async with pool.session() as s:
                 name = s.sandbox.handle.name
                 cli = await asyncio.to_thread(docker_exec_times, name, n_exec)
@@ -199,9 +199,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         out["speedup_burst_vs_exec"] = out["docker_exec_p50_ms"] / out["rt_burst_p50_ms"]
     out["acquire_p50_ms"] = statistics.median(acquire) * 1e3
     out["acquire_p99_ms"] = pct(acquire, 0.99) * 1e3
-    cold = await cold_starts(config, 3 if args.quick else 8)
+    cold = await cold_starts(config, 1 if args.smoke else 3 if args.quick else 8)
     out["cold_start_p50_s"] = statistics.median(cold)
-    n = args.sessions or (200 if args.quick else 1000)
+    n = args.sessions or (8 if args.smoke else 200 if args.quick else 1000)
     out["live"] = await live_sessions(config, n, 100)
     out["load_avg_1m_end"] = os.getloadavg()[0]
     return out
@@ -252,14 +252,15 @@ def table(r: dict[str, Any]) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench sandbox", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="under a minute")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--smoke", action="store_true", help="the smallest counts (CI)")
+    parser.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")
     parser.add_argument("--backend", choices=["docker", "bwrap"], default="docker")
     parser.add_argument("--sessions", type=int, default=0, help="live sessions to hold")
     args = parser.parse_args(argv)
+    started = report.start("sandbox", argv)
     if args.backend == "docker":
         from sandbox.image import build
 
         build(quiet=True)
     result = asyncio.run(run(args))
-    print(json.dumps(result, indent=2) if args.json else table(result))
-    return 0
+    return report.emit(started, result, table(result), args.json)

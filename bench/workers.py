@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import random
 import socket
@@ -28,10 +27,12 @@ import statistics
 import sys
 import time
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import envs
-from bench.agent_endpoint import measure_endpoint_cpu
+from bench import _report as report
+from bench._agent_endpoint import measure_endpoint_cpu
 from broker.messages import Task
 from envs import Env
 from workers.episode import EpisodeContext, EpisodeSettings, run_episode
@@ -362,35 +363,52 @@ def _table(cpu: dict, loop: str, capped: dict, conc: dict, cmp: dict) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class Sizes:
+    """One mode's sizes: full, `--quick` or `--smoke`."""
+
+    episodes: int  # concurrent episodes of the scale phase (unless --episodes)
+    cpu_episodes: int  # episodes per round of the CPU-per-step phase
+    cpu_rounds: int  # its rounds (median)
+    loop_only_episodes: int  # episodes of the bare-loop CPU row
+    window_s: float  # steady-state window of the scale phase
+    latency_ms: tuple[float, float]  # simulated inference and env step medians
+    sync_vs_async: tuple[int, int, float]  # episodes, batch, latency ms
+
+
+SIZES = {
+    "full": Sizes(10_000, 1000, 5, 3000, 30.0, (4000.0, 2000.0), (512, 128, 100.0)),
+    "quick": Sizes(2000, 300, 3, 500, 5.0, (1000.0, 500.0), (128, 64, 50.0)),
+    "smoke": Sizes(50, 50, 1, 50, 1.0, (100.0, 50.0), (16, 8, 10.0)),
+}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench workers", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller run, under a minute")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--smoke", action="store_true", help="the smallest sizes (CI)")
+    parser.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")
     parser.add_argument("--episodes", type=int, default=None, help="concurrent episodes (phase 2)")
     parser.add_argument(
         "--loop", choices=("uvloop", "asyncio"), default="uvloop",
         help="event loop of the farm (the worker's --event-loop; default uvloop)",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    quick = args.quick
-    n = args.episodes or (2000 if quick else 10_000)
+    run = report.start("workers", argv)
+    size = SIZES["smoke" if args.smoke else "quick" if args.quick else "full"]
+    n = args.episodes or size.episodes
     tune_gc()  # as python -m workers does
     raise_open_files_limit()  # as python -m workers does: a connection per episode
 
     async def cpu_phase() -> dict[str, float]:
-        cpu = await measure_cpu_per_step(300 if quick else 1000, 3 if quick else 5)
-        cpu["loop_only_cpu_us"] = await measure_loop_only_cpu(500 if quick else 3000)
+        cpu = await measure_cpu_per_step(size.cpu_episodes, size.cpu_rounds)
+        cpu["loop_only_cpu_us"] = await measure_loop_only_cpu(size.loop_only_episodes)
         return cpu
 
     async def scale_phase() -> dict[str, Any]:
-        window, lat = (5.0, (1000.0, 500.0)) if quick else (30.0, (4000.0, 2000.0))
-        capped = await measure_concurrency(n, window, None, *lat)
-        conc = await measure_concurrency(n, window, n, *lat)
-        cmp = await (
-            measure_sync_vs_async(128, 64, 50.0)
-            if quick
-            else measure_sync_vs_async(512, 128, 100.0)
-        )
+        capped = await measure_concurrency(n, size.window_s, None, *size.latency_ms)
+        conc = await measure_concurrency(n, size.window_s, n, *size.latency_ms)
+        cmp = await measure_sync_vs_async(*size.sync_vs_async)
         return {"concurrency_client_default": capped, "concurrency": conc, "sync_vs_async": cmp}
 
     def on_loop(name: str, phase: Any) -> Any:
@@ -398,16 +416,9 @@ def main(argv: list[str]) -> int:
             return runner.run(phase())
 
     loops = (args.loop, *(name for name in ("uvloop", "asyncio") if name != args.loop))
-    result = {"loop": args.loop, "cpu": {name: on_loop(name, cpu_phase) for name in loops}}
+    result = {"load_generator": "workers.loadgen (latency-simulating server)", "loop": args.loop}
+    result["cpu"] = {name: on_loop(name, cpu_phase) for name in loops}
     result |= on_loop(args.loop, scale_phase)
-    if args.json:
-        print(
-            json.dumps(
-                {"load_generator": "workers.loadgen (latency-simulating server)", **result},
-                indent=2,
-            )
-        )
-    else:
-        print(_table(result["cpu"], args.loop, result["concurrency_client_default"],
-                     result["concurrency"], result["sync_vs_async"]))  # fmt: skip
-    return 0
+    text = _table(result["cpu"], args.loop, result["concurrency_client_default"],
+                  result["concurrency"], result["sync_vs_async"])  # fmt: skip
+    return report.emit(run, result, text, args.json)

@@ -6,11 +6,12 @@ drew it from (`learner.distribution.TokenSampling`, applied by `inference.sampli
 allowed-token mask, the temperature, min-p, top-k and top-p, renormalised over the kept
 tokens). It returns the target's logprob, the entropy of that distribution, and the policy's
 probability mass outside it (under the tempered, unrestricted distribution: a drift the sampler
-never shows). Each chunk is one autograd node (`_ChunkLogprobs`) that keeps only the chunk's
-hidden states and per-token scalars (the truncation is kept as one threshold per token, so
-backward re-applies it without sorting), recomputes the chunk's logits in backward and forms
-their gradient in place: at most two ``[chunk, V]`` float32 buffers exist at any time, and
-``[T, V]`` never exists for a whole sequence. `full_logprobs` is the unchunked reference the
+never shows). The whole head is one autograd node (`_HeadLogprobs`) that keeps only the hidden
+states and per-token scalars (the truncation is kept as one threshold per token, so backward
+re-applies it without sorting), recomputes each chunk's logits in backward and forms their
+gradient in place: at most two ``[chunk, V]`` float32 buffers exist at any time, ``[T, V]``
+never exists for a whole sequence, and the head's weight gradient is one ``[V, H]`` buffer
+that every chunk adds into. `full_logprobs` is the unchunked reference the
 tests and the memory benchmark compare against.
 
 The kept set is treated as fixed in backward (no gradient flows through which tokens it
@@ -25,6 +26,7 @@ import torch
 
 from inference.sampling import RowSampling, effective_temperature, keep_threshold, tempered_logits
 from learner.distribution import TokenSampling
+from learner.tied import GradSink
 
 _FLOOR = torch.finfo(torch.float32).min  # stands for -inf where 0 * -inf would give nan
 
@@ -53,36 +55,207 @@ def _keep(
     return threshold
 
 
-class _ChunkLogprobs(torch.autograd.Function):
-    """Target logprob, entropy and outside mass of one chunk; backward recomputes the logits.
+def _chunk_forward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    rows: RowSampling,
+) -> tuple[torch.Tensor, ...]:
+    """(target logprob, entropy, outside mass, logsumexp, threshold) of a chunk whose rows
+    truncate (the threshold needs whole rows: ``[chunk, V]`` logits)."""
+    z = _tempered(hidden, weight, bias, rows)
+    full = torch.logsumexp(z, dim=-1)
+    threshold = _keep(z, rows, targets, None)
+    lse = torch.logsumexp(z, dim=-1)
+    target = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    # 1 - the kept mass under the tempered, unrestricted policy
+    outside = -torch.expm1(lse - full)
+    z.clamp_(min=_FLOOR)  # exp(_FLOOR - lse) is 0: p z is 0 outside, not nan
+    probs = (z - lse.unsqueeze(-1)).exp_()
+    entropy = lse - probs.mul_(z).sum(dim=-1)
+    return target, entropy, outside, lse, threshold
 
-    Saves only the chunk's hidden states and per-token scalars (the truncation as a threshold
-    per token), and works on at most two ``[chunk, V]`` float32 buffers at a time (forward and
-    backward). With ``z`` the kept logits, ``p = softmax(z)`` (0 outside the kept set) and
-    ``H`` the entropy: ``d logp_y / dz = onehot(y) - p`` and ``dH / dz = -p (log p + H)``.
+
+def _chunk_grad(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    rows: RowSampling,
+    saved: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    grad_target: torch.Tensor,
+    grad_entropy: torch.Tensor,
+) -> torch.Tensor:
+    """dL/dlogits of a truncating chunk, ``[chunk, V]`` in the weight's dtype, recomputed."""
+    lse, entropy, threshold = saved
+    logp = _tempered(hidden, weight, bias, rows)
+    _keep(logp, rows, targets, threshold)
+    logp.clamp_(min=_FLOOR).sub_(lse.unsqueeze(-1))
+    probs = logp.exp()
+    # dL/dz = g_H * (-p (logp + H)) + g_y * (onehot(y) - p), built in place in `logp`
+    grad = logp.add_(entropy.unsqueeze(-1)).mul_(probs).mul_(-grad_entropy.unsqueeze(-1))
+    grad.sub_(probs.mul_(grad_target.unsqueeze(-1)))
+    del probs
+    grad.scatter_add_(-1, targets.unsqueeze(-1), grad_target.unsqueeze(-1))
+    scale = effective_temperature(rows.temperature).unsqueeze(-1)
+    return grad.div_(scale).to(weight.dtype)
+
+
+def _tile_logits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    temperature: torch.Tensor,
+    cols: tuple[int, int],
+) -> torch.Tensor:
+    """Float32 logits of vocabulary columns ``cols`` over each row's temperature."""
+    a, b = cols
+    logits = torch.nn.functional.linear(hidden, weight[a:b], None if bias is None else bias[a:b])
+    return logits.float().div_(temperature.unsqueeze(-1))
+
+
+def _tile_keep(
+    z: torch.Tensor, rows: RowSampling, targets: torch.Tensor, cols: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask a tile to the allowed set in place, its target kept; (target's column, in tile)."""
+    a, b = cols
+    inside = (targets >= a) & (targets < b)
+    column = (targets - a).clamp_(0, b - a - 1).unsqueeze(-1)
+    if rows.allowed is not None:
+        target = z.gather(-1, column)
+        z.masked_fill_(~rows.allowed[:, a:b], float("-inf"))
+        z.scatter_(-1, column, torch.where(inside.unsqueeze(-1), target, z.gather(-1, column)))
+    return column, inside
+
+
+class _Online:
+    """Running logsumexp of tiles of a row, and the sum of ``exp(z - m) z`` (for the entropy)."""
+
+    def __init__(self, rows: int, like: torch.Tensor) -> None:
+        self.m = like.new_full((rows,), float("-inf"), dtype=torch.float32)
+        self.s = like.new_zeros(rows, dtype=torch.float32)
+        self.t = like.new_zeros(rows, dtype=torch.float32)
+
+    def add(self, z: torch.Tensor) -> None:
+        """Fold in a tile ``z`` (clamped in place: -inf becomes a finite floor, e^z still 0)."""
+        m = torch.maximum(self.m, z.amax(dim=-1))
+        shift = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # a row all -inf so far
+        rescale = torch.exp(self.m - shift)
+        z.clamp_(min=_FLOOR)  # p z is 0 outside the kept set, not nan
+        e = (z - shift.unsqueeze(-1)).exp_()
+        self.s.mul_(rescale).add_(e.sum(dim=-1))
+        self.t.mul_(rescale).add_(e.mul_(z).sum(dim=-1))
+        self.m = m
+
+    def lse(self) -> torch.Tensor:
+        return self.m + self.s.log()
+
+    def mean_z(self) -> torch.Tensor:
+        """``sum p z`` under the softmax of everything added."""
+        return self.t / self.s
+
+
+def _tiled_forward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    rows: RowSampling,
+    tile: int,
+) -> tuple[torch.Tensor, ...]:
+    """`_chunk_forward` for rows that do not truncate, over vocabulary tiles (online softmax)."""
+    n, vocab = targets.shape[0], weight.shape[0]
+    temperature = effective_temperature(rows.temperature)
+    kept, everything = _Online(n, hidden), _Online(n, hidden)
+    target = hidden.new_zeros(n, dtype=torch.float32)
+    for a in range(0, vocab, tile):
+        cols = (a, min(a + tile, vocab))
+        z = _tile_logits(hidden, weight, bias, temperature, cols)
+        if rows.allowed is not None:
+            everything.add(z)
+        column, inside = _tile_keep(z, rows, targets, cols)
+        target = torch.where(inside, z.gather(-1, column).squeeze(-1), target)
+        kept.add(z)
+        del z
+    lse = kept.lse()
+    # 1 - the kept mass under the tempered, unrestricted policy (0 when nothing is dropped)
+    outside = -torch.expm1(lse - everything.lse()) if rows.allowed is not None else None
+    return target - lse, lse - kept.mean_z(), outside, lse, None
+
+
+def _tiled_grad(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    rows: RowSampling,
+    saved: tuple[torch.Tensor, torch.Tensor],
+    grads: tuple[torch.Tensor, torch.Tensor],
+    out: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
+    tile: int,
+) -> None:
+    """Add the chunk's gradients into ``out`` (hidden rows, weight, bias), tile by tile."""
+    lse, entropy = saved
+    grad_target, grad_entropy = grads
+    grad_hidden, grad_weight, grad_bias = out
+    vocab = weight.shape[0]
+    temperature = effective_temperature(rows.temperature)
+    for a in range(0, vocab, tile):
+        b = min(a + tile, vocab)
+        logp = _tile_logits(hidden, weight, bias, temperature, (a, b))
+        column, inside = _tile_keep(logp, rows, targets, (a, b))
+        logp.clamp_(min=_FLOOR).sub_(lse.unsqueeze(-1))
+        probs = logp.exp()
+        # dL/dz = g_H * (-p (logp + H)) + g_y * (onehot(y) - p), built in place in `logp`
+        grad = logp.add_(entropy.unsqueeze(-1)).mul_(probs).mul_(-grad_entropy.unsqueeze(-1))
+        grad.sub_(probs.mul_(grad_target.unsqueeze(-1)))
+        del probs
+        grad.scatter_add_(-1, column, (grad_target * inside).unsqueeze(-1))
+        grad = grad.div_(temperature.unsqueeze(-1)).to(weight.dtype)
+        if grad_hidden is not None:
+            grad_hidden.addmm_(grad, weight[a:b])
+        if grad_weight is not None:
+            grad_weight[a:b].addmm_(grad.t(), hidden)
+        if grad_bias is not None:
+            grad_bias[a:b].add_(grad.sum(0))
+
+
+class _HeadLogprobs(torch.autograd.Function):
+    """Target logprob, entropy and outside mass of every token, chunk by chunk; backward
+    recomputes the logits.
+
+    One autograd node for the whole head: it saves the hidden states (already alive: they are
+    its input) and per-token scalars (the truncation as a threshold per token). A chunk whose
+    rows do not truncate (no top-k, top-p or min-p) is scored over vocabulary tiles with an
+    online softmax, so its buffers are ``[chunk, tile]``; a chunk with a truncating row needs
+    whole rows to find the threshold and works on at most two ``[chunk, V]`` buffers. In
+    backward every chunk's weight gradient is added into one ``[V, H]`` buffer and its
+    hidden-state gradient written into one ``[N, H]`` buffer (a node per chunk made autograd
+    hold a second ``[V, H]`` gradient while summing them, and a zero-filled ``[N, H]`` per
+    chunk for the slices). With ``z`` the kept logits, ``p = softmax(z)`` (0 outside the kept
+    set) and ``H`` the entropy: ``d logp_y / dz = onehot(y) - p`` and
+    ``dH / dz = -p (log p + H)``.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, sampling, span):  # type: ignore[no-untyped-def]
-        # the rows' allowed mask is [chunk, V]: rebuilt in backward from `sampling`, not kept
-        rows = sampling.rows(*span, weight.shape[0])
-        z = _tempered(hidden, weight, bias, rows)
-        restricted = rows.allowed is not None or rows.truncates()
-        full = torch.logsumexp(z, dim=-1) if restricted else None
-        threshold = _keep(z, rows, targets, None) if restricted else None
-        lse = torch.logsumexp(z, dim=-1)
-        target = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-        # 1 - the kept mass under the tempered, unrestricted policy (0 when nothing is dropped)
-        outside = -torch.expm1(lse - full) if full is not None else torch.zeros_like(lse)
-        z.clamp_(min=_FLOOR)  # exp(_FLOOR - lse) is 0: p z is 0 outside, not nan
-        probs = (z - lse.unsqueeze(-1)).exp_()
-        entropy = lse - probs.mul_(z).sum(dim=-1)
-        ctx.sampling, ctx.span, ctx.threshold, ctx.restricted = (
-            sampling,
-            span,
-            threshold,
-            restricted,
-        )
+    def forward(ctx, hidden, weight, bias, targets, sampling, chunk_tokens, tile, sink):  # type: ignore[no-untyped-def]
+        n, vocab = targets.shape[0], weight.shape[0]
+        spans = [(a, min(a + chunk_tokens, n)) for a in range(0, n, chunk_tokens)]
+        target, entropy, lse = (hidden.new_empty(n, dtype=torch.float32) for _ in "tel")
+        outside = hidden.new_zeros(n, dtype=torch.float32)
+        thresholds = []
+        for a, b in spans:
+            # the rows' allowed mask is [chunk, V]: rebuilt in backward from `sampling`, not kept
+            rows = sampling.rows(a, b, vocab)
+            args = (hidden[a:b], weight, bias, targets[a:b], rows)
+            parts = _chunk_forward(*args) if rows.truncates() else _tiled_forward(*args, tile)
+            for out, part in zip((target, entropy, outside, lse), parts[:4], strict=True):
+                if part is not None:
+                    out[a:b] = part
+            thresholds.append(parts[4])
+        ctx.sampling, ctx.spans, ctx.thresholds, ctx.tile = sampling, spans, thresholds, tile
+        ctx.sink = sink
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
         ctx.mark_non_differentiable(outside)
         return target, entropy, outside
@@ -90,24 +263,34 @@ class _ChunkLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_target, grad_entropy, _grad_outside):  # type: ignore[no-untyped-def]
         hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
-        rows = ctx.sampling.rows(*ctx.span, weight.shape[0])
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.zeros_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros_like(weight) if need_weight else None
+        grad_bias = torch.zeros_like(bias) if bias is not None and need_bias else None
         with torch.no_grad():
-            logp = _tempered(hidden, weight, bias, rows)
-            if ctx.restricted:
-                _keep(logp, rows, targets, ctx.threshold)
-            logp.clamp_(min=_FLOOR).sub_(lse.unsqueeze(-1))
-            probs = logp.exp()
-            # dL/dz = g_H * (-p (logp + H)) + g_y * (onehot(y) - p), built in place in `logp`
-            grad = logp.add_(entropy.unsqueeze(-1)).mul_(probs).mul_(-grad_entropy.unsqueeze(-1))
-            grad.sub_(probs.mul_(grad_target.unsqueeze(-1)))
-            del probs
-            grad.scatter_add_(-1, targets.unsqueeze(-1), grad_target.unsqueeze(-1))
-            scale = effective_temperature(rows.temperature).unsqueeze(-1)
-            grad = grad.div_(scale).to(weight.dtype)
-            grad_hidden = grad @ weight if ctx.needs_input_grad[0] else None
-            grad_weight = grad.t() @ hidden if ctx.needs_input_grad[1] else None
-            grad_bias = grad.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
-        return grad_hidden, grad_weight, grad_bias, None, None, None
+            for (a, b), threshold in zip(ctx.spans, ctx.thresholds, strict=True):
+                rows = ctx.sampling.rows(a, b, weight.shape[0])
+                h, y = hidden[a:b], targets[a:b]
+                g = (grad_target[a:b], grad_entropy[a:b])
+                rows_out = None if grad_hidden is None else grad_hidden[a:b]
+                if threshold is None:
+                    _tiled_grad(h, weight, bias, y, rows, (lse[a:b], entropy[a:b]), g,
+                                (rows_out, grad_weight, grad_bias), ctx.tile)  # fmt: skip
+                    continue
+                saved = (lse[a:b], entropy[a:b], threshold)
+                grad = _chunk_grad(h, weight, bias, y, rows, saved, *g)
+                if rows_out is not None:
+                    rows_out.addmm_(grad, weight)
+                if grad_weight is not None:
+                    grad_weight.addmm_(grad.t(), h)
+                if grad_bias is not None:
+                    grad_bias.add_(grad.sum(0))
+        if ctx.sink is not None:  # the tied embedding adds its rows in (`learner.tied`)
+            ctx.sink.grad = grad_weight
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+
+
+VOCAB_TILE = 8192  # vocabulary columns per tile: [chunk, 8192] float32 buffers, not [chunk, V]
 
 
 def chunked_logprobs(
@@ -116,27 +299,26 @@ def chunked_logprobs(
     targets: torch.Tensor,
     sampling: TokenSampling,
     chunk_tokens: int,
+    vocab_tile: int = VOCAB_TILE,
+    sink: GradSink | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logprob of each target, entropy, outside mass), float32, shaped like ``targets``.
 
     ``hidden`` is ``[..., H]`` (the positions that predict ``targets``), ``targets`` is ``[...]``
     and ``sampling`` has one entry per target. Differentiable in ``hidden`` and the head's
-    parameters (the outside mass is not).
+    parameters (the outside mass is not). ``sink`` receives the head's weight gradient (a tied
+    embedding adds into it: `learner.tied`).
     """
     shape = targets.shape
     flat_h = hidden.reshape(-1, hidden.shape[-1])
     flat_t = targets.reshape(-1)
-    outs: list[list[torch.Tensor]] = [[], [], []]
-    for start in range(0, flat_t.shape[0], chunk_tokens):
-        stop = min(start + chunk_tokens, flat_t.shape[0])
-        parts = _ChunkLogprobs.apply(flat_h[start:stop], head.weight, head.bias,
-                                     flat_t[start:stop], sampling, (start, stop))  # fmt: skip
-        for out, part in zip(outs, parts, strict=True):
-            out.append(part)
-    if not outs[0]:
+    if not flat_t.shape[0]:
         empty = flat_h.new_zeros(0, dtype=torch.float32).reshape(shape)
         return empty, empty, empty
-    logp, entropy, outside = (torch.cat(out).reshape(shape) for out in outs)
+    parts = _HeadLogprobs.apply(
+        flat_h, head.weight, head.bias, flat_t, sampling, chunk_tokens, vocab_tile, sink
+    )
+    logp, entropy, outside = (part.reshape(shape) for part in parts)
     return logp, entropy, outside
 
 

@@ -22,6 +22,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from learner.logprobs import chunked_logprobs
+from learner.tied import GradSink, tied_input_embeds
 
 
 class PolicyModel(torch.nn.Module):
@@ -39,17 +40,27 @@ class PolicyModel(torch.nn.Module):
         return list(self.lm.base_model.layers)  # type: ignore[union-attr, arg-type]
 
     def forward(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        head = self.lm.get_output_embeddings()  # type: ignore[operator]
+        embed = self.lm.get_input_embeddings()  # type: ignore[operator]
+        # a plain tied embedding adds its gradient into the head's (`learner.tied`); a
+        # subclass (a scaled embedding, say) may do more than the lookup, so it runs as is
+        tied = type(embed) is torch.nn.Embedding and embed.weight is head.weight
+        sink = GradSink() if tied else None
+        inputs: dict[str, torch.Tensor] = (
+            {"inputs_embeds": tied_input_embeds(self.lm, batch["input_ids"], sink)}
+            if sink is not None
+            else {"input_ids": batch["input_ids"]}
+        )
         out = self.lm.base_model(  # type: ignore[operator]
-            input_ids=batch["input_ids"],
+            **inputs,
             attention_mask=batch.get("attention_mask"),
             position_ids=batch["position_ids"],
             use_cache=False,
         )
         hidden = out.last_hidden_state
         scored = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch["src"])
-        head = self.lm.get_output_embeddings()  # type: ignore[operator]
         return chunked_logprobs(
-            scored, head, batch["targets"], batch["sampling"], self.chunk_tokens
+            scored, head, batch["targets"], batch["sampling"], self.chunk_tokens, sink=sink
         )
 
 

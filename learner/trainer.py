@@ -146,12 +146,15 @@ class Trainer:
             bf16 = cfg.bf16(device.type)
             shard_policy(self.policy, device, ShardOptions(dist.world, bf16, scale.cpu_offload))
         self.reference = reference  # frozen initial weights; only when the KL is a loss term
+        # fused: one kernel per parameter, no parameter-sized temporaries (the per-tensor
+        # loop's sqrt and division made two, 594 MiB for a 152k x 512 embedding)
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(),
             lr=cfg.learning_rate,
             betas=(cfg.adam_beta1, cfg.adam_beta2),
             eps=cfg.adam_eps,
             weight_decay=cfg.weight_decay,
+            fused=True,
         )
         self.kl_coef = self.loss.kl_coef  # moved by the adaptive KL controller (learner.core)
         pad = getattr(getattr(model, "config", None), "pad_token_id", None)

@@ -4,13 +4,15 @@ equal to what the unrestricted distribution puts outside."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
 
 from broker.messages import Sampling
 from learner.distribution import TokenSampling, merged
-from learner.logprobs import chunked_logprobs, full_logprobs
+from learner.logprobs import VOCAB_TILE, chunked_logprobs, full_logprobs
 
 TOKENS, HIDDEN, VOCAB = 23, 16, 97
 ALLOWED = np.arange(0, VOCAB, 4)
@@ -53,12 +55,32 @@ def test_chunked_equals_full_with_gradients(name: str) -> None:
 
     full = run(lambda: full_logprobs(h @ head.weight.T, targets, sampling))
     assert torch.isfinite(full[0]).all() and torch.isfinite(full[1]).all()
-    for chunk in (1, 5, 23, 64):
-        got = run(lambda chunk=chunk: chunked_logprobs(h, head, targets, sampling, chunk))
+    # vocabulary tiles: one tile (VOCAB_TILE > V), uneven tiles, tiles of one column
+    for chunk, tile in itertools.product((1, 5, 23, 64), (VOCAB_TILE, 10, 1)):
+        got = run(lambda: chunked_logprobs(h, head, targets, sampling, chunk, tile))  # noqa: B023
         torch.testing.assert_close(got[0], full[0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got[1], full[1], rtol=1e-5, atol=1e-5)
         for a, b in zip(got[2], full[2], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["tempered", "allowed", "truncated"])
+def test_a_head_with_a_bias_gets_its_gradient(name: str) -> None:
+    head, h, targets, weights = _case(3)
+    head.bias = torch.nn.Parameter(torch.randn(VOCAB, dtype=torch.float64))
+    table = DISTRIBUTIONS[name]
+    sampling = _sampling(table, [k % len(table) for k in range(TOKENS)])
+    grads = []
+    for fn in (
+        lambda: full_logprobs(head(h), targets, sampling),
+        lambda: chunked_logprobs(h, head, targets, sampling, 4, 10),
+    ):
+        logp, ent = fn()[:2]
+        (weights * logp + 0.3 * ent).sum().backward()
+        grads.append((h.grad.clone(), head.weight.grad.clone(), head.bias.grad.clone()))
+        h.grad, head.weight.grad, head.bias.grad = None, None, None
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_renormalised_over_the_allowed_set_with_mass_outside_reported() -> None:
