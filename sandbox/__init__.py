@@ -13,6 +13,7 @@ from sandbox.config import Limits, SandboxConfig
 from sandbox.errors import (
     AcquireTimeout,
     AgentProtocolError,
+    FileToolError,
     ImageBuildError,
     PoolClosed,
     SandboxError,
@@ -26,6 +27,7 @@ from sandbox.session import Session
 __all__ = [
     "AcquireTimeout",
     "AgentProtocolError",
+    "FileToolError",
     "ImageBuildError",
     "Limits",
     "PoolClosed",

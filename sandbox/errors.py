@@ -8,6 +8,9 @@
     ├── AgentProtocolError   the agent answered with an error or an unreadable frame
     └── PoolClosed           the pool was used after close()
 
+    FileToolError            a file tool failed on the model's input (missing file,
+                             ambiguous edit): not a SandboxError, the model's mistake
+
 Hostile code is not an error: it comes back as a `RunResult` with a `Violation`.
 Library exceptions (docker SDK, OSError on sockets) are translated at this boundary.
 """
@@ -41,3 +44,8 @@ class AgentProtocolError(SandboxError):
 
 class PoolClosed(SandboxError):
     """The pool was used after it was closed."""
+
+
+class FileToolError(Exception):
+    """A file tool could not do what was asked (no such file, ``old`` not found once):
+    the model's mistake, to show it as the tool's answer, never an infrastructure error."""

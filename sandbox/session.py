@@ -19,7 +19,13 @@ from typing import Any, Protocol
 from sandbox import metrics
 from sandbox.client import AgentConnection
 from sandbox.config import SandboxConfig
-from sandbox.errors import AgentProtocolError, PoolClosed, SandboxError, SessionLost
+from sandbox.errors import (
+    AgentProtocolError,
+    FileToolError,
+    PoolClosed,
+    SandboxError,
+    SessionLost,
+)
 from sandbox.result import RunResult, Violation
 
 REPLY_MARGIN_S = 15.0  # past the call's own timeout: killing, sweeping and the reply
@@ -78,6 +84,54 @@ class Session:
         if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
             raise TypeError("argv must be a non-empty sequence of str")
         return await self._call({"argv": list(argv)}, stdin, files, timeout, collect)
+
+    async def shell(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 -- the documented interface
+    ) -> RunResult:
+        """Run ``command`` in the session's persistent bash (cwd, variables, history and
+        background jobs carry over); stdout and stderr come back together in ``stdout``."""
+        if not isinstance(command, str):
+            raise TypeError("command must be a str")
+        return await self._call({"op": "shell", "command": command}, None, None, timeout, ())
+
+    async def read_file(self, path: str) -> bytes:
+        """A work-dir file's contents, at most the collect cap; `FileToolError` if unreadable."""
+        reply = await self._file({"action": "read", "path": _relative(path)})
+        return base64.b64decode(reply["data"])
+
+    async def write_file(self, path: str, data: str | bytes) -> None:
+        """Create or replace a work-dir file (parent directories are made)."""
+        await self._file({"action": "write", "path": _relative(path), "data": _b64(data)})
+
+    async def edit_file(self, path: str, old: str, new: str) -> None:
+        """Replace the one occurrence of ``old`` with ``new``; `FileToolError` unless
+        ``old`` occurs exactly once."""
+        if not isinstance(old, str) or not isinstance(new, str) or not old:
+            raise TypeError("old must be a non-empty str and new a str")
+        await self._file({"action": "edit", "path": _relative(path), "old": old, "new": new})
+
+    async def list_dir(self, path: str = ".") -> list[str]:
+        """Names in a work-dir directory, sorted; directories end in ``/``."""
+        where = "." if path in ("", ".") else _relative(path)
+        return list((await self._file({"action": "list", "path": where}))["entries"])
+
+    async def _file(self, request: dict[str, Any]) -> dict[str, Any]:
+        if self.closed or self.pool.closed:
+            raise PoolClosed(f"session {self.id} is closed")
+        if self._lost:
+            self.connection = await self._reopen()
+        request = {"op": "file", "cap": self.pool.config.limits.collect_kb << 10, **request}
+        try:
+            reply = await self.connection.request(request, REPLY_MARGIN_S)
+        except (OSError, TimeoutError) as exc:
+            self._lost = True
+            raise SessionLost(f"session {self.id} failed: {exc!r}") from exc
+        if not reply.get("ok"):
+            raise FileToolError(str(reply.get("error")))
+        return reply
 
     async def _call(
         self,

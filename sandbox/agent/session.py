@@ -15,8 +15,10 @@ import socket
 import time
 
 from .call import ENV, Standby, _safe_path
+from .files import file_request
 from .interpreter import PyWorker
 from .procs import _signal, kill_descendants, reap
+from .shell import Shell, run_shell
 from .wire import FrameError, _error, _send, read_frame
 
 CHUNK = 65536
@@ -247,15 +249,17 @@ def _classify(state: dict) -> str:
 class SessionState:
     """What a session process holds between calls: its work dir and spare processes."""
 
-    def __init__(self, workdir: str, wakeup_r: int) -> None:
-        self.workdir, self.wakeup_r = workdir, wakeup_r
+    def __init__(self, workdir: str, tmpdir: str, wakeup_r: int) -> None:
+        self.workdir, self.tmpdir, self.wakeup_r = workdir, tmpdir, wakeup_r
+        self.shell: Shell | None = None  # started by the first shell call, kept to the end
         self.standby: Standby | None = None
         self.worker: PyWorker | None = None
         self.last_limits: dict | None = None
         self.forked_last = False
 
     def keep(self) -> frozenset[int]:
-        return frozenset(p.pid for p in (self.standby, self.worker) if p is not None)
+        # the shell's tree (its background jobs) is kept too: it lives until the session ends
+        return frozenset(p.pid for p in (self.standby, self.worker, self.shell) if p is not None)
 
     def take_standby(self) -> Standby:
         standby, self.standby = self.standby, None
@@ -285,7 +289,7 @@ def _serve_session(listener: socket.socket, slot_dir: str, wakeup_r: int) -> Non
     for path in (workdir, tmpdir):
         os.makedirs(path, mode=0o700, exist_ok=True)
     ENV["TMPDIR"] = tmpdir  # this process and the children it forks: private to the session
-    session = SessionState(workdir, wakeup_r)
+    session = SessionState(workdir, tmpdir, wakeup_r)
     while True:
         conn, _ = listener.accept()
         with conn:
@@ -309,9 +313,13 @@ def _session_request(req: dict, session: SessionState) -> dict:
     op = req.get("op")
     if op == "ping":
         return {"ok": True, "pid": os.getpid()}
-    if op != "run":
+    if op == "file":
+        return file_request(req, session.workdir, int(req.get("cap", 1 << 20)))
+    if op not in ("run", "shell"):
         return _error(f"unknown op {op!r}")
     try:
+        if op == "shell":
+            return _shell_request(req, session)
         if not (isinstance(req.get("code"), str) or _is_argv(req.get("argv"))):
             return _error("run needs 'code' (str) or 'argv' (non-empty list of str)")
         if not 0 < float(req["timeout"]) <= 86400:
@@ -323,6 +331,17 @@ def _session_request(req: dict, session: SessionState) -> dict:
         return _error(f"bad run request: {exc!r}")
     except OSError as exc:
         return _error(f"run failed: {exc!r}")
+
+
+def _shell_request(req: dict, session: SessionState) -> dict:
+    if not isinstance(req.get("command"), str):
+        return _error("shell needs 'command' (str)")
+    if not 0 < float(req["timeout"]) <= 86400:
+        return _error("'timeout' must be in (0, 86400] seconds")
+    for key in LIMIT_KEYS:
+        int(req["limits"][key])
+    reply, session.shell = run_shell(req, session.shell, session.workdir, session.tmpdir)
+    return reply
 
 
 LIMIT_KEYS = (
