@@ -57,6 +57,7 @@ class Shell:
         os.close(slave)
         os.set_blocking(self.master, False)
         self.count = 0
+        self.exit_status: int | None = None
         init = (
             "PS1= PS2= PS0= HISTCONTROL=ignorespace HISTFILE=; set +o histexpand;"
             ' __farm_run() { history -s -- "$(< "$1")"; . "$1" < /dev/null; };'
@@ -68,10 +69,18 @@ class Shell:
             raise OSError(errno.EIO, "the shell did not start")
 
     def alive(self) -> bool:
-        try:
-            return os.waitpid(self.pid, os.WNOHANG)[0] == 0
-        except ChildProcessError:
+        """False once bash has ended (an ``exit``, a signal); `exit_status` then says how."""
+        if self.exit_status is not None:
             return False
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped by the session's sweep: the status is lost
+            self.exit_status = -1
+            return False
+        if pid == 0:
+            return True
+        self.exit_status = os.waitstatus_to_exitcode(status)
+        return False
 
     def processes(self) -> int:
         """Processes in the shell's tree, bash included."""
@@ -154,10 +163,11 @@ class Shell:
         """Kill bash and everything under it (background jobs included)."""
         kill_descendants(self.pid)
         _signal(self.pid, signal.SIGKILL)
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
+        if self.exit_status is None:
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
         os.close(self.master)
 
 
@@ -225,6 +235,8 @@ def run_shell(
     shell.start(req["command"], tmpdir)
     status, out, truncated = shell.read_until_marker(started + float(req["timeout"]), cap)
     timed_out = status is None and shell.alive()
+    if status is None and not timed_out:
+        status = shell.exit_status  # the command ended the shell (`exit 3`)
     if timed_out:
         shell.interrupt()
         back, more, _ = shell.read_until_marker(time.monotonic() + INTERRUPT_GRACE_S, cap)

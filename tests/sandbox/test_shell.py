@@ -29,6 +29,10 @@ async def test_state_carries_over_between_calls(pool: SandboxPool) -> None:
         assert (r.exit_code, r.stdout, r.violation) == (1, "no newline", Violation.NONE)
         r = await sb.shell("echo out; echo err >&2")
         assert r.stdout == "out\nerr\n" and r.stderr == ""  # one terminal, as a user sees it
+        r = await sb.shell("exit 3")
+        assert (r.exit_code, r.violation) == (3, Violation.NONE), r
+        r = await sb.shell("pwd; echo ${FOO:-unset}")  # a fresh shell, in the work dir
+        assert r.stdout.endswith("/work\nunset\n"), r
 
 
 async def test_background_jobs_survive_calls_and_die_with_the_session(
