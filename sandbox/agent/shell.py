@@ -56,6 +56,8 @@ class Shell:
             _exec_bash(slave, workdir, limits)
         os.close(slave)
         os.set_blocking(self.master, False)
+        # readable once bash ends: background jobs may hold the terminal open after it
+        self.pidfd = os.pidfd_open(self.pid)
         self.count = 0
         self.exit_status: int | None = None
         init = (
@@ -116,14 +118,19 @@ class Shell:
         buf, truncated = bytearray(), False
         sel = selectors.DefaultSelector()
         sel.register(self.master, selectors.EVENT_READ)
+        sel.register(self.pidfd, selectors.EVENT_READ)
         try:
             while True:
                 found = self.marker.search(buf, max(0, len(buf) - MARKER_ROOM - CHUNK))
                 if found:
                     return int(found.group(1)), bytes(buf[: found.start()]), truncated
                 wait = deadline - time.monotonic()
-                if wait <= 0 or not sel.select(wait):
+                ready = {key.fd for key, _ in sel.select(wait)} if wait > 0 else set()
+                if not ready:
                     return None, bytes(buf), truncated
+                if self.master not in ready:  # bash ended: keep what it wrote last
+                    buf += self.drain()
+                    return None, bytes(buf[: cap + MARKER_ROOM]), truncated
                 try:
                     chunk = os.read(self.master, CHUNK)
                 except BlockingIOError:
@@ -169,6 +176,7 @@ class Shell:
             except ChildProcessError:
                 pass
         os.close(self.master)
+        os.close(self.pidfd)
 
 
 def _exec_bash(slave: int, workdir: str, limits: dict) -> None:
