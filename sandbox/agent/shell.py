@@ -84,15 +84,6 @@ class Shell:
         self.exit_status = os.waitstatus_to_exitcode(status)
         return False
 
-    def processes(self) -> int:
-        """Processes in the shell's tree, bash included."""
-        tree, count, todo = _proc_children(), 0, [self.pid]
-        while todo:
-            pid = todo.pop()
-            count += 1
-            todo.extend(tree.get(pid, []))
-        return count
-
     def drain(self) -> bytes:
         """What background jobs wrote since the last call."""
         out = bytearray()
@@ -223,18 +214,19 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def run_shell(
-    req: dict, shell: Shell | None, workdir: str, tmpdir: str
+    req: dict, shell: Shell | None, workdir: str, tmpdir: str, keep: frozenset[int]
 ) -> tuple[dict, Shell | None]:
-    """One ``shell`` request; the reply and the shell to keep for the next call."""
+    """One ``shell`` request; the reply and the shell to keep for the next call (``keep``:
+    the session's spare processes, spared by a fork bomb's sweep)."""
     limits = req["limits"]
     cap, max_procs = int(limits["output_bytes"]), int(limits["processes"])
     started = time.monotonic()
     pending, violation = b"", "none"
     if shell is not None:
         pending = shell.drain()
-        violation = _background_violation(shell, pending, max_procs)
+        violation = _background_violation(pending, max_procs)
         if violation == "processes" or not shell.alive():
-            shell.kill()
+            _end(shell, violation, keep)
             shell = None
         if violation == "processes":  # the bomb was swept; this command did not run
             return _reply(None, pending, cap, False, started, violation), None
@@ -253,24 +245,41 @@ def run_shell(
             shell.kill()
             shell = None
     if violation == "none":
-        violation = _call_violation(shell, out, status, timed_out, max_procs)
+        violation = _call_violation(out, status, timed_out, max_procs)
     if shell is not None and (violation == "processes" or not shell.alive()):
-        shell.kill()
+        _end(shell, violation, keep)
         shell = None
     return _reply(status, pending + out, cap, truncated, started, violation), shell
 
 
-def _background_violation(shell: Shell, pending: bytes, max_procs: int) -> str:
-    if shell.processes() >= max_procs // 2:
+def _end(shell: Shell, violation: str, keep: frozenset[int]) -> None:
+    """Kill the shell's tree; after a fork bomb, also whatever escaped it (setsid and a
+    double fork reparent to the session process, a subreaper)."""
+    shell.kill()
+    if violation == "processes":
+        kill_descendants(os.getpid(), keep)
+
+
+def _session_processes() -> int:
+    """Processes under the session process: the shell's tree and anything escaped from it."""
+    tree, count = _proc_children(), 0
+    todo = list(tree.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        count += 1
+        todo.extend(tree.get(pid, []))
+    return count
+
+
+def _background_violation(pending: bytes, max_procs: int) -> str:
+    if _session_processes() >= max_procs // 2:
         return "processes"
     return "memory" if KILLED_JOB.search(pending) else "none"
 
 
-def _call_violation(
-    shell: Shell | None, out: bytes, status: int | None, timed_out: bool, max_procs: int
-) -> str:
+def _call_violation(out: bytes, status: int | None, timed_out: bool, max_procs: int) -> str:
     """As `session._classify` does for one call; a shell reports signal N as 128 + N."""
-    if shell is not None and shell.processes() >= max_procs // 2:
+    if _session_processes() >= max_procs // 2:
         return "processes"
     if KILLED_JOB.search(out) or status == 128 + signal.SIGKILL:
         return "memory"  # a SIGKILL the agent did not send is the OOM killer
