@@ -31,13 +31,23 @@ import termios
 import time
 
 from .call import ENV, _apply_limits
-from .procs import PR_SET_PDEATHSIG, _prctl, _proc_children, _signal, kill_descendants
+from .procs import (
+    PR_SET_PDEATHSIG,
+    _prctl,
+    _proc_children,
+    _signal,
+    kill_descendants,
+    proc_stat,
+    reap,
+)
 
 CHUNK = 65536
 MARKER_ROOM = 512  # bytes past the cap kept so the end marker is always found
 INTERRUPT_GRACE_S = 2.0  # after a timeout, how long bash may take to come back
 SIGINT_GRACE_S = 0.2  # how long a timed-out job has to die of SIGINT before SIGKILL
 KILLED_JOB = re.compile(rb"^\[\d+\][+-]? +Killed\b", re.MULTILINE)
+# bash's word for a refused fork (EAGAIN: the process limit), as a call's EAGAIN is for run
+FORK_REFUSED = re.compile(rb"fork: (retry: )?Resource temporarily unavailable")
 
 
 class Shell:
@@ -258,28 +268,31 @@ def _end(shell: Shell, violation: str, keep: frozenset[int]) -> None:
     shell.kill()
     if violation == "processes":
         kill_descendants(os.getpid(), keep)
+        reap()
 
 
 def _session_processes() -> int:
-    """Processes under the session process: the shell's tree and anything escaped from it."""
+    """Live processes under the session process: the shell's tree and anything escaped
+    from it (zombies, killed and not yet reaped, do not count)."""
     tree, count = _proc_children(), 0
     todo = list(tree.get(os.getpid(), []))
     while todo:
         pid = todo.pop()
-        count += 1
+        fields = proc_stat(pid)
+        count += fields is not None and fields[0] not in (b"Z", b"X")
         todo.extend(tree.get(pid, []))
     return count
 
 
 def _background_violation(pending: bytes, max_procs: int) -> str:
-    if _session_processes() >= max_procs // 2:
+    if _session_processes() >= max_procs // 2 or FORK_REFUSED.search(pending):
         return "processes"
     return "memory" if KILLED_JOB.search(pending) else "none"
 
 
 def _call_violation(out: bytes, status: int | None, timed_out: bool, max_procs: int) -> str:
     """As `session._classify` does for one call; a shell reports signal N as 128 + N."""
-    if _session_processes() >= max_procs // 2:
+    if _session_processes() >= max_procs // 2 or FORK_REFUSED.search(out):
         return "processes"
     if KILLED_JOB.search(out) or status == 128 + signal.SIGKILL:
         return "memory"  # a SIGKILL the agent did not send is the OOM killer
