@@ -41,6 +41,7 @@ _BUILTINS: dict[str, str] = {
     "codegym": "envs.codegym:make_codegym_env",
     "stateful": "envs.stateful:make_stateful_env",
     "agent": "envs.agent:make_agent_env",
+    "terminal": "envs.terminal:make_terminal_env",
 }
 _registry: dict[str, Factory | str] = dict(_BUILTINS)
 

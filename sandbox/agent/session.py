@@ -340,7 +340,8 @@ def _shell_request(req: dict, session: SessionState) -> dict:
         return _error("'timeout' must be in (0, 86400] seconds")
     for key in LIMIT_KEYS:
         int(req["limits"][key])
-    reply, session.shell = run_shell(req, session.shell, session.workdir, session.tmpdir)
+    spares = frozenset(p.pid for p in (session.standby, session.worker) if p is not None)
+    reply, session.shell = run_shell(req, session.shell, session.workdir, session.tmpdir, spares)
     return reply
 
 

@@ -31,13 +31,23 @@ import termios
 import time
 
 from .call import ENV, _apply_limits
-from .procs import PR_SET_PDEATHSIG, _prctl, _proc_children, _signal, kill_descendants
+from .procs import (
+    PR_SET_PDEATHSIG,
+    _prctl,
+    _proc_children,
+    _signal,
+    kill_descendants,
+    proc_stat,
+    reap,
+)
 
 CHUNK = 65536
 MARKER_ROOM = 512  # bytes past the cap kept so the end marker is always found
 INTERRUPT_GRACE_S = 2.0  # after a timeout, how long bash may take to come back
 SIGINT_GRACE_S = 0.2  # how long a timed-out job has to die of SIGINT before SIGKILL
 KILLED_JOB = re.compile(rb"^\[\d+\][+-]? +Killed\b", re.MULTILINE)
+# bash's word for a refused fork (EAGAIN: the process limit), as a call's EAGAIN is for run
+FORK_REFUSED = re.compile(rb"fork: (retry: )?Resource temporarily unavailable")
 
 
 class Shell:
@@ -56,7 +66,10 @@ class Shell:
             _exec_bash(slave, workdir, limits)
         os.close(slave)
         os.set_blocking(self.master, False)
+        # readable once bash ends: background jobs may hold the terminal open after it
+        self.pidfd = os.pidfd_open(self.pid)
         self.count = 0
+        self.exit_status: int | None = None
         init = (
             "PS1= PS2= PS0= HISTCONTROL=ignorespace HISTFILE=; set +o histexpand;"
             ' __farm_run() { history -s -- "$(< "$1")"; . "$1" < /dev/null; };'
@@ -68,19 +81,18 @@ class Shell:
             raise OSError(errno.EIO, "the shell did not start")
 
     def alive(self) -> bool:
-        try:
-            return os.waitpid(self.pid, os.WNOHANG)[0] == 0
-        except ChildProcessError:
+        """False once bash has ended (an ``exit``, a signal); `exit_status` then says how."""
+        if self.exit_status is not None:
             return False
-
-    def processes(self) -> int:
-        """Processes in the shell's tree, bash included."""
-        tree, count, todo = _proc_children(), 0, [self.pid]
-        while todo:
-            pid = todo.pop()
-            count += 1
-            todo.extend(tree.get(pid, []))
-        return count
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped by the session's sweep: the status is lost
+            self.exit_status = -1
+            return False
+        if pid == 0:
+            return True
+        self.exit_status = os.waitstatus_to_exitcode(status)
+        return False
 
     def drain(self) -> bytes:
         """What background jobs wrote since the last call."""
@@ -107,14 +119,19 @@ class Shell:
         buf, truncated = bytearray(), False
         sel = selectors.DefaultSelector()
         sel.register(self.master, selectors.EVENT_READ)
+        sel.register(self.pidfd, selectors.EVENT_READ)
         try:
             while True:
                 found = self.marker.search(buf, max(0, len(buf) - MARKER_ROOM - CHUNK))
                 if found:
                     return int(found.group(1)), bytes(buf[: found.start()]), truncated
                 wait = deadline - time.monotonic()
-                if wait <= 0 or not sel.select(wait):
+                ready = {key.fd for key, _ in sel.select(wait)} if wait > 0 else set()
+                if not ready:
                     return None, bytes(buf), truncated
+                if self.master not in ready:  # bash ended: keep what it wrote last
+                    buf += self.drain()
+                    return None, bytes(buf[: cap + MARKER_ROOM]), truncated
                 try:
                     chunk = os.read(self.master, CHUNK)
                 except BlockingIOError:
@@ -154,11 +171,13 @@ class Shell:
         """Kill bash and everything under it (background jobs included)."""
         kill_descendants(self.pid)
         _signal(self.pid, signal.SIGKILL)
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
+        if self.exit_status is None:
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
         os.close(self.master)
+        os.close(self.pidfd)
 
 
 def _exec_bash(slave: int, workdir: str, limits: dict) -> None:
@@ -205,18 +224,19 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def run_shell(
-    req: dict, shell: Shell | None, workdir: str, tmpdir: str
+    req: dict, shell: Shell | None, workdir: str, tmpdir: str, keep: frozenset[int]
 ) -> tuple[dict, Shell | None]:
-    """One ``shell`` request; the reply and the shell to keep for the next call."""
+    """One ``shell`` request; the reply and the shell to keep for the next call (``keep``:
+    the session's spare processes, spared by a fork bomb's sweep)."""
     limits = req["limits"]
     cap, max_procs = int(limits["output_bytes"]), int(limits["processes"])
     started = time.monotonic()
     pending, violation = b"", "none"
     if shell is not None:
         pending = shell.drain()
-        violation = _background_violation(shell, pending, max_procs)
+        violation = _background_violation(pending, max_procs)
         if violation == "processes" or not shell.alive():
-            shell.kill()
+            _end(shell, violation, keep)
             shell = None
         if violation == "processes":  # the bomb was swept; this command did not run
             return _reply(None, pending, cap, False, started, violation), None
@@ -225,6 +245,8 @@ def run_shell(
     shell.start(req["command"], tmpdir)
     status, out, truncated = shell.read_until_marker(started + float(req["timeout"]), cap)
     timed_out = status is None and shell.alive()
+    if status is None and not timed_out:
+        status = shell.exit_status  # the command ended the shell (`exit 3`)
     if timed_out:
         shell.interrupt()
         back, more, _ = shell.read_until_marker(time.monotonic() + INTERRUPT_GRACE_S, cap)
@@ -233,24 +255,44 @@ def run_shell(
             shell.kill()
             shell = None
     if violation == "none":
-        violation = _call_violation(shell, out, status, timed_out, max_procs)
+        violation = _call_violation(out, status, timed_out, max_procs)
     if shell is not None and (violation == "processes" or not shell.alive()):
-        shell.kill()
+        _end(shell, violation, keep)
         shell = None
     return _reply(status, pending + out, cap, truncated, started, violation), shell
 
 
-def _background_violation(shell: Shell, pending: bytes, max_procs: int) -> str:
-    if shell.processes() >= max_procs // 2:
+def _end(shell: Shell, violation: str, keep: frozenset[int]) -> None:
+    """Kill the shell's tree; after a fork bomb, also whatever escaped it (setsid and a
+    double fork reparent to the session process, a subreaper)."""
+    shell.kill()
+    if violation == "processes":
+        kill_descendants(os.getpid(), keep)
+        reap()
+
+
+def _session_processes() -> int:
+    """Live processes under the session process: the shell's tree and anything escaped
+    from it (zombies, killed and not yet reaped, do not count)."""
+    tree, count = _proc_children(), 0
+    todo = list(tree.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        fields = proc_stat(pid)
+        count += fields is not None and fields[0] not in (b"Z", b"X")
+        todo.extend(tree.get(pid, []))
+    return count
+
+
+def _background_violation(pending: bytes, max_procs: int) -> str:
+    if _session_processes() >= max_procs // 2 or FORK_REFUSED.search(pending):
         return "processes"
     return "memory" if KILLED_JOB.search(pending) else "none"
 
 
-def _call_violation(
-    shell: Shell | None, out: bytes, status: int | None, timed_out: bool, max_procs: int
-) -> str:
+def _call_violation(out: bytes, status: int | None, timed_out: bool, max_procs: int) -> str:
     """As `session._classify` does for one call; a shell reports signal N as 128 + N."""
-    if shell is not None and shell.processes() >= max_procs // 2:
+    if _session_processes() >= max_procs // 2 or FORK_REFUSED.search(out):
         return "processes"
     if KILLED_JOB.search(out) or status == 128 + signal.SIGKILL:
         return "memory"  # a SIGKILL the agent did not send is the OOM killer
