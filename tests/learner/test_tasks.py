@@ -165,3 +165,25 @@ async def test_feeder_issues_only_inside_the_budget(redis_server: RedisServer) -
         assert len(later) == 3 and {t.max_turns for t in later} == {5}  # the horizon rides the task
     finally:
         await redis.aclose()
+
+
+def test_difficulty_filter_defers_rows_whose_groups_were_all_solved_or_all_failed() -> None:
+    rows = [TaskRow("a"), TaskRow("b"), TaskRow("c")]
+    rules = CurriculumRules(difficulty_filter=2, difficulty_defer_steps=5)
+    sampler = TaskSampler(rows, seed=0, rules=rules)
+    sampler.observe_groups([(0, [1.0, 1.0]), (1, [0.0, 0.0]), (2, [1.0, 0.0])], step=1)
+    assert not sampler.deferred  # one uniform group is not yet a streak
+    sampler.observe_groups([(0, [1.0, 1.0]), (1, [0.0, 1.0]), (2, [1.0, 0.0])], step=2)
+    assert sampler.deferred == {0: 7}  # two solved in a row; row 1's streak was broken
+    assert {sampler.draw()[0].env_spec for _ in range(30)} == {"b", "c"}
+    state = json.loads(json.dumps(sampler.state()))
+    copy = TaskSampler(rows, seed=5, rules=rules)
+    copy.restore(state)
+    assert copy.deferred == {0: 7} and [copy.draw() for _ in range(4)] == [
+        sampler.draw() for _ in range(4)
+    ]
+    sampler.observe_groups([], step=7)  # its time is up: drawn again
+    assert "a" in {sampler.draw()[0].env_spec for _ in range(30)}
+    everything = TaskSampler(rows[:1], seed=0, rules=rules)
+    everything.observe_groups([(0, [0.0])] * 2, step=0)
+    assert everything.draw()[0].env_spec == "a"  # every row deferred: draw from all
