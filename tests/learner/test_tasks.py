@@ -12,6 +12,8 @@ from redis import Redis
 
 from broker.connection import RedisSettings, connect
 from broker.keys import RunKeys
+from broker.messages import EvalMark, Task
+from broker.producer import Producer
 from learner.errors import TaskSourceError
 from learner.tasks import (
     CurriculumRules,
@@ -187,3 +189,21 @@ def test_difficulty_filter_defers_rows_whose_groups_were_all_solved_or_all_faile
     everything = TaskSampler(rows[:1], seed=0, rules=rules)
     everything.observe_groups([(0, [0.0])] * 2, step=0)
     assert everything.draw()[0].env_spec == "a"  # every row deferred: draw from all
+
+
+async def test_in_flight_leaves_eval_tasks_out(redis_server: RedisServer) -> None:
+    """Eval tasks take no admission slot: a restarted learner must not count them."""
+    redis = await connect(RedisSettings.from_url(redis_server.url))
+    keys = RunKeys("evalcount")
+    producer = Producer(redis)
+    try:
+        mark = lambda i: EvalMark("held", "r", i)  # noqa: E731
+        tasks = [Task(f"t{i}", "toy@{}", 2, i, 0, eval=mark(i) if i % 2 else None)
+                 for i in range(6)]  # fmt: skip
+        await producer.publish(keys.tasks, tasks)
+        await redis.xgroup_create(keys.tasks, "workers", id="0")
+        await redis.xreadgroup("workers", "w", {keys.tasks: ">"}, count=3)  # t0-t2 pending
+        # 3 training tasks (t0, t2 pending; t4 waiting) of 6
+        assert await count_in_flight(redis, keys, "workers", "learner") == 3
+    finally:
+        await redis.aclose()
