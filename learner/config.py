@@ -310,6 +310,16 @@ class CurriculumRules:
     promote_above: float = Field(0.8, ge=0.0, le=1.0, description="success rate to go harder")
     demote_below: float = Field(0.2, ge=0.0, le=1.0, description="success rate to go easier")
     success_threshold: float = Field(0.5, description="episode return counted as a success")
+    difficulty_filter: int = Field(
+        0,
+        ge=0,
+        le=1000,
+        description="defer a task after this many groups in a row all "
+        "solved or all failed (0: off; prime-rl's difficulty buffer)",
+    )
+    difficulty_defer_steps: int = Field(
+        20, ge=1, le=1_000_000, description="steps a deferred task is left out of the draws"
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> CurriculumRules:

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
-from prometheus_client import Gauge
 
 from broker.consumer import Consumer, ConsumerConfig, ConsumerSettings
 from broker.errors import RedisUnavailable
@@ -36,16 +35,10 @@ from broker.messages import EvalMark, Task, TrajectoryGroup
 from broker.producer import Producer
 from learner.config import EvalConfig
 from learner.evalscore import score_sets
+from learner.metrics import EVAL_SCORE, EVAL_STEP
 from learner.tasks import TaskRow, load_dataset
 
 log = logging.getLogger("learner")
-
-EVAL_SCORE = Gauge(
-    "farm_learner_eval_score",
-    "Last evaluation's figures per eval set (and /env)",
-    ["set", "metric"],
-)
-EVAL_STEP = Gauge("farm_learner_eval_step", "Learner step of the last finished evaluation")
 
 
 def load_sets(cfg: EvalConfig) -> dict[str, list[TaskRow]]:

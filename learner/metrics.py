@@ -59,3 +59,6 @@ OUTSIDE_MASS = Gauge("farm_learner_outside_mass",
 SKIPPED_BATCHES = Counter(
     "farm_learner_skipped_batches", "Batches with no trainable sample (not steps: no push)"
 )
+EVAL_SCORE = Gauge("farm_learner_eval_score",
+                   "Last evaluation's figures per eval set (and set/env)", ["set", "metric"])  # fmt: skip
+EVAL_STEP = Gauge("farm_learner_eval_step", "Learner step at which the last evaluation started")

@@ -44,7 +44,7 @@ from learner.evaluation import EvalSchedule, Evaluator, load_sets
 from learner.health import DeadLetterWatch, FailureWatch
 from learner.record import emit, emit_skip
 from learner.source import LiveSource
-from learner.tasks import TaskFeeder, TaskSampler, count_in_flight, load_dataset
+from learner.tasks import TaskFeeder, TaskSampler, count_in_flight, load_dataset, row_returns
 from learner.weights import WeightPusher
 
 log = logging.getLogger("learner")
@@ -113,6 +113,7 @@ async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Deli
         prepared, stats = core.train(batch.groups, replay=False)
         if live.feeder is not None:
             live.feeder.sampler.observe(prepared.episode_returns)
+            live.feeder.sampler.observe_groups(row_returns(batch.groups), state.step)
             state.sampler = live.feeder.sampler.state()
         if stats is None:
             # Not a step: nothing for a checkpoint to hold, so ack now (waiting for the next

@@ -35,7 +35,7 @@ from broker.codec import decode
 from broker.connection import as_str
 from broker.errors import DecodeError
 from broker.keys import RunKeys
-from broker.messages import Task
+from broker.messages import Task, TrajectoryGroup
 from broker.producer import Producer
 from learner.config import CurriculumRules, HorizonSchedule
 from learner.errors import TaskSourceError
@@ -96,7 +96,9 @@ def load_dataset(path: Path) -> list[TaskRow]:
 
 
 class TaskSampler:
-    """Seeded draws from the dataset, optionally following a difficulty curriculum."""
+    """Seeded draws from the dataset, optionally following a difficulty curriculum, and
+    optionally deferring rows whose recent groups were all solved or all failed
+    (`difficulty_filter`: such a group carries no signal for a group baseline)."""
 
     def __init__(self, rows: list[TaskRow], seed: int, rules: CurriculumRules) -> None:
         self.rows = rows
@@ -105,6 +107,9 @@ class TaskSampler:
         self.level_index = 0
         self.recent: deque[bool] = deque(maxlen=rules.curriculum_window)
         self.rng = np.random.default_rng(seed)
+        self.streaks: dict[int, int] = {}  # row -> groups in a row all solved or all failed
+        self.deferred: dict[int, int] = {}  # row -> step until which it is not drawn
+        self.step = 0
 
     @property
     def level(self) -> int:
@@ -112,13 +117,38 @@ class TaskSampler:
 
     def draw(self) -> tuple[TaskRow, int]:
         """A row and a task seed."""
-        pool = (
-            [r for r in self.rows if r.difficulty == self.level]
-            if self.rules.curriculum
-            else self.rows
-        )
-        row = pool[int(self.rng.integers(len(pool)))]
-        return row, int(self.rng.integers(2**31 - 1))
+        _, row, seed = self.draw_row()
+        return row, seed
+
+    def draw_row(self) -> tuple[int, TaskRow, int]:
+        """A row's index, the row and a task seed."""
+        index = self.draw_index()
+        return index, self.rows[index], int(self.rng.integers(2**31 - 1))
+
+    def draw_index(self) -> int:
+        """The index of the next row drawn (a deferred row only when every row is)."""
+        pool = [i for i, r in enumerate(self.rows)
+                if not self.rules.curriculum or r.difficulty == self.level]  # fmt: skip
+        live = [i for i in pool if self.deferred.get(i, 0) <= self.step]
+        pool = live or pool
+        return pool[int(self.rng.integers(len(pool)))]
+
+    def observe_groups(self, rows_returns: list[tuple[int, list[float]]], step: int) -> None:
+        """Per row (its index, its group's episode returns): defer a row once
+        `difficulty_filter` of its groups in a row were all solved or all failed."""
+        self.step = step
+        limit = self.rules.difficulty_filter
+        if not limit:
+            return
+        for index, returns in rows_returns:
+            solved = {r >= self.rules.success_threshold for r in returns}
+            if len(solved) == 1:
+                self.streaks[index] = self.streaks.get(index, 0) + 1
+            else:
+                self.streaks.pop(index, None)
+            if self.streaks.get(index, 0) >= limit:
+                self.deferred[index] = step + self.rules.difficulty_defer_steps
+                self.streaks.pop(index, None)
 
     def observe(self, episode_returns: list[float]) -> None:
         """Feed finished episodes; move the level when the window says so."""
@@ -141,6 +171,8 @@ class TaskSampler:
             "level_index": self.level_index,
             "recent": list(self.recent),
             "rng": self.rng.bit_generator.state,
+            "streaks": [[i, n] for i, n in self.streaks.items()],
+            "deferred": [[i, s] for i, s in self.deferred.items()],
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -150,6 +182,20 @@ class TaskSampler:
         self.recent.clear()
         self.recent.extend(bool(x) for x in state["recent"])
         self.rng.bit_generator.state = state["rng"]
+        self.streaks = {int(i): int(n) for i, n in state.get("streaks", [])}
+        self.deferred = {int(i): int(s) for i, s in state.get("deferred", [])}
+
+
+def row_returns(groups: list[TrajectoryGroup]) -> list[tuple[int, list[float]]]:
+    """(dataset row, episode returns) of each group whose task names its row, leaving out
+    groups the infrastructure spoiled (they say nothing about the task's difficulty)."""
+    out = []
+    for group in groups:
+        row = group.task.meta.get("row")
+        if isinstance(row, int) and not group.infra_failed:
+            returns = [sum(turn.reward for turn in t.turns) for t in group.trajectories]
+            out.append((row, returns))
+    return out
 
 
 class TaskFeeder:
@@ -195,9 +241,10 @@ class TaskFeeder:
         granted = await self.budget.try_acquire(self.limit, reserve=buffered)
         tasks: list[Task] = []
         for _ in range(granted):
-            row, seed = self.sampler.draw()
+            index, row, seed = self.sampler.draw_row()
             meta = dict(row.meta or {})
             meta["difficulty"] = row.difficulty
+            meta["row"] = index  # the difficulty filter's key
             tasks.append(
                 Task(
                     task_id=f"{self.keys.run}-{uuid.uuid4().hex[:16]}",

@@ -116,7 +116,8 @@ class Worker:
             for delivery in batch:
                 task = delivery.message
                 assert isinstance(task, Task)  # the consumer was built with expect=Task
-                n = self.cfg.group_size or task.group_size
+                # an eval task's k samples are its own: --group-size overrides training tasks
+                n = task.group_size if task.is_eval else self.cfg.group_size or task.group_size
                 typical = n
                 self._reserved += n
                 metrics.TASKS_IN_PROGRESS.inc()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -57,3 +58,20 @@ def test_score_per_set_and_env_leaves_infra_rows_out() -> None:
     assert sum(v for k, v in figures.items() if k.startswith("finish/")) == pytest.approx(1.0)
     per = score_sets(groups, 2, 0.5)
     assert set(per) == {"held", "held/toy"} and per["held"] == per["held/toy"]
+
+
+def test_report_writes_the_log_line_the_gauges_and_the_json(tmp_path, caplog) -> None:
+    from prometheus_client import REGISTRY
+
+    from learner.evaluation import EvalResult, report, tracker_scalars
+
+    result = EvalResult(step=6, version=5, seconds=1.5, tasks=2, missing_rows=0,
+                        weight_versions=(4, 5), sets={"held": {"pass_at_1": 0.25}})  # fmt: skip
+    with caplog.at_level("INFO", logger="learner"):
+        report(result, tmp_path)
+    assert any('"event": "eval"' in r.getMessage() for r in caplog.records)
+    labels = {"set": "held", "metric": "pass_at_1"}
+    assert REGISTRY.get_sample_value("farm_learner_eval_score", labels) == 0.25
+    assert REGISTRY.get_sample_value("farm_learner_eval_step") == 6
+    assert json.loads((tmp_path / "eval-000006.json").read_text())["sets"] == result.sets
+    assert tracker_scalars(result) == {"eval/held/pass_at_1": 0.25}

@@ -12,6 +12,8 @@ from redis import Redis
 
 from broker.connection import RedisSettings, connect
 from broker.keys import RunKeys
+from broker.messages import EvalMark, Task
+from broker.producer import Producer
 from learner.errors import TaskSourceError
 from learner.tasks import (
     CurriculumRules,
@@ -163,5 +165,45 @@ async def test_feeder_issues_only_inside_the_budget(redis_server: RedisServer) -
         await feeder.release(3)
         later = await feeder.top_up(buffered=0, version=1, step=3)
         assert len(later) == 3 and {t.max_turns for t in later} == {5}  # the horizon rides the task
+    finally:
+        await redis.aclose()
+
+
+def test_difficulty_filter_defers_rows_whose_groups_were_all_solved_or_all_failed() -> None:
+    rows = [TaskRow("a"), TaskRow("b"), TaskRow("c")]
+    rules = CurriculumRules(difficulty_filter=2, difficulty_defer_steps=5)
+    sampler = TaskSampler(rows, seed=0, rules=rules)
+    sampler.observe_groups([(0, [1.0, 1.0]), (1, [0.0, 0.0]), (2, [1.0, 0.0])], step=1)
+    assert not sampler.deferred  # one uniform group is not yet a streak
+    sampler.observe_groups([(0, [1.0, 1.0]), (1, [0.0, 1.0]), (2, [1.0, 0.0])], step=2)
+    assert sampler.deferred == {0: 7}  # two solved in a row; row 1's streak was broken
+    assert {sampler.draw()[0].env_spec for _ in range(30)} == {"b", "c"}
+    state = json.loads(json.dumps(sampler.state()))
+    copy = TaskSampler(rows, seed=5, rules=rules)
+    copy.restore(state)
+    assert copy.deferred == {0: 7} and [copy.draw() for _ in range(4)] == [
+        sampler.draw() for _ in range(4)
+    ]
+    sampler.observe_groups([], step=7)  # its time is up: drawn again
+    assert "a" in {sampler.draw()[0].env_spec for _ in range(30)}
+    everything = TaskSampler(rows[:1], seed=0, rules=rules)
+    everything.observe_groups([(0, [0.0])] * 2, step=0)
+    assert everything.draw()[0].env_spec == "a"  # every row deferred: draw from all
+
+
+async def test_in_flight_leaves_eval_tasks_out(redis_server: RedisServer) -> None:
+    """Eval tasks take no admission slot: a restarted learner must not count them."""
+    redis = await connect(RedisSettings.from_url(redis_server.url))
+    keys = RunKeys("evalcount")
+    producer = Producer(redis)
+    try:
+        mark = lambda i: EvalMark("held", "r", i)  # noqa: E731
+        tasks = [Task(f"t{i}", "toy@{}", 2, i, 0, eval=mark(i) if i % 2 else None)
+                 for i in range(6)]  # fmt: skip
+        await producer.publish(keys.tasks, tasks)
+        await redis.xgroup_create(keys.tasks, "workers", id="0")
+        await redis.xreadgroup("workers", "w", {keys.tasks: ">"}, count=3)  # t0-t2 pending
+        # 3 training tasks (t0, t2 pending; t4 waiting) of 6
+        assert await count_in_flight(redis, keys, "workers", "learner") == 3
     finally:
         await redis.aclose()
