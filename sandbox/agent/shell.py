@@ -138,7 +138,8 @@ class Shell:
                     continue
                 except OSError:
                     chunk = b""  # EIO: bash is gone and the terminal closed
-                if not chunk:
+                if not chunk:  # the terminal closed as bash exits: let it finish exiting
+                    select.select([self.pidfd], [], [], INTERRUPT_GRACE_S)
                     return None, bytes(buf), truncated
                 buf += chunk
                 if len(buf) > cap + MARKER_ROOM:
@@ -157,6 +158,8 @@ class Shell:
         try:
             foreground = os.tcgetpgrp(self.master)
         except OSError:
+            foreground = self.pid
+        if foreground <= 0:  # no terminal any more: never signal our own group (-0)
             foreground = self.pid
         if foreground == self.pid:  # bash itself is busy (a builtin loop)
             _signal(self.pid, signal.SIGINT)
@@ -211,7 +214,7 @@ def _foreground(master: int) -> int:
     try:
         return os.tcgetpgrp(master)
     except OSError:
-        return -1
+        return -1  # no terminal: never a process group
 
 
 def _write_all(fd: int, data: bytes) -> None:
