@@ -37,8 +37,8 @@ log = logging.getLogger("learner")
 COLUMNS = ("rows", "scored_rows", "infra_failed_rows", "mean_at_k", "pass_at_1")
 
 
-class EvaluateConfig(RoleConfig):
-    """Everything `python -m learner evaluate` needs."""
+class _RunConfig(RoleConfig):
+    """The run a one-off command works on: shared by `evaluate` and `filter`."""
 
     role: ClassVar[str] = "learner"
     error: ClassVar[type[Exception]] = ConfigError
@@ -50,6 +50,11 @@ class EvaluateConfig(RoleConfig):
         default_factory=list, description="modules imported to register extra environments"
     )
     log_level: LogLevel = Field("WARNING", description="log level")
+
+
+class EvaluateConfig(_RunConfig):
+    """Everything `python -m learner evaluate` needs."""
+
     evaluation: EvalConfig = section(EvalConfig)
 
 
@@ -127,19 +132,9 @@ def main(argv: list[str]) -> int:
     return start(ROLE, argv)
 
 
-class FilterConfig(RoleConfig):
+class FilterConfig(_RunConfig):
     """Everything `python -m learner filter` (`farm filter`) needs."""
 
-    role: ClassVar[str] = "learner"
-    error: ClassVar[type[Exception]] = ConfigError
-
-    redis_url: RedisUrl = Field("redis://127.0.0.1:6379/0", description="Redis URL")
-    run: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="run name")
-    partitions: int = Field(1, ge=1, le=256, description="trajectories stream partitions")
-    env_modules: CommaList = Field(
-        default_factory=list, description="modules imported to register extra environments"
-    )
-    log_level: LogLevel = Field("WARNING", description="log level")
     tasks: Path = Field(description="JSONL task file to filter")
     out: Path = Field(description="where the kept rows go (JSONL, meta.pass_rate on each)")
     samples: int = Field(4, ge=1, le=4096, description="k: samples per task")
