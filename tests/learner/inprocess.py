@@ -135,7 +135,7 @@ class Run:
 def train(model_dir: Path, env_spec: str, *, steps: int, seed: int, groups: int = 4,
           group_size: int = 8, flags: dict[str, object] | None = None,
           settings: EpisodeSettings | None = None, push: bool = True,
-          threads: int | None = 1) -> Run:  # fmt: skip
+          threads: int | None = 1, until: float | None = None) -> Run:  # fmt: skip
     """`steps` synchronous steps of `groups` x `group_size` episodes of `env_spec`, trained by
     the learner's own `Core` (batch preparation, critic, schedules) built from `flags`, the
     learner's command-line settings.
@@ -147,19 +147,23 @@ def train(model_dir: Path, env_spec: str, *, steps: int, seed: int, groups: int 
     split across threads rounds differently and the trajectories part), and the tiny model is
     no faster on two (200 lookup steps took 209 s on two threads, ~150 s on one). None keeps
     torch's setting, for a pretrained model that needs every core.
+
+    `until` ends the run early at the first 10-step window whose mean reward reaches it; the
+    steps before are the same as in the full run.
     """
     before = torch.get_num_threads()
     torch.set_num_threads(threads or before)
     try:
         return _train(model_dir, env_spec, steps=steps, seed=seed, groups=groups,
-                      group_size=group_size, flags=flags, settings=settings, push=push)  # fmt: skip
+                      group_size=group_size, flags=flags, settings=settings, push=push,
+                      until=until)  # fmt: skip
     finally:
         torch.set_num_threads(before)
 
 
 def _train(model_dir: Path, env_spec: str, *, steps: int, seed: int, groups: int,
            group_size: int, flags: dict[str, object] | None, settings: EpisodeSettings | None,
-           push: bool) -> Run:  # fmt: skip
+           push: bool, until: float | None) -> Run:  # fmt: skip
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -183,6 +187,8 @@ def _train(model_dir: Path, env_spec: str, *, steps: int, seed: int, groups: int
         if stats is not None:
             run.stats.append(stats)
         generator.version = core.state.step if push else 0
+        if until is not None and window_mean(run.rewards)[-1:] >= [until]:
+            break
     return run
 
 
