@@ -106,7 +106,6 @@ async def test_acked_entries_survive_redis_sigkill_with_aof(redis_factory):
 ACQUIRER = textwrap.dedent("""
     import asyncio, random, sys
     from broker.admission import AdmissionBudget
-from broker.backlog import group_backlog, unfinished_entries
     from broker.connection import RedisSettings, connect
     from broker.keys import RunKeys
 
