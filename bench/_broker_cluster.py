@@ -21,8 +21,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import bench.broker as single
-from bench.broker import make_group
+from bench._broker_groups import make_group
 from broker.codec import encode
 from broker.connection import RedisSettings, connect
 from broker.consumer import Consumer, ConsumerConfig
@@ -60,12 +59,10 @@ async def _produce(url: str, run: str, tokens: int, count: int) -> None:
     await redis.aclose()
 
 
-async def _consume(url: str, run: str, count: int, pipe: Any) -> float:
+async def _consume(url: str, run: str, count: int, read_count: int, pipe: Any) -> float:
     redis = await connect(RedisSettings.from_url(url))
     keys = RunKeys(run, PARTITIONS)
-    cfg = ConsumerConfig(
-        group=LEARNER_GROUP, consumer="bench", block_ms=100, count=single.READ_COUNT
-    )
+    cfg = ConsumerConfig(group=LEARNER_GROUP, consumer="bench", block_ms=100, count=read_count)
     consumer = Consumer(redis, keys, keys.all_trajectories, cfg, expect=TrajectoryGroup)
     await consumer.ensure_groups()
     await _start_together(pipe)
@@ -86,25 +83,29 @@ async def _start_together(pipe: Any) -> None:
     await asyncio.sleep(max(0.0, start_at - time.time()))
 
 
-def _role(kind: str, url: str, run: str, tokens: int, count: int, pipe: Any) -> None:
-    """One run's producer (a worker pod) or consumer (its learner), as a process."""
+def _role(kind: str, url: str, run: str, tokens: int, counts: tuple[int, int], pipe: Any) -> None:
+    """One run's producer (a worker pod) or consumer (its learner), as a process;
+    `counts`: (entries, entries per consumer read)."""
+    count, read_count = counts
     tune_malloc()
     with asyncio.Runner(loop_factory=loop_factory("uvloop")) as runner:
         if kind == "consumer":
-            pipe.send(runner.run(_consume(url, run, count, pipe)))
+            pipe.send(runner.run(_consume(url, run, count, read_count, pipe)))
         else:
             runner.run(_start_together(pipe))
             runner.run(_produce(url, run, tokens, count))
 
 
-def farm_pass(cluster: LocalCluster, runs: list[str], tokens: int, count: int) -> float:
+def farm_pass(
+    cluster: LocalCluster, runs: list[str], tokens: int, count: int, read_count: int
+) -> float:
     """Entries/s of all runs together: every run's producer and consumer start at once."""
     ctx = multiprocessing.get_context("fork")  # the parent runs no event loop or thread here
     procs, pipes, consumers = [], [], []
     for run in runs:
         for kind in ("consumer", "producer"):
             mine, theirs = ctx.Pipe()
-            args = (kind, cluster.url, run, tokens, count, theirs)
+            args = (kind, cluster.url, run, tokens, (count, read_count), theirs)
             procs.append(ctx.Process(target=_role, args=args, name=f"{kind}-{run}"))
             pipes.append(mine)
             if kind == "consumer":
@@ -141,13 +142,15 @@ def raw_ceiling(cluster: LocalCluster, payload: bytes, requests: int) -> float:
     return rps * len(payload) / 1e6
 
 
-def measure(cluster: LocalCluster, runs: int, tokens: int, count: int, repeats: int) -> ClusterRow:
+def measure(
+    cluster: LocalCluster, runs: int, tokens: int, count: int, repeats: int, read_count: int
+) -> ClusterRow:
     names = [f"bench{i}" for i in range(runs)]
     payload = encode(make_group(tokens, 0))[b"b"]
     rates = []
     for _ in range(repeats):
         cluster.flush()
-        rates.append(farm_pass(cluster, names, tokens, count))
+        rates.append(farm_pass(cluster, names, tokens, count, read_count))
     peak = statistics.median(rates)
     raw = statistics.median(raw_ceiling(cluster, payload, 3 * count) for _ in range(repeats))
     streams = [s for n in names for s in RunKeys(n, PARTITIONS).all_trajectories]
@@ -169,7 +172,7 @@ def table(rows: list[ClusterRow]) -> str:
     return "\n".join(lines)
 
 
-def run_cluster_bench(quick: bool) -> list[ClusterRow]:
+def run_cluster_bench(quick: bool, read_count: int) -> list[ClusterRow]:
     """Start the cluster, measure 1 and 3 runs at 1k and 8k tokens, stop it."""
     plan = {1024: 1000, 8192: 200}
     if quick:
@@ -180,15 +183,17 @@ def run_cluster_bench(quick: bool) -> list[ClusterRow]:
         try:
             cluster.start()
             return [
-                measure(cluster, runs, t, n, repeats) for runs in (1, 3) for t, n in plan.items()
+                measure(cluster, runs, t, n, repeats, read_count)
+                for runs in (1, 3)
+                for t, n in plan.items()
             ]
         finally:
             cluster.stop()
 
 
-def report(quick: bool) -> tuple[list[dict[str, Any]], str]:
+def report(quick: bool, read_count: int) -> tuple[list[dict[str, Any]], str]:
     """The cluster rows and their table (after the single-node table of `bench broker`)."""
-    rows = run_cluster_bench(quick)
+    rows = run_cluster_bench(quick, read_count)
     repeats = 1 if quick else 3
     text = "\n".join(
         (

@@ -25,17 +25,17 @@ from typing import Any
 import numpy as np
 
 from bench import _report as report
+from bench._broker_groups import READ_COUNT, make_group
 from broker.codec import encode
 from broker.connection import RedisSettings, connect
 from broker.consumer import Consumer, ConsumerConfig
 from broker.keys import LEARNER_GROUP, RunKeys
 from broker.memory import tune_malloc
-from broker.messages import Task, Trajectory, TrajectoryGroup, Turn
+from broker.messages import TrajectoryGroup
 from broker.producer import Producer, Retention
 from workers.resources import loop_factory
 
 KEYS = RunKeys("bench")
-READ_COUNT = 8  # entries per consumer read, as the learner reads at groups_per_batch=8
 
 
 @dataclass
@@ -53,30 +53,6 @@ class Row:
     cpu_us: dict[str, float]  # CPU per entry at peak: redis-server, producer, consumer
     raw_redis_cpu_us: float  # redis-server's CPU per entry under redis-benchmark's XADD
     cpu_bound_entries_s: float  # every core busy with the farm's CPU per entry
-
-
-def make_group(tokens: int, index: int) -> TrajectoryGroup:
-    rng = np.random.default_rng(index)
-    task = Task(f"b{index}", "toy@{}", 8, index, 0)
-    trajs = tuple(
-        Trajectory(
-            (
-                Turn(
-                    rng.integers(0, 50_000, 64),
-                    rng.integers(0, 50_000, tokens),
-                    -rng.random(tokens, dtype=np.float32),
-                    0,
-                    1.0,
-                    True,
-                    False,
-                ),
-            ),
-            "terminated",
-            sample_index=i,
-        )
-        for i in range(8)
-    )
-    return TrajectoryGroup(task.task_id, task, trajs, "bench")
 
 
 def start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], int]:
@@ -312,8 +288,9 @@ def main(argv: list[str]) -> int:
         )
     )
     if args.cluster:
+        # Here, not at the top: only --cluster needs the tests' cluster launcher.
         from bench._broker_cluster import report as cluster_report
 
-        result["cluster"], cluster_text = cluster_report(args.quick or args.smoke)
+        result["cluster"], cluster_text = cluster_report(args.quick or args.smoke, READ_COUNT)
         text += "\n" + cluster_text
     return report.emit(run, result, text, args.json)

@@ -5,7 +5,9 @@ with an optional partition as in `trajectories:1`, or `policy`) or a full key.
 `status` and `deadletters` cover every partition (``--partitions``). It starts
 through the farm's one runner (`launch.runner`): the Redis settings and the run are `BrokerCliConfig` fields
 (``--redis-url`` or ``FARM_REDIS_URL``, ``--run`` or ``FARM_RUN``, or a TOML file);
-SIGTERM/SIGINT end a ``--watch``, ``--follow`` or archive loop cleanly.
+SIGTERM/SIGINT end a ``--watch``, ``--follow`` or archive loop cleanly. `show` draws a
+group with the learner's maths, which sit above the broker: this process becomes
+`python -m farm.show` with the same arguments (`broker.show.cli.exec_show`).
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ from broker.deadletters import list_dead_letters, requeue
 from broker.errors import BrokerError, DecodeError
 from broker.keys import RunKeys
 from broker.replay import ReplayFilter, archive_entries, replay, stream_entries
-from broker.show.cli import add_show_command, show
+from broker.show.cli import add_show_command, exec_show
 from broker.status import format_state, run_state
-from launch.runner import Role, RoleContext, start
+from launch.runner import Role, RoleContext, build_parser, start
 from launch.settings import LogLevel, RoleConfig
 
 
@@ -190,27 +192,17 @@ async def cmd_deadletters(redis: aioredis.Redis, keys: RunKeys, ctx: Context) ->
     return 0
 
 
-async def cmd_show(redis: aioredis.Redis, keys: RunKeys, ctx: Context) -> int:
-    # Plain `trajectories` means the run's groups wherever they were published.
-    named = ctx.args.stream
-    streams = keys.all_trajectories if named == "trajectories" else [resolve_stream(keys, named)]
-    return await show(redis, streams, ctx.args)
-
-
 COMMANDS: dict[str, Callable[[aioredis.Redis, RunKeys, Context], Awaitable[int]]] = {
     "status": cmd_status,
     "tail": cmd_tail,
     "archive": cmd_archive,
     "replay": cmd_replay,
     "deadletters": cmd_deadletters,
-    "show": cmd_show,
 }
 
 
 async def amain(ctx: Context) -> int:
     cfg = ctx.config
-    if ctx.args.command == "show" and ctx.args.archive:  # an archive needs no Redis
-        return await show(None, [], ctx.args)
     settings = RedisSettings.from_url(
         cfg.redis_url, retry_budget_s=cfg.redis_wait, tls_ca_file=cfg.redis_ca_file
     )
@@ -240,6 +232,9 @@ ROLE = Role(
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if build_parser(ROLE).parse_args(argv).command == "show":
+        exec_show(argv)  # `show` runs above the learner: `python -m farm.show`, same arguments
     return start(ROLE, argv)
 
 

@@ -107,25 +107,26 @@ async def latest_dead_letter(redis: aioredis.Redis, keys: RunKeys) -> str | None
 
 
 async def run_state(redis: aioredis.Redis, keys: RunKeys) -> RunState:
-    streams = tuple(
-        [await stream_state(redis, s) for s in (*keys.all_tasks, *keys.all_trajectories)]
-    )
-    budget = AdmissionBudget(redis, keys)
-    dead = sum([int(await redis.xlen(s)) for s in keys.all_deadletters])
-    return RunState(
-        run=keys.run,
-        streams=streams,
-        dead_letters=dead,
-        policy=await current_policy(redis, keys),
-        admission_in_flight=await budget.in_flight(),
-        admission_limit=await budget.limit(),
-        latest_dead_letter=await latest_dead_letter(redis, keys) if dead else None,
-    )
+    """The run's state; `RedisUnavailable` or `RedisCommandFailed` when Redis fails."""
+    with redis_errors("reading the run's state"):
+        streams = tuple(
+            [await stream_state(redis, s) for s in (*keys.all_tasks, *keys.all_trajectories)]
+        )
+        budget = AdmissionBudget(redis, keys)
+        dead = sum([int(await redis.xlen(s)) for s in keys.all_deadletters])
+        return RunState(
+            run=keys.run,
+            streams=streams,
+            dead_letters=dead,
+            policy=await current_policy(redis, keys),
+            admission_in_flight=await budget.in_flight(),
+            admission_limit=await budget.limit(),
+            latest_dead_letter=await latest_dead_letter(redis, keys) if dead else None,
+        )
 
 
 async def refresh_stream_gauges(redis: aioredis.Redis, keys: RunKeys) -> RunState:
-    with redis_errors("reading the run's streams"):
-        state = await run_state(redis, keys)
+    state = await run_state(redis, keys)
     for s in state.streams:
         STREAM_LENGTH.labels(stream=s.name).set(s.length)
         for g in s.groups:

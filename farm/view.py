@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import aiohttp
 import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
-from redis.exceptions import RedisClusterException, RedisError
 
+from broker.errors import BrokerError
 from broker.keys import LEARNER_GROUP, WORKERS_GROUP, RunKeys
 from broker.status import RunState, run_state
 
@@ -193,7 +193,7 @@ class FarmView:
             return None
         try:
             return await asyncio.wait_for(run_state(self.redis, self.keys), 3.0)
-        except (RedisError, RedisClusterException, OSError, TimeoutError):
+        except (BrokerError, TimeoutError):
             return None
 
 

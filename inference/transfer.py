@@ -33,6 +33,7 @@ from aiohttp import web
 
 from inference.errors import EngineError
 from inference.nccl import GlooCommunicator
+from inference.protocol import ProtocolError
 
 # vLLM 0.33's NCCLWeightTransferInitInfo and NCCLWeightTransferUpdateInfo fields.
 INIT_FIELDS = frozenset({"master_address", "master_port", "rank_offset", "world_size",
@@ -70,8 +71,6 @@ def _is_int(value: Any) -> bool:
 
 def parse_init_info(info: Any) -> tuple[str, int, int, int]:
     """(master_address, master_port, rank, world_size) of this one-worker server."""
-    from inference.protocol import ProtocolError  # a sibling module; avoids an import cycle
-
     if not isinstance(info, dict):
         raise ProtocolError("Missing 'init_info' in request body", "init_info")
     unknown = sorted(set(info) - INIT_FIELDS)
@@ -99,8 +98,6 @@ def parse_update_info(
     info: Any, model_state: dict[str, torch.Tensor]
 ) -> tuple[list[str], list[torch.dtype], list[list[int]]]:
     """Names, dtypes and shapes, each checked against the model (nothing is received yet)."""
-    from inference.protocol import ProtocolError
-
     if not isinstance(info, dict):
         raise ProtocolError("Missing 'update_info' in request body", "update_info")
     unknown = sorted(set(info) - UPDATE_FIELDS)
@@ -240,8 +237,6 @@ async def _receive(transfer: TransferState, meta: Any, version: str) -> None:
 
 
 def _finish_route(key: web.AppKey, read_json: Any, json_object: Any) -> Any:
-    from inference.protocol import ProtocolError
-
     async def finish_update(request: web.Request) -> web.Response:
         state = request.app[key]
         transfer: TransferState = state.transfer

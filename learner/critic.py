@@ -37,14 +37,8 @@ from learner.config import OptimConfig
 from learner.distributed import DistContext
 from learner.errors import CheckpointError
 from learner.losses import aggregate, clipped_value_loss
-from learner.trainer import (
-    Scoring,
-    autocast_context,
-    collate,
-    micro_batches,
-    score_tokens,
-    split,
-)
+from learner.scoring import Scoring, autocast_context, collate, micro_batches, score_tokens
+from learner.trainer import split
 
 
 @dataclass(frozen=True)

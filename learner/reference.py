@@ -24,7 +24,7 @@ import torch
 from learner.batch import Sample, TurnPenalties
 from learner.config import KLEstimator
 from learner.losses import kl_penalty
-from learner.trainer import Scoring, sequence_logprobs
+from learner.scoring import Scoring, sequence_logprobs
 
 
 class Reference:

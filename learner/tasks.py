@@ -31,8 +31,8 @@ import redis.asyncio as aioredis
 
 import envs
 from broker.admission import AdmissionBudget
+from broker.backlog import group_backlog, unfinished_entries
 from broker.codec import decode
-from broker.connection import as_str
 from broker.errors import DecodeError
 from broker.keys import RunKeys
 from broker.messages import Task, TrajectoryGroup
@@ -270,16 +270,6 @@ class TaskFeeder:
             await self.budget.release(n)
 
 
-async def _group_info(redis: aioredis.Redis, stream: str, group: str) -> dict[str, Any] | None:
-    if not await redis.exists(stream):
-        return None
-    for info in await redis.xinfo_groups(stream):
-        name = info["name"]
-        if as_str(name) == group:
-            return info
-    return None
-
-
 async def count_in_flight(
     redis: aioredis.Redis, keys: RunKeys, workers_group: str, learner_group: str
 ) -> int:
@@ -290,67 +280,30 @@ async def count_in_flight(
     pending on the tasks stream, or its group undelivered or pending (read, not yet
     acked) on a trajectories stream. Eval tasks (`Task.eval`) took no slot and are left
     out: the tasks streams' waiting and pending entries are read to find them. Where
-    Redis cannot tell a group's lag (an entry
-    deleted past its last delivery, or a failover), the entries past the last
-    delivery are counted: counting the whole stream instead would hold admission
-    slots that nothing ever releases, and stall the run once they crowd out a batch.
+    Redis cannot tell a group's lag (an entry deleted past its last delivery, or a
+    failover), `broker.backlog` counts the entries past the last delivery: counting the
+    whole stream instead would hold admission slots that nothing ever releases, and
+    stall the run once they crowd out a batch.
     """
     total = 0
     streams = [(s, workers_group) for s in keys.all_tasks]
     streams += [(s, learner_group) for s in keys.all_trajectories]
     for stream, group in streams:
-        info = await _group_info(redis, stream, group)
-        if info is None:
-            total += int(await redis.xlen(stream))
-            continue
-        lag = info.get("lag")
-        if lag is None:
-            lag = await _entries_after(redis, stream, info["last-delivered-id"])
-        total += int(lag) + int(info.get("pending", 0))
-        if group == workers_group:
-            total -= await _eval_entries(redis, stream, group, info["last-delivered-id"])
+        backlog = await group_backlog(redis, stream, group)
+        total += backlog.undelivered + backlog.pending
+        if group == workers_group and backlog.last_delivered_id is not None:
+            entries = await unfinished_entries(redis, stream, group, backlog.last_delivered_id)
+            total -= _eval_tasks(entries)
     return total
 
 
-async def _eval_entries(
-    redis: aioredis.Redis, stream: str, group: str, last_delivered: bytes | str
-) -> int:
-    """How many of `stream`'s waiting and pending entries are eval tasks."""
-    pending = await redis.xpending_range(stream, group, min="-", max="+", count=1_000_000)
-    ids = [as_str(p["message_id"]) for p in pending]
-    rows: list[tuple[Any, dict[bytes, bytes]]] = []
-    for chunk in range(0, len(ids), 500):
-        async with redis.pipeline(transaction=False) as pipe:
-            for entry_id in ids[chunk : chunk + 500]:
-                pipe.xrange(stream, min=entry_id, max=entry_id)
-            for found in await pipe.execute():
-                rows += found
-    low = as_str(last_delivered)
-    while True:  # entries not yet delivered, in pages
-        page = await redis.xrange(stream, min=f"({low}", max="+", count=256)
-        rows += page
-        if len(page) < 256:
-            break
-        low = as_str(page[-1][0])
+def _eval_tasks(entries: list[tuple[Any, dict[bytes, bytes]]]) -> int:
+    """How many of `entries` are eval tasks."""
     count = 0
-    for _, fields in rows:
+    for _, fields in entries:
         try:
             task = decode(fields, expect=Task)
         except DecodeError:
             continue  # dead-lettered when read: it holds a slot like any task until then
         count += isinstance(task, Task) and task.is_eval
     return count
-
-
-async def _entries_after(redis: aioredis.Redis, stream: str, entry_id: bytes | str) -> int:
-    """How many entries `stream` holds past `entry_id` (what a group would read next).
-
-    In pages; at most what the admission limit let be issued and not consumed."""
-    page, count = 64, 0
-    low = as_str(entry_id)
-    while True:
-        rows = await redis.xrange(stream, min=f"({low}", max="+", count=page)
-        count += len(rows)
-        if len(rows) < page:
-            return count
-        low = as_str(rows[-1][0])

@@ -16,8 +16,8 @@ trains the plain module. On CUDA without FSDP the forward runs under bf16 autoca
 (`autocast_context`); with FSDP, mixed precision is FSDP's policy. Dropout stays off (eval
 mode) so that the recomputed logprobs are those the served model would give.
 
-The unsharded helpers at the end (`collate`, `token_logprobs`, `sequence_logprobs`) score
-sequences with a model that is not the trained policy: the frozen reference and the critic.
+Sequences scored by a model that is not the trained policy (the frozen reference, the
+critic) go through `learner.scoring`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import contextlib
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,8 +37,6 @@ from learner import microbatch
 from learner.batch import Sample
 from learner.config import Aggregation, LossConfig, OptimConfig, ScaleConfig
 from learner.distributed import DistContext
-from learner.distribution import merged
-from learner.logprobs import full_logprobs
 from learner.losses import (
     PolicyLossConfig,
     PolicyTerms,
@@ -48,20 +46,9 @@ from learner.losses import (
 )
 from learner.microbatch import assign_ranks, plan_micro_batches
 from learner.policy import PolicyModel, enable_activation_checkpointing, per_sequence
+from learner.reference import Reference
+from learner.scoring import Scoring, autocast_context
 from learner.sharding import ShardOptions, clip_grad_norm, shard_policy
-
-if TYPE_CHECKING:
-    from learner.reference import Reference
-
-
-@dataclass(frozen=True)
-class Scoring:
-    """How sequences are scored without gradient: micro-batches, precision, padding, device."""
-
-    micro_batch_size: int
-    bf16: bool
-    pad_id: int
-    device: torch.device
 
 
 @dataclass(frozen=True)
@@ -95,13 +82,6 @@ class StepStats:
     value_loss: float | None = None  # the critic's clipped value loss (ppo)
 
 
-def autocast_context(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA when asked; CPU always runs fp32."""
-    if bf16 and device.type == "cuda":
-        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 def _filler(pad_id: int) -> Sample:
     """A zero-loss micro-batch for a rank with fewer real ones (collectives need every rank)."""
     zeros = np.zeros(2, np.float32)
@@ -113,11 +93,6 @@ def split(samples: Sequence[Sample], parts: int) -> list[list[Sample]]:
     """`parts` contiguous mini-batches of near-equal size (empty ones left out)."""
     bounds = np.linspace(0, len(samples), min(parts, max(len(samples), 1)) + 1).astype(int)
     return [list(samples[a:b]) for a, b in itertools.pairwise(bounds) if b > a]
-
-
-def micro_batches(samples: Sequence[Sample], size: int) -> Iterator[Sequence[Sample]]:
-    for start in range(0, len(samples), size):
-        yield samples[start : start + size]
 
 
 class Trainer:
@@ -386,69 +361,3 @@ def merge_stats(stats: Sequence[StepStats]) -> StepStats:
         rejected_fraction=mean("rejected_fraction"),
         optimizer_steps=len(stats),
     )
-
-
-def collate(samples: Sequence[Sample], pad_id: int, device: torch.device) -> dict[str, Any]:
-    """Right-pad a micro-batch into unshifted [B, T] tensors (for the reference and critic),
-    with each target's sampled distribution (``sampling``, for the [B, T-1] positions)."""
-    length = max(len(s.input_ids) for s in samples)
-    b = len(samples)
-    ids = torch.full((b, length), pad_id, dtype=torch.long)
-    attn = torch.zeros((b, length), dtype=torch.long)
-    names = ("loss_mask", "behaviour_logp", "advantages")
-    rows = {name: torch.zeros((b, length), dtype=torch.float32) for name in names}
-    targets = []
-    for i, s in enumerate(samples):
-        n = len(s.input_ids)
-        ids[i, :n] = torch.from_numpy(s.input_ids)
-        attn[i, :n] = 1
-        for name in names:
-            rows[name][i, :n] = torch.from_numpy(getattr(s, name))
-        padded = np.full(length - 1, -1, np.int32)
-        padded[: n - 1] = s.sampling_index[1:]
-        targets.append((s.samplings, padded))
-    tensors = {"input_ids": ids, "attention_mask": attn, "mask": rows["loss_mask"],
-               "behaviour_logp": rows["behaviour_logp"], "advantages": rows["advantages"],
-               "sampling": merged(targets)}  # fmt: skip
-    return {k: v.to(device) for k, v in tensors.items()}
-
-
-def token_logprobs(
-    model: torch.nn.Module, batch: dict[str, Any]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprob of each token given its prefix under the distribution it was sampled from, and
-    that distribution's entropy; both [B, T-1]. Position t scores token t+1 of the input."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    return full_logprobs(logits[:, :-1], batch["input_ids"][:, 1:], batch["sampling"])
-
-
-def sequence_logprobs(
-    model: torch.nn.Module, samples: Sequence[Sample], scoring: Scoring
-) -> list[np.ndarray]:
-    """Each sample's token logprobs under `model`, no gradient, in input coordinates.
-
-    Entry t scores token t (entry 0, which nothing predicts, is 0), like `behaviour_logp`.
-    """
-    return score_tokens(samples, scoring, lambda batch: token_logprobs(model, batch)[0], np.float32)
-
-
-def score_tokens(
-    samples: Sequence[Sample],
-    scoring: Scoring,
-    score: Callable[[dict[str, torch.Tensor]], torch.Tensor],
-    dtype: type[np.floating],
-) -> list[np.ndarray]:
-    """`score(batch)` ([B, T-1], position t about input token t+1) for each sample, no
-    gradient, micro-batch by micro-batch, moved to input coordinates: entry t is about
-    token t and entry 0, before which there is nothing, is 0."""
-    out: list[np.ndarray] = []
-    with torch.no_grad():
-        for chunk in micro_batches(samples, scoring.micro_batch_size):
-            with autocast_context(scoring.device, scoring.bf16):
-                scores = score(collate(chunk, scoring.pad_id, scoring.device))
-            scores_np = scores.float().cpu().numpy()
-            for i, s in enumerate(chunk):
-                row = np.zeros(len(s.input_ids), dtype)
-                row[1:] = scores_np[i, : len(s.input_ids) - 1]
-                out.append(row)
-    return out

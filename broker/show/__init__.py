@@ -1,6 +1,6 @@
-"""`python -m broker show`: one trajectory group rendered for a person.
+"""The broker's half of `python -m broker show`: where a group is found and the arguments.
 
-`source` finds the group (live stream or archive), `view` turns it into decoded,
-marked spans with the learner's advantages, `terminal` draws it with rich and `html`
-writes a self-contained page; `cli` wires them to the command line.
+`source` finds one trajectory group (live stream or archive); `cli` registers the
+command's arguments and hands the command to `farm.show`, which draws the group with
+the learner's maths (they sit above the broker).
 """

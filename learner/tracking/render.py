@@ -2,7 +2,7 @@
 
 `render_turns` decodes each turn's prompt-side and completion tokens with the run's
 tokenizer (any ``decode(ids) -> str``), cutting them into spans by the loss mask with
-`broker.show.view.spans`, the same cut `python -m broker show` draws. The mask is the one
+`learner.spans.spans`, the same cut `python -m broker show` draws. The mask is the one
 the learner trained with, per turn; without one the wire contract decides (every
 completion token trainable, no prompt-side token). `as_text` writes the turns as plain
 text with trained spans between ``⟦ ⟧`` and control characters written out as ``\\xNN``;
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from broker.messages import Trajectory
-from broker.show.view import Decoder, Span, spans, visible
+from learner.spans import Decoder, Span, spans, visible
 
 Decode = Decoder  # token ids -> text
 TRAINED_OPEN, TRAINED_CLOSE = "⟦", "⟧"

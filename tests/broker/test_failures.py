@@ -11,12 +11,14 @@ import textwrap
 import pytest
 
 from broker.admission import AdmissionBudget
+from broker.backlog import group_backlog, unfinished_entries
 from broker.codec import decode
 from broker.connection import RedisSettings, connect
 from broker.deadletters import list_dead_letters, requeue
 from broker.errors import BudgetError, RedisUnavailable
 from broker.keys import WORKERS_GROUP, RunKeys
 from broker.producer import Producer
+from broker.status import run_state
 from tests.broker.helpers import make_group, make_task, task_consumer
 
 KEYS = RunKeys("f")
@@ -167,6 +169,21 @@ async def test_unreachable_redis_is_one_clear_error():
     assert r.stderr.count("Traceback") == 0
     assert "error: Redis at redis://u:***@127.0.0.1:1/0 unreachable" in r.stderr
     assert "secret" not in r.stderr
+
+
+async def test_status_and_backlog_reads_translate_a_lost_redis():
+    """The reads `farm status` and the learner's start-up make raise the broker's
+    `RedisUnavailable`, never redis-py's errors (nothing listens on port 1)."""
+    lost = RedisSettings(url="redis://127.0.0.1:1/0").client()
+    try:
+        with pytest.raises(RedisUnavailable, match="reading the run's state failed"):
+            await run_state(lost, KEYS)
+        with pytest.raises(RedisUnavailable, match=f"reading group workers of {KEYS.tasks}"):
+            await group_backlog(lost, KEYS.tasks, WORKERS_GROUP)
+        with pytest.raises(RedisUnavailable, match="unfinished entries"):
+            await unfinished_entries(lost, KEYS.tasks, WORKERS_GROUP, "0-0")
+    finally:
+        await lost.aclose()
 
 
 async def test_dead_letters_requeue_to_source(redis):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from broker.connection import RedisSettings
 from broker.keys import RunKeys
 from farm.console import Console
 from farm.view import FarmStatus, FarmView, parse_metrics, total
@@ -94,6 +95,18 @@ async def test_view_of_unreachable_processes_reports_unknowns() -> None:
         await view.close()
     assert status.learner_step is None and status.episodes_per_s is None
     assert "step - | reward - | eps/s -" in status.line()
+
+
+async def test_view_of_a_lost_redis_reports_unknowns() -> None:
+    lost = RedisSettings(url="redis://127.0.0.1:1/0").client()  # nothing listens on port 1
+    view = FarmView({}, lost, RunKeys("x"), timeout_s=1)
+    try:
+        status = await view.poll()
+    finally:
+        await view.close()
+        await lost.aclose()
+    assert status.tasks_lag is None and status.admission is None and status.dead_letters is None
+    assert "lag tasks -/traj -" in status.line()
 
 
 def test_status_line_shows_every_field() -> None:

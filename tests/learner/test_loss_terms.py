@@ -17,7 +17,8 @@ from learner.core import Core, build_core
 from learner.critic import CriticConfig, load_critic, restore_critic, save_critic, token_rewards
 from learner.distributed import DistContext
 from learner.reference import Reference, kl_turn_penalties
-from learner.trainer import Trainer, sequence_logprobs
+from learner.scoring import sequence_logprobs
+from learner.trainer import Trainer
 from tests.learner.factories import make_group
 from tests.learner.test_trainer import _trainer, optim
 

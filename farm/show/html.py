@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from html import escape as _escape
 
-from broker.show.terminal import episode_title, header_rows, turn_title
-from broker.show.view import EpisodeView, GroupView, Span, TurnView, visible
+from farm.show.terminal import episode_title, header_rows, turn_title
+from farm.show.view import EpisodeView, GroupView, TurnView
+from learner.spans import Span, visible
 
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px; color: #1d2330; background: #fafbfc; }

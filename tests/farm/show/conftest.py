@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from broker.__main__ import main
+from broker.__main__ import main as broker_main
 from broker.codec import encode
 from broker.keys import RunKeys
 from broker.messages import TrajectoryGroup
+from farm.show.cli import main as show_main
 from workers.tokens import ChatCodec, load_codec
 
 RUN = "shw"
@@ -39,9 +40,10 @@ class Run:
         return self.client.xadd(stream or self.keys.trajectories(), fields).decode()
 
     def cli(self, *argv: str) -> tuple[int, str, str]:
-        """`python -m broker ...` in this process: (exit status, stdout, stderr)."""
+        """`python -m broker ...` in this process: (exit status, stdout, stderr). `show` runs
+        as `farm.show` runs it: the broker's command execs that module."""
         self.capsys.readouterr()
-        code = main(list(argv))
+        code = (show_main if argv[:1] == ("show",) else broker_main)(list(argv))
         out, err = self.capsys.readouterr()
         return code, out, err
 

@@ -13,20 +13,23 @@ reward penalty (it needs the reference model) is left out: the view says so.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from broker.messages import Sampling, Trajectory, TrajectoryGroup
+from learner.algorithms import compute_advantages, episode_return
+from learner.batch import (
+    advantage_rules,
+    assemble,
+    filter_reason,
+    overlong,
+    shaped_rewards,
+    split_segments,
+)
 from learner.config import Algorithm, BatchRules, Overlong
-
-Decoder = Callable[[Sequence[int]], str]  # token ids -> text
-
-
-# C0 controls but newline and tab, DEL and C1: a terminal acts on them (an escape sequence
-# can clear the screen or set the clipboard), so model text shows them as `\xNN`.
-_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))}
+from learner.spans import Decoder, Span, spans
 
 
 def describe_sampling(sampling: Sampling) -> str:
@@ -44,23 +47,9 @@ def describe_sampling(sampling: Sampling) -> str:
     return " ".join(parts)
 
 
-def visible(text: str) -> str:
-    """`text` with every control character but newline and tab written out as ``\\xNN``."""
-    return text.translate(_CONTROLS)
-
-
 def ids_only(ids: Sequence[int]) -> str:
     """The decoder without a tokenizer: the ids themselves."""
     return " ".join(str(int(i)) for i in ids)
-
-
-@dataclass(frozen=True)
-class Span:
-    """A run of tokens that are all trained or all not."""
-
-    text: str  # decoded, special tokens kept
-    tokens: int  # how many tokens
-    trained: bool  # loss mask 1: the learner puts loss on these tokens
 
 
 @dataclass(frozen=True)
@@ -116,20 +105,7 @@ class GroupView:
     episodes: tuple[EpisodeView, ...]
 
 
-def spans(ids: np.ndarray, mask: np.ndarray, decode: Decoder) -> tuple[Span, ...]:
-    """`ids` cut where the loss mask changes, each run decoded on its own."""
-    out: list[Span] = []
-    start = 0
-    for end in range(1, len(ids) + 1):
-        if end == len(ids) or bool(mask[end]) != bool(mask[start]):
-            out.append(Span(decode(ids[start:end].tolist()), end - start, bool(mask[start])))
-            start = end
-    return tuple(out)
-
-
 def _loss_mask(trajectory: Trajectory, turn_adv: np.ndarray, rules: BatchRules) -> np.ndarray:
-    from learner.batch import assemble, overlong, split_segments
-
     if not trajectory.turns or (rules.overlong is Overlong.MASK and overlong(trajectory)):
         width = sum(len(t.prompt_ids) + len(t.completion_ids) for t in trajectory.turns)
         return np.zeros(width, np.float32)
@@ -144,8 +120,6 @@ def _episode(
     rules: BatchRules,
     decode: Decoder,
 ) -> EpisodeView:
-    from learner.algorithms import episode_return
-
     mask = _loss_mask(trajectory, turn_adv, rules)
     turns, offset = [], 0
     for k, turn in enumerate(trajectory.turns):
@@ -200,9 +174,6 @@ def build_view(
     tokenizer: str | None = None,
 ) -> GroupView:
     """The view of `group` as the learner configured by `rules` would train it."""
-    from learner.algorithms import compute_advantages
-    from learner.batch import advantage_rules, filter_reason, shaped_rewards
-
     shaped = [shaped_rewards(t, rules) for t in group.trajectories]
     advantages = compute_advantages([shaped], advantage_rules(rules)).values[0]
     episodes = tuple(

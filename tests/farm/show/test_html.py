@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.broker.show.helpers import arithmetic, make_group
 from tests.conftest import require
+from tests.farm.show.helpers import arithmetic, make_group
 
 WIDTH, HEIGHT = 1200, 1400
-TRAINED_BG = (0xC9, 0xF0, 0xCF)  # .trained in broker/show/html.py
+TRAINED_BG = (0xC9, 0xF0, 0xCF)  # .trained in farm/show/html.py
 PROMPT_BG = (0xF1, 0xF3, 0xF7)  # .prompt
 
 

@@ -5,7 +5,7 @@ Colour helps but carries nothing alone: every span has a label in the left colum
 a colour-blind reader sees the same marks. Model and environment text goes into
 `rich.text.Text`, never through console markup, so ``[bold]`` in a completion
 prints as written; control characters (an escape sequence could clear the screen
-or set the clipboard) are written out as ``\\xNN`` (`view.visible`).
+or set the clipboard) are written out as ``\\xNN`` (`learner.spans.visible`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from broker.show.view import EpisodeView, GroupView, Span, TurnView, visible
+from farm.show.view import EpisodeView, GroupView, TurnView
+from learner.spans import Span, visible
 
 STYLE_PROMPT = "dim"
 STYLE_TRAINED = "bold green"

@@ -16,12 +16,12 @@ from broker.archive import Archive
 from broker.codec import decode, encode
 from broker.keys import RunKeys
 from broker.messages import ErrorCategory, FinishReason, TrajectoryGroup, Truncation
-from broker.show.html import render_html
-from broker.show.terminal import render
-from broker.show.view import build_view
+from farm.show.html import render_html
+from farm.show.terminal import render
+from farm.show.view import build_view
 from learner.config import BatchRules
 from tests.broker.helpers import make_group as make_big_group
-from tests.broker.show.helpers import Episode, Step, arithmetic, make_group
+from tests.farm.show.helpers import Episode, Step, arithmetic, make_group
 
 
 def positions(text: str, needles: list[str]) -> list[int]:
@@ -264,6 +264,23 @@ def test_a_reader_that_leaves_early_is_not_an_error(run, redis_server):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()[-3000:]
     assert b"Traceback" not in err
+
+
+def test_the_broker_command_hands_show_its_arguments_and_run(run, codec, redis_server, tmp_path):
+    """`python -m broker show` runs in `farm.show` (above the learner): the run settings
+    (here from a TOML file and a flag), the show options and the exit status carry over."""
+    run.publish(make_group(codec, "g", arithmetic("G")))
+    toml = tmp_path / "broker.toml"
+    toml.write_text(f'redis_url = "{redis_server.url}"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    argv = [sys.executable, "-m", "broker", "--config", str(toml), "--run", "shw", "show"]
+    pipes = {"capture_output": True, "text": True, "timeout": 120, "env": env}
+    missing = subprocess.run([*argv, "--group", "nope"], **pipes)
+    assert missing.returncode == 3 and missing.stdout == ""
+    assert "group 'nope' not found in {shw}:trajectories" in missing.stderr
+    found = subprocess.run([*argv, "--group", "g"], **pipes)
+    assert found.returncode == 0, found.stderr[-3000:]
+    assert re.match(r"group +g\b", found.stdout), found.stdout[:300]
 
 
 def test_control_characters_are_written_out(codec):
