@@ -162,6 +162,15 @@ class Consumer:
                     if "BUSYGROUP" not in str(exc):
                         raise
 
+    async def destroy_group(self) -> None:
+        """Remove the group from every stream, with its seen sets: for a one-off reader
+        (an evaluation) whose group nothing reads again."""
+        with redis_errors(f"removing group {self._config.group}"):
+            for stream in self._streams:
+                await self._redis.xgroup_destroy(stream, self._config.group)
+            for partition in sorted({self._keys.partition_of(s) for s in self._streams}):
+                await self._redis.delete(self._keys.seen(self._config.group, partition))
+
     async def read(self, count: int | None = None, block_ms: int | None = None) -> list[Delivery]:
         """Return up to `count` good deliveries; bad entries are dead-lettered on the way."""
         count = count or self._config.count

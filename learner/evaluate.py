@@ -102,22 +102,11 @@ async def _main(ctx: RoleContext[EvaluateConfig]) -> int:
         version = policy.version if policy is not None else 0
         result = await evaluator.run_round(-1, version)
     finally:
-        await _remove_group(redis, keys, evaluator.consumer.config.group)
+        await evaluator.consumer.destroy_group()  # nothing reads this evaluation's group again
         await redis.aclose()
     print(table(result, cfg.evaluation.eval_samples))
     infra = sum(f["infra_failed_rows"] for key, f in result.sets.items() if "/" not in key)
     return 3 if result.missing_rows or infra else 0
-
-
-async def _remove_group(redis: object, keys: object, group: str) -> None:
-    """This evaluation's group and seen sets go with it: nothing reads them again."""
-    from broker.keys import RunKeys
-
-    assert isinstance(keys, RunKeys)
-    for stream in keys.all_evals:
-        await redis.xgroup_destroy(stream, group)  # type: ignore[attr-defined]
-    for partition in range(keys.partitions):
-        await redis.delete(keys.seen(group, partition))  # type: ignore[attr-defined]
 
 
 ROLE = Role(
@@ -202,7 +191,7 @@ async def _filter(ctx: RoleContext[FilterConfig]) -> int:
         current = await evaluator.issue(-1, 0)
         await evaluator.finish(current)
     finally:
-        await _remove_group(redis, keys, evaluator.consumer.config.group)
+        await evaluator.consumer.destroy_group()  # nothing reads this evaluation's group again
         await redis.aclose()
     by_row = {g.task.eval.row: g for g in current.groups.values()}  # type: ignore[union-attr]
     kept, unscored = kept_rows(rows, by_row, band, cfg.success_threshold)

@@ -44,6 +44,20 @@ async def test_commit_publishes_acks_and_records_seen(redis):
     assert decode(entries[0][1]).group_id == "a"
 
 
+async def test_destroy_group_removes_the_group_and_its_seen_set(redis):
+    await Producer(redis).publish(KEYS.tasks, [make_task("a"), make_task("b")])
+    c = consumer(redis, "w1")
+    await c.ensure_groups()
+    [d, _] = await c.read()
+    await c.commit([d])
+    seen = KEYS.seen(WORKERS_GROUP, KEYS.partition_of(KEYS.tasks))
+    assert await redis.exists(seen)
+    await c.destroy_group()
+    assert await redis.xinfo_groups(KEYS.tasks) == []
+    assert not await redis.exists(seen)
+    assert await redis.xlen(KEYS.tasks) == 2  # the entries stay: only the reader goes
+
+
 async def test_commit_skips_publish_of_already_committed_task(redis):
     await Producer(redis).publish(KEYS.tasks, [make_task("a")])
     c = consumer(redis, "w1")
