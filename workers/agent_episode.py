@@ -20,6 +20,7 @@ from typing import Any
 from broker.messages import ErrorCategory, FinishReason, Task, Trajectory, Truncation
 from envs.agent import AgentEnv, OpenAIConfig
 from envs.errors import EnvSpecError
+from envs.sandboxed import SandboxPool
 from workers import metrics
 from workers.agent_endpoint import AgentEndpoint, SamplingDefaults
 from workers.agent_record import AgentLimits, EpisodeRecord
@@ -44,7 +45,7 @@ def limits_for(env: AgentEnv, cfg: EpisodeSettings) -> AgentLimits:
 
 async def run_agent_episode(
     endpoint: AgentEndpoint | None,
-    sandbox: Any,
+    sandbox: SandboxPool | None,
     cfg: EpisodeSettings,
     task: Task,
     index: int,
