@@ -12,7 +12,7 @@ import asyncio
 import functools
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
@@ -49,8 +49,24 @@ from inference.openai.tools import ParsedMessage, extract_tool_calls
 from inference.openai_generate import WatchedRequest, abort_all, check_ids, gen_params, generate
 from inference.sequence import Sequence
 
+if TYPE_CHECKING:
+    from inference.engine import Engine
+    from inference.protocol import Limits
+
+
+class ServerView(Protocol):
+    """What the OpenAI routes read of the policy server's `ServerState` (server.py
+    imports this module, so the routes name the shape rather than the class)."""
+
+    engine: Engine
+    tokenizer: Any  # a Hugging Face tokenizer, as TokenizerRenderer takes it
+    model_name: str
+    limits: Limits
+
+
+S = TypeVar("S", bound=ServerView)
 RENDERER = web.AppKey("openai_renderer", TokenizerRenderer)
-SERVER = web.AppKey("openai_server_state", Any)  # the policy server's ServerState
+SERVER = web.AppKey[ServerView]("openai_server_state")  # a protocol: no class to pass
 Handler = Callable[..., Awaitable[web.StreamResponse]]
 
 
@@ -260,10 +276,11 @@ async def detokenize(request: web.Request) -> web.Response:
     return web.json_response(text=answer.model_dump_json())
 
 
-def add_openai_routes(app: web.Application, state_key: web.AppKey[Any]) -> None:
+def add_openai_routes(app: web.Application, state_key: web.AppKey[S]) -> None:
     """Register the OpenAI routes on the policy server's app (its state under `state_key`)."""
-    app[SERVER] = app[state_key]
-    app[RENDERER] = TokenizerRenderer(app[state_key].tokenizer)
+    state: ServerView = app[state_key]
+    app[SERVER] = state
+    app[RENDERER] = TokenizerRenderer(state.tokenizer)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)

@@ -26,13 +26,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 from aiohttp import web
 
 from inference.errors import EngineError
 from inference.nccl import GlooCommunicator
+
+if TYPE_CHECKING:
+    from inference.engine import Engine
 
 # vLLM 0.33's NCCLWeightTransferInitInfo and NCCLWeightTransferUpdateInfo fields.
 INIT_FIELDS = frozenset({"master_address", "master_port", "rank_offset", "world_size",
@@ -58,6 +61,16 @@ class TransferState:
         self.updating, self.last_update, self.staged = False, None, {}
         if group is not None:
             group.destroy()
+
+
+class TransferHost(Protocol):
+    """What the transfer routes use of the server's state (server.py imports this module)."""
+
+    transfer: TransferState
+    engine: Engine
+
+
+H = TypeVar("H", bound=TransferHost)
 
 
 def _conflict(message: str) -> EngineError:
@@ -147,7 +160,7 @@ def receive(
 
 def add_transfer_routes(
     app: web.Application,
-    key: web.AppKey,
+    key: web.AppKey[H],
     read_json: Callable[..., Awaitable[Any]],
     json_object: Callable[[Any], dict[str, Any]],
 ) -> None:
@@ -239,7 +252,7 @@ async def _receive(transfer: TransferState, meta: Any, version: str) -> None:
     transfer.staged |= got
 
 
-def _finish_route(key: web.AppKey, read_json: Any, json_object: Any) -> Any:
+def _finish_route(key: web.AppKey[H], read_json: Any, json_object: Any) -> Any:
     from inference.protocol import ProtocolError
 
     async def finish_update(request: web.Request) -> web.Response:
@@ -261,7 +274,7 @@ def _finish_route(key: web.AppKey, read_json: Any, json_object: Any) -> Any:
     return finish_update
 
 
-def _shutdown_route(key: web.AppKey) -> Any:
+def _shutdown_route(key: web.AppKey[H]) -> Any:
     async def shutdown(request: web.Request) -> web.Response:
         transfer: TransferState = request.app[key].transfer
         if transfer.busy or transfer.updating:
