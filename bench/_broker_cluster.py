@@ -86,7 +86,7 @@ async def _start_together(pipe: Any) -> None:
     await asyncio.sleep(max(0.0, start_at - time.time()))
 
 
-def _role(kind: str, url: str, run: str, tokens: int, count: int, pipe: Any) -> None:
+def _role(kind: str, url: str, run: str, tokens: int, count: int, *, pipe: Any) -> None:
     """One run's producer (a worker pod) or consumer (its learner), as a process."""
     tune_malloc()
     with asyncio.Runner(loop_factory=loop_factory("uvloop")) as runner:
@@ -104,8 +104,8 @@ def farm_pass(cluster: LocalCluster, runs: list[str], tokens: int, count: int) -
     for run in runs:
         for kind in ("consumer", "producer"):
             mine, theirs = ctx.Pipe()
-            args = (kind, cluster.url, run, tokens, count, theirs)
-            procs.append(ctx.Process(target=_role, args=args, name=f"{kind}-{run}"))
+            args, kwargs = (kind, cluster.url, run, tokens, count), {"pipe": theirs}
+            procs.append(ctx.Process(target=_role, args=args, kwargs=kwargs, name=f"{kind}-{run}"))
             pipes.append(mine)
             if kind == "consumer":
                 consumers.append(mine)

@@ -180,7 +180,7 @@ def run_case(mode: str, length: int, sequences: int) -> dict[str, Any]:
                         aggregation=Aggregation.TOKEN_MEAN)  # fmt: skip
     scale = ScaleConfig(max_tokens_per_micro_batch=length, packing=False,
                         logprob_chunk_tokens=CHUNK, activation_checkpointing=True)  # fmt: skip
-    trainer = Trainer(model, optim, torch.device("cpu"), dist, scale)
+    trainer = Trainer(model, optim, torch.device("cpu"), dist, scale=scale)
     if mode == "full":
         trainer.policy = full_logits_policy(trainer.model)
     batch = samples(sequences, length)

@@ -60,7 +60,7 @@ def _prompts(req: TextCompletionRequest, renderer: Any, limits: Any) -> list[lis
 
 
 def _choice(
-    index: int, text: str, seq: Sequence, start: int, fmt: OutputFormat, final: bool
+    index: int, text: str, seq: Sequence, start: int, fmt: OutputFormat, *, final: bool
 ) -> CompletionChoice:
     """A choice (whole, or a chunk's part from token `start` on), closing it when `final`."""
     fields = token_fields(generated(seq, start), fmt, chat=False)
@@ -90,12 +90,16 @@ async def text_completions(request: web.Request, body: Any) -> web.StreamRespons
     for prompt in _prompts(req, renderer, state.limits):
         params = gen_params(req, len(prompt), state.limits, req.max_tokens, fmt.top_logprobs)
         stops, skip = req.stop_strings(), req.skip_special_tokens
-        gens.append(WatchedRequest(prompt, params, renderer, stops, skip, progress))
+        gens.append(
+            WatchedRequest(
+                prompt, params, renderer, stop=stops, skip_special_tokens=skip, progress=progress
+            )
+        )
     if req.stream:
         return await _stream(request, state, req, gens, fmt)
     await generate(state.engine, gens)
     rows = [(seq, text) for gen in gens for seq, text in zip(gen.seqs, gen.texts, strict=True)]
-    choices = [_choice(i, text.text, seq, 0, fmt, True) for i, (seq, text) in enumerate(rows)]
+    choices = [_choice(i, text.text, seq, 0, fmt, final=True) for i, (seq, text) in enumerate(rows)]
     prompt_tokens = sum(len(g.seqs[0].prompt) for g in gens)
     counts = usage(prompt_tokens, sum(len(seq.tokens) for seq, _ in rows))
     answer = CompletionResponse(model=state.model_name, choices=choices, usage=counts)
@@ -125,7 +129,7 @@ async def _stream(
                     continue
                 closed[index] = seq.finish_reason is not None
                 piece = text.take(final=closed[index])
-                choice = _choice(index, piece, seq, sent[index], fmt, closed[index])
+                choice = _choice(index, piece, seq, sent[index], fmt, final=closed[index])
                 sent[index] = len(seq.tokens)
                 so_far = {"usage": count_usage(gens)} if req.continuous_usage() else {}
                 chunk = CompletionResponse(**head.fields(), choices=[choice], **so_far)

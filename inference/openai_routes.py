@@ -143,7 +143,14 @@ def chat_response(
             extract_tool_calls(text.text) if req.parses_tools() else ParsedMessage(text.text, [])
         )
         choices.append(
-            chat_choice(index, parsed, generated(seq), fmt, seq.finish_reason, seq.stop_reason)
+            chat_choice(
+                index,
+                parsed,
+                generated(seq),
+                fmt,
+                finish_reason=seq.finish_reason,
+                stop_reason=seq.stop_reason,
+            )
         )
     prompt = gen.seqs[0].prompt
     return ChatCompletionResponse(
@@ -164,7 +171,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     fmt = _chat_format(req, renderer)
     params = gen_params(req, len(prompt), state.limits, req.output_limit(), fmt.top_logprobs)
     stops, skip = req.stop_strings(), req.skip_special_tokens
-    gen = WatchedRequest(prompt, params, renderer, stops, skip, asyncio.Event())
+    gen = WatchedRequest(
+        prompt, params, renderer, stop=stops, skip_special_tokens=skip, progress=asyncio.Event()
+    )
     if req.stream:
         return await stream_chat(request, state, req, gen, fmt)
     await generate(state.engine, [gen])
@@ -213,7 +222,9 @@ def _next_choice(index: int, seq: Sequence, stream: ChatChoiceStream, fmt: Outpu
         stream.finished = True
         delta, calls = stream.final_delta()
         reason = chat_finish_reason(seq.finish_reason, calls)
-        return chat_stream_choice(index, delta, new, fmt, reason, seq.stop_reason)
+        return chat_stream_choice(
+            index, delta, new, fmt, finish_reason=reason, stop_reason=seq.stop_reason
+        )
     content = stream.content_delta()
     reports_tokens = fmt.logprobs or fmt.token_ids or fmt.weight_versions
     if not content and not (new.token_ids and reports_tokens):

@@ -108,7 +108,9 @@ async def show(
         return EXIT_CODES[type(exc)]
     from broker.show.view import build_view
 
-    view = build_view(found.group, found.entry_id, found.origin, rules, decode, tokenizer)
+    view = build_view(
+        found.group, found.entry_id, found.origin, rules, decode=decode, tokenizer=tokenizer
+    )
     if args.html:
         from broker.show.html import render_html
 
