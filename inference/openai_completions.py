@@ -9,7 +9,7 @@ prompt `p` is returned with index `p * n + j`, as vLLM numbers them.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -22,6 +22,7 @@ from inference.openai_generate import WatchedRequest, abort_all, check_ids, gen_
 from inference.openai_routes import (
     RENDERER,
     SERVER,
+    ServerView,
     api_errors,
     check_model,
     close_stream,
@@ -31,6 +32,10 @@ from inference.openai_routes import (
     validate,
 )
 from inference.sequence import Sequence
+
+if TYPE_CHECKING:
+    from inference.openai.render import TokenizerRenderer
+    from inference.protocol import Limits
 
 
 def wants_openai_path(body: Any) -> bool:
@@ -42,7 +47,9 @@ def wants_openai_path(body: Any) -> bool:
     return isinstance(prompt, str) or batched or bool(body.get("stream")) or bool(body.get("stop"))
 
 
-def _prompts(req: TextCompletionRequest, renderer: Any, limits: Any) -> list[list[int]]:
+def _prompts(
+    req: TextCompletionRequest, renderer: TokenizerRenderer, limits: Limits
+) -> list[list[int]]:
     raw = req.prompt
     items = raw if isinstance(raw, list) and raw and not isinstance(raw[0], int) else [raw]
     prompts = []
@@ -108,7 +115,7 @@ async def text_completions(request: web.Request, body: Any) -> web.StreamRespons
 
 async def _stream(
     request: web.Request,
-    state: Any,
+    state: ServerView,
     req: TextCompletionRequest,
     gens: list[WatchedRequest],
     fmt: OutputFormat,

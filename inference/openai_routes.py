@@ -183,7 +183,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def stream_chat(
     request: web.Request,
-    state: Any,
+    state: ServerView,
     req: ChatCompletionRequest,
     gen: WatchedRequest,
     fmt: OutputFormat,

@@ -44,6 +44,9 @@ INIT_FIELDS = frozenset({"master_address", "master_port", "rank_offset", "world_
 UPDATE_FIELDS = frozenset({"names", "dtype_names", "shapes"})
 
 
+UpdateMeta = tuple[list[str], list[torch.dtype], list[list[int]]]  # names, dtypes, shapes
+
+
 @dataclasses.dataclass
 class TransferState:
     """Where the transfer session stands: the group, an update in progress, staged tensors."""
@@ -52,7 +55,7 @@ class TransferState:
     group: GlooCommunicator | None = None
     busy: str | None = None  # "joining" or "receiving" while a thread holds the group
     updating: bool = False
-    last_update: tuple[list[str], list[torch.dtype], list[list[int]]] | None = None
+    last_update: UpdateMeta | None = None
     staged: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     def close(self) -> None:
@@ -108,9 +111,7 @@ def parse_init_info(info: Any) -> tuple[str, int, int, int]:
     return address, port, rank, world
 
 
-def parse_update_info(
-    info: Any, model_state: dict[str, torch.Tensor]
-) -> tuple[list[str], list[torch.dtype], list[list[int]]]:
+def parse_update_info(info: Any, model_state: dict[str, torch.Tensor]) -> UpdateMeta:
     """Names, dtypes and shapes, each checked against the model (nothing is received yet)."""
     from inference.protocol import ProtocolError
 
@@ -233,7 +234,7 @@ async def _join(
         raise
 
 
-async def _receive(transfer: TransferState, meta: Any, version: str) -> None:
+async def _receive(transfer: TransferState, meta: UpdateMeta, version: str) -> None:
     names, dtypes, shapes = meta
     got: dict[str, torch.Tensor] = {}
     transfer.busy = "receiving"
@@ -252,7 +253,11 @@ async def _receive(transfer: TransferState, meta: Any, version: str) -> None:
     transfer.staged |= got
 
 
-def _finish_route(key: web.AppKey[H], read_json: Any, json_object: Any) -> Any:
+def _finish_route(
+    key: web.AppKey[H],
+    read_json: Callable[..., Awaitable[Any]],
+    json_object: Callable[[Any], dict[str, Any]],
+) -> Any:
     from inference.protocol import ProtocolError
 
     async def finish_update(request: web.Request) -> web.Response:
