@@ -2,7 +2,8 @@
 
 Environments are typed against `SandboxPool` / `SandboxSession`, not against the sandbox
 package, so a change to a real signature must show up here and not as a TypeError in
-the middle of an episode. The assignments below are also what a type checker verifies.
+the middle of an episode. The annotated assignment of the real pool is what a type checker
+verifies (mypy: its sessions too, through `session()`'s return type).
 """
 
 from __future__ import annotations
