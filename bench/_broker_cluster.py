@@ -83,7 +83,9 @@ async def _start_together(pipe: Any) -> None:
     await asyncio.sleep(max(0.0, start_at - time.time()))
 
 
-def _role(kind: str, url: str, run: str, tokens: int, counts: tuple[int, int], pipe: Any) -> None:
+def _role(
+    kind: str, url: str, run: str, tokens: int, counts: tuple[int, int], *, pipe: Any
+) -> None:
     """One run's producer (a worker pod) or consumer (its learner), as a process;
     `counts`: (entries, entries per consumer read)."""
     count, read_count = counts
@@ -105,8 +107,8 @@ def farm_pass(
     for run in runs:
         for kind in ("consumer", "producer"):
             mine, theirs = ctx.Pipe()
-            args = (kind, cluster.url, run, tokens, (count, read_count), theirs)
-            procs.append(ctx.Process(target=_role, args=args, name=f"{kind}-{run}"))
+            args, kwargs = (kind, cluster.url, run, tokens, (count, read_count)), {"pipe": theirs}
+            procs.append(ctx.Process(target=_role, args=args, kwargs=kwargs, name=f"{kind}-{run}"))
             pipes.append(mine)
             if kind == "consumer":
                 consumers.append(mine)
@@ -143,7 +145,7 @@ def raw_ceiling(cluster: LocalCluster, payload: bytes, requests: int) -> float:
 
 
 def measure(
-    cluster: LocalCluster, runs: int, tokens: int, count: int, repeats: int, read_count: int
+    cluster: LocalCluster, runs: int, tokens: int, count: int, repeats: int, *, read_count: int
 ) -> ClusterRow:
     names = [f"bench{i}" for i in range(runs)]
     payload = encode(make_group(tokens, 0))[b"b"]
@@ -183,7 +185,7 @@ def run_cluster_bench(quick: bool, read_count: int) -> list[ClusterRow]:
         try:
             cluster.start()
             return [
-                measure(cluster, runs, t, n, repeats, read_count)
+                measure(cluster, runs, t, n, repeats, read_count=read_count)
                 for runs in (1, 3)
                 for t, n in plan.items()
             ]

@@ -39,9 +39,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench import _report as report
+
+if TYPE_CHECKING:  # torch loads inside the measured subprocesses only
+    from learner.distributed import DistContext
+    from learner.trainer import Trainer
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, MLP, VOCAB = 512, 8, 8, 2, 1408, 151_936
 CHUNK = 256  # LM-head chunk; its logits are [256, 8192] vocabulary tiles (8 MiB each)
@@ -180,7 +184,7 @@ def run_case(mode: str, length: int, sequences: int) -> dict[str, Any]:
                         aggregation=Aggregation.TOKEN_MEAN)  # fmt: skip
     scale = ScaleConfig(max_tokens_per_micro_batch=length, packing=False,
                         logprob_chunk_tokens=CHUNK, activation_checkpointing=True)  # fmt: skip
-    trainer = Trainer(model, optim, torch.device("cpu"), dist, scale)
+    trainer = Trainer(model, optim, torch.device("cpu"), dist, scale=scale)
     if mode == "full":
         trainer.policy = full_logits_policy(trainer.model)
     batch = samples(sequences, length)
@@ -207,7 +211,7 @@ def floor(params: int, tokens: int, world: int) -> int:
     return states + 4 * tokens * HIDDEN * (LAYERS + 1) + 4 * tokens * (4 * HIDDEN + 3 * MLP)
 
 
-def export_peak(trainer: Any, dist: Any) -> dict[str, int]:
+def export_peak(trainer: Trainer, dist: DistContext) -> dict[str, int]:
     """Peak extra RSS on the writing rank while the full weights stream out of the shards."""
     from learner.export import write_safetensors
 

@@ -60,7 +60,7 @@ class LoadGenerator:
     """The request handler state: latency distribution and counters."""
 
     def __init__(
-        self, median_ms: float, sigma: float, tokens: int, seed: int = 0,
+        self, median_ms: float, sigma: float, tokens: int, *, seed: int = 0,
         mode: str = "random", slow_s: float = 0.3,
     ) -> None:  # fmt: skip
         self.mode, self.slow_s = mode, slow_s

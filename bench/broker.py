@@ -111,7 +111,7 @@ async def _produce(port: int, tokens: int, count: int, rate: float | None) -> No
 
 
 def _producer_process(
-    port: int, tokens: int, count: int, rate: float | None, go: Any, cpu_s: Any
+    port: int, tokens: int, count: int, rate: float | None, *, go: Any, cpu_s: Any
 ) -> None:
     tune_malloc()  # as a worker process does
     go.wait()
@@ -145,8 +145,8 @@ async def farm_pass(redis_pid: int, port: int, tokens: int, count: int, rate: fl
     await consumer.ensure_groups()
     ctx = multiprocessing.get_context("spawn")
     go, producer_cpu = ctx.Event(), ctx.Value("d", 0.0)
-    args = (port, tokens, count, rate, go, producer_cpu)
-    producer = ctx.Process(target=_producer_process, args=args)
+    args, kwargs = (port, tokens, count, rate), {"go": go, "cpu_s": producer_cpu}
+    producer = ctx.Process(target=_producer_process, args=args, kwargs=kwargs)
     producer.start()
     await asyncio.sleep(1.0)  # let the producer finish its imports before the clock starts
     latencies: list[float] = []

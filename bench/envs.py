@@ -21,6 +21,7 @@ from typing import Any
 
 import envs
 from bench import _report as report
+from envs.sandboxed import SandboxPool
 
 SUM_TWO = "a, b = map(int, input().split())\nprint(a + b)\n"
 
@@ -57,7 +58,7 @@ async def bench_toy(episodes: int) -> dict[str, Any]:
             "floor": episodes / direct_s, "ratio": direct_s / driven_s}  # fmt: skip
 
 
-async def bench_code(pool: Any, samples: int) -> dict[str, Any]:
+async def bench_code(pool: SandboxPool, samples: int) -> dict[str, Any]:
     env = envs.make('code@{"problem_ids": ["sum-two"]}', sandbox=pool)
 
     async def step() -> None:
@@ -74,7 +75,7 @@ async def bench_code(pool: Any, samples: int) -> dict[str, Any]:
             "ratio": floor_s / envs_s}  # fmt: skip
 
 
-async def bench_codegym(pool: Any, samples: int) -> dict[str, Any]:
+async def bench_codegym(pool: SandboxPool, samples: int) -> dict[str, Any]:
     env = envs.make('codegym@{"env": "max_subarray", "config_index": 0}', sandbox=pool)
     action = '<tool_call>{"name": "GetElement", "arguments": {"index": 3}}</tool_call>'
     await envs.areset(env, seed=0)
@@ -89,11 +90,11 @@ async def bench_codegym(pool: Any, samples: int) -> dict[str, Any]:
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from sandbox import SandboxConfig, SandboxPool
+    import sandbox
 
     samples = 2 if args.smoke else 10 if args.quick else 50
     rows = [await bench_toy(100 if args.smoke else 2_000 if args.quick else 20_000)]
-    async with SandboxPool(SandboxConfig(backend=args.backend)) as pool:
+    async with sandbox.SandboxPool(sandbox.SandboxConfig(backend=args.backend)) as pool:
         rows.append(await bench_code(pool, samples))
         rows.append(await bench_codegym(pool, samples))
     return rows

@@ -151,7 +151,7 @@ def hist_percentile(before: dict[float, float], after: dict[float, float], q: fl
 
 
 def start_workers(
-    n: int, per_worker: int, redis_port: int, url: str, model: Path, backend: str, log_dir: Path
+    n: int, per_worker: int, redis_port: int, url: str, model: Path, *, backend: str, log_dir: Path
 ) -> tuple[list[subprocess.Popen[bytes]], list[int]]:
     procs, ports = [], []
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -225,7 +225,7 @@ async def wait_ready(
 
 
 async def farm_window(
-    ports: list[int], pids: list[int], backend: str, n: int, warm_s: float, window_s: float,
+    ports: list[int], pids: list[int], backend: str, n: int, *, warm_s: float, window_s: float,
     mem0: float,
 ) -> dict[str, Any]:  # fmt: skip
     """Wait for the first episodes to finish and the farm to fill, then measure a window."""
@@ -322,7 +322,7 @@ async def sandbox_ceiling(
 
 
 async def run_backend(
-    backend: str, n: int, window_s: float, ramp_s: float, tmp: Path, model: Path
+    backend: str, n: int, window_s: float, ramp_s: float, *, tmp: Path, model: Path
 ) -> dict:
     workers = max(1, -(-n // EPISODES_PER_WORKER))
     ceiling = await sandbox_ceiling(backend, n, workers, window_s, ramp_s)
@@ -333,11 +333,13 @@ async def run_backend(
             await publish(redis_port, n * 20)  # far more than the window can finish
             mem0 = mem_available_mb()
             procs, ports = start_workers(
-                workers, -(-n // workers), redis_port, url, model, backend, tmp
+                workers, -(-n // workers), redis_port, url, model, backend=backend, log_dir=tmp
             )
             await wait_ready(ports, procs, 120)
             pids = [p.pid for p in procs]
-            farm = await farm_window(ports, pids, backend, n, 4 * window_s, window_s, mem0)
+            farm = await farm_window(
+                ports, pids, backend, n, warm_s=4 * window_s, window_s=window_s, mem0=mem0
+            )
     finally:
         stop_workers(procs, tmp)
         redis.terminate()
@@ -399,5 +401,7 @@ def main(argv: list[str]) -> int:
         build_tokenizer().save_pretrained(model)
         for b in backends:
             with asyncio.Runner(loop_factory=loop_factory(LOOPS[b])) as runner:
-                results.append(runner.run(run_backend(b, n, window, ramp, Path(tmp), model)))
+                results.append(
+                    runner.run(run_backend(b, n, window, ramp, tmp=Path(tmp), model=model))
+                )
     return report.emit(run, results, table(results), args.json)

@@ -23,12 +23,15 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from bench import _report as report
 from bench._multiturn import MultiTurn, compare, table_rows
+
+if TYPE_CHECKING:  # torch and the model stack load inside the benchmarks that need them
+    from inference.server import PolicyServer
 
 
 def _median(values: list[float]) -> float:
@@ -78,7 +81,9 @@ def _save_floor(model: Any, directory: Path) -> float:
     return elapsed
 
 
-async def _weight_sync(server: Any, model_dir: Path, work: Path, repeats: int) -> dict[str, float]:
+async def _weight_sync(
+    server: PolicyServer, model_dir: Path, work: Path, repeats: int
+) -> dict[str, float]:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 

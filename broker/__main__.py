@@ -143,7 +143,14 @@ async def cmd_archive(redis: aioredis.Redis, keys: RunKeys, ctx: Context) -> int
     args = ctx.args
     stream = resolve_stream(keys, args.stream)
     archive = Archive(args.out)
-    n = await archive_stream(redis, stream, archive, args.segment_entries, args.follow, ctx.stop)
+    n = await archive_stream(
+        redis,
+        stream,
+        archive,
+        segment_entries=args.segment_entries,
+        follow=args.follow,
+        stop=ctx.stop,
+    )
     print(
         f"archived {n} entries from {stream}; last id {archive.last_id}; {len(archive.segments)} segments"
     )

@@ -187,6 +187,7 @@ async def archive_stream(
     redis: aioredis.Redis,
     stream: str,
     archive: Archive,
+    *,
     segment_entries: int = 10_000,
     follow: bool = False,
     stop: asyncio.Event | None = None,

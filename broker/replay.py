@@ -122,6 +122,7 @@ async def replay(
     redis: aioredis.Redis,
     source: Iterable[Entry] | AsyncIterator[Entry],
     target: str,
+    *,
     rate: float | None = None,
     batch: int = 256,
     retention: Retention | None = None,

@@ -11,9 +11,8 @@ consumer's own pending entries, which a restarted consumer reads first.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from broker.connection import as_str
+from broker.connection import Client, as_str
 from broker.keys import hash_tag
 
 # XREADGROUP's reply, per stream: (stream, [(entry id, fields), ...]).
@@ -23,7 +22,7 @@ Raw = list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]]
 class SlotReader:
     """XREADGROUP over streams of several hash tags, one command per tag."""
 
-    def __init__(self, redis: Any, group: str, consumer: str, streams: Sequence[str]) -> None:
+    def __init__(self, redis: Client, group: str, consumer: str, streams: Sequence[str]) -> None:
         self._redis = redis
         self._group = group
         self._consumer = consumer

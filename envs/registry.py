@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import pydantic
 
 from envs.errors import EnvSpecError
+from envs.sandboxed import SandboxPool
 
 Factory = Callable[..., Any]
 F = TypeVar("F", bound=Factory)
@@ -214,7 +215,7 @@ def check_spec(spec: str) -> tuple[str, dict[str, Any]]:
     return name, kwargs
 
 
-def make(spec: str, *, sandbox: Any = None) -> Any:
+def make(spec: str, *, sandbox: SandboxPool | None = None) -> Any:
     """Build the environment a spec names; ``sandbox`` (a SandboxPool) goes to envs that take one."""
     name, kwargs = parse_spec(spec)
     factory = _resolve(name)

@@ -18,8 +18,8 @@ from typing import Any
 
 from broker.messages import ErrorCategory
 from envs.api import ResetResult
-from envs.errors import EnvInfraError, EnvSpecError
-from envs.sandboxed import require_pool
+from envs.errors import EnvInfraError, EnvSpecError, EnvStateError
+from envs.sandboxed import SandboxPool, SandboxSession, require_pool
 from envs.toolenv import ToolEnv
 from envs.tools import tool
 
@@ -93,12 +93,12 @@ TASKS: dict[str, TerminalTask] = {t.name: t for t in (SERVE_FILE, FIX_AND_SERVE,
 class TerminalEnv(ToolEnv):
     """One task per episode in its own sandbox session with a persistent shell."""
 
-    def __init__(self, pool: Any, tasks: list[TerminalTask]) -> None:
+    def __init__(self, pool: SandboxPool, tasks: list[TerminalTask]) -> None:
         super().__init__()
         self.pool, self.tasks = pool, tasks
         self.task: TerminalTask | None = None
         self._stack: contextlib.AsyncExitStack | None = None
-        self._sb: Any = None
+        self._sb: SandboxSession | None = None
 
     async def setup(self, seed: int | None) -> ResetResult:
         await self.aclose()
@@ -109,6 +109,12 @@ class TerminalEnv(ToolEnv):
         if not r.ok:  # the task's own script failed: not the model's doing
             raise EnvInfraError(f"setup of {self.task.name} failed: {r}", ErrorCategory.SANDBOX)
         return self.task.prompt, {"task": self.task.name}
+
+    @property
+    def _session(self) -> SandboxSession:
+        if self._sb is None:
+            raise EnvStateError("terminal: tool call before reset() or after the episode ended")
+        return self._sb
 
     async def aclose(self) -> None:
         """End the session: the work dir and every background job go with it."""
@@ -124,7 +130,7 @@ class TerminalEnv(ToolEnv):
         Args:
             command: the bash command line.
         """
-        r = await self._sandboxed(self._sb.shell(command, timeout=SHELL_TIMEOUT_S))
+        r = await self._sandboxed(self._session.shell(command, timeout=SHELL_TIMEOUT_S))
         status = "timed out" if r.exit_code is None else f"exit {r.exit_code}"
         cut = " [output truncated]" if r.stdout_truncated else ""
         return f"{r.stdout}{cut}\n[{status}]"
@@ -137,7 +143,7 @@ class TerminalEnv(ToolEnv):
             path: path relative to the work directory.
         """
         try:
-            data = await self._sandboxed(self._sb.read_file(path))
+            data = await self._sandboxed(self._session.read_file(path))
         except _tool_errors() as exc:
             return f"Error: {exc}"
         return data.decode("utf-8", errors="replace")
@@ -151,7 +157,7 @@ class TerminalEnv(ToolEnv):
             content: the whole new contents.
         """
         try:
-            await self._sandboxed(self._sb.write_file(path, content))
+            await self._sandboxed(self._session.write_file(path, content))
         except _tool_errors() as exc:
             return f"Error: {exc}"
         return f"wrote {path}"
@@ -166,7 +172,7 @@ class TerminalEnv(ToolEnv):
             new: its replacement.
         """
         try:
-            await self._sandboxed(self._sb.edit_file(path, old, new))
+            await self._sandboxed(self._session.edit_file(path, old, new))
         except _tool_errors() as exc:
             return f"Error: {exc}"
         return f"edited {path}"
@@ -179,7 +185,7 @@ class TerminalEnv(ToolEnv):
             path: path relative to the work directory.
         """
         try:
-            return "\n".join(await self._sandboxed(self._sb.list_dir(path)))
+            return "\n".join(await self._sandboxed(self._session.list_dir(path)))
         except _tool_errors() as exc:
             return f"Error: {exc}"
 
@@ -188,7 +194,7 @@ class TerminalEnv(ToolEnv):
         """Say the task is done: the check runs and the episode ends."""
         if self.task is None:
             raise EnvInfraError("submit before reset", ErrorCategory.SANDBOX)
-        check = self._sb.run(["bash", "-c", self.task.check], timeout=CHECK_TIMEOUT_S)
+        check = self._session.run(["bash", "-c", self.task.check], timeout=CHECK_TIMEOUT_S)
         r = await self._sandboxed(check)
         self.end_episode(1.0 if r.exit_code == 0 else 0.0)
         return "solved" if r.exit_code == 0 else "not solved"
@@ -210,7 +216,9 @@ def _tool_errors() -> tuple[type[Exception], ...]:
     return (FileToolError, ValueError, TypeError)
 
 
-def make_terminal_env(tasks: list[str] | None = None, sandbox: Any = None) -> TerminalEnv:
+def make_terminal_env(
+    tasks: list[str] | None = None, sandbox: SandboxPool | None = None
+) -> TerminalEnv:
     """``terminal@{"tasks": ["serve-file", ...]}``; all built-in tasks by default."""
     names = list(TASKS) if tasks is None else tasks
     unknown = [n for n in names if n not in TASKS]

@@ -22,7 +22,7 @@ from envs.agent import OpenAIConfig
 from envs.code.env import SYSTEM_PROMPT, grade
 from envs.code.grading import evaluate, extract_code
 from envs.code.problems import CodeProblem, load_problems
-from envs.sandboxed import open_session
+from envs.sandboxed import PythonSession, SandboxPool, open_session
 
 RUN_PYTHON = {
     "type": "function",
@@ -48,7 +48,7 @@ def pick_problem(task: dict[str, Any] | None, seed: int) -> CodeProblem:
     return random.Random(seed).choice(problems)
 
 
-async def run_python(sb: Any, arguments: str) -> str:
+async def run_python(sb: PythonSession, arguments: str) -> str:
     """The tool: run `code` from the call's JSON arguments in the sandbox session."""
     try:
         code = json.loads(arguments)["code"]
@@ -58,7 +58,9 @@ async def run_python(sb: Any, arguments: str) -> str:
     return f"exit code {result.exit_code}\nstdout:\n{result.stdout[-2000:]}\nstderr:\n{result.stderr[-2000:]}"
 
 
-async def solve(task: dict[str, Any] | None, api: OpenAIConfig, sandbox: Any) -> dict[str, Any]:
+async def solve(
+    task: dict[str, Any] | None, api: OpenAIConfig, sandbox: SandboxPool
+) -> dict[str, Any]:
     problem = pick_problem(task, api.seed)
     rounds = int((task or {}).get("max_rounds", 4))
     messages: list[dict[str, Any]] = [

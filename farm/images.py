@@ -282,7 +282,7 @@ def build(
         base = ensure_base(client, quiet)
         wanted = tags(base)
         with tempfile.TemporaryDirectory(prefix="rf-images-") as tmp:
-            _build_missing(client, base, wanted, Path(tmp), quiet, force)
+            _build_missing(client, base, wanted, Path(tmp), quiet=quiet, force=force)
     except (DockerException, ImageBuildError) as exc:
         raise ImageError(f"building the compose images failed: {exc}") from exc
     finally:
@@ -293,7 +293,13 @@ def build(
 
 
 def _build_missing(
-    client: DockerClient, base: str, wanted: dict[Image, str], tmp: Path, quiet: bool, force: bool
+    client: DockerClient,
+    base: str,
+    wanted: dict[Image, str],
+    tmp: Path,
+    *,
+    quiet: bool,
+    force: bool,
 ) -> None:
     # The python image first: the worker image is built on it.
     if _missing(client, wanted[PYTHON], force):

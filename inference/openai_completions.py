@@ -9,7 +9,7 @@ prompt `p` is returned with index `p * n + j`, as vLLM numbers them.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -22,6 +22,7 @@ from inference.openai_generate import WatchedRequest, abort_all, check_ids, gen_
 from inference.openai_routes import (
     RENDERER,
     SERVER,
+    ServerView,
     api_errors,
     check_model,
     close_stream,
@@ -31,6 +32,10 @@ from inference.openai_routes import (
     validate,
 )
 from inference.sequence import Sequence
+
+if TYPE_CHECKING:
+    from inference.openai.render import TokenizerRenderer
+    from inference.protocol import Limits
 
 
 def wants_openai_path(body: Any) -> bool:
@@ -42,7 +47,9 @@ def wants_openai_path(body: Any) -> bool:
     return isinstance(prompt, str) or batched or bool(body.get("stream")) or bool(body.get("stop"))
 
 
-def _prompts(req: TextCompletionRequest, renderer: Any, limits: Any) -> list[list[int]]:
+def _prompts(
+    req: TextCompletionRequest, renderer: TokenizerRenderer, limits: Limits
+) -> list[list[int]]:
     raw = req.prompt
     items = raw if isinstance(raw, list) and raw and not isinstance(raw[0], int) else [raw]
     prompts = []
@@ -60,7 +67,7 @@ def _prompts(req: TextCompletionRequest, renderer: Any, limits: Any) -> list[lis
 
 
 def _choice(
-    index: int, text: str, seq: Sequence, start: int, fmt: OutputFormat, final: bool
+    index: int, text: str, seq: Sequence, start: int, fmt: OutputFormat, *, final: bool
 ) -> CompletionChoice:
     """A choice (whole, or a chunk's part from token `start` on), closing it when `final`."""
     fields = token_fields(generated(seq, start), fmt, chat=False)
@@ -90,12 +97,16 @@ async def text_completions(request: web.Request, body: Any) -> web.StreamRespons
     for prompt in _prompts(req, renderer, state.limits):
         params = gen_params(req, len(prompt), state.limits, req.max_tokens, fmt.top_logprobs)
         stops, skip = req.stop_strings(), req.skip_special_tokens
-        gens.append(WatchedRequest(prompt, params, renderer, stops, skip, progress))
+        gens.append(
+            WatchedRequest(
+                prompt, params, renderer, stop=stops, skip_special_tokens=skip, progress=progress
+            )
+        )
     if req.stream:
         return await _stream(request, state, req, gens, fmt)
     await generate(state.engine, gens)
     rows = [(seq, text) for gen in gens for seq, text in zip(gen.seqs, gen.texts, strict=True)]
-    choices = [_choice(i, text.text, seq, 0, fmt, True) for i, (seq, text) in enumerate(rows)]
+    choices = [_choice(i, text.text, seq, 0, fmt, final=True) for i, (seq, text) in enumerate(rows)]
     prompt_tokens = sum(len(g.seqs[0].prompt) for g in gens)
     counts = usage(prompt_tokens, sum(len(seq.tokens) for seq, _ in rows))
     answer = CompletionResponse(model=state.model_name, choices=choices, usage=counts)
@@ -104,7 +115,7 @@ async def text_completions(request: web.Request, body: Any) -> web.StreamRespons
 
 async def _stream(
     request: web.Request,
-    state: Any,
+    state: ServerView,
     req: TextCompletionRequest,
     gens: list[WatchedRequest],
     fmt: OutputFormat,
@@ -125,7 +136,7 @@ async def _stream(
                     continue
                 closed[index] = seq.finish_reason is not None
                 piece = text.take(final=closed[index])
-                choice = _choice(index, piece, seq, sent[index], fmt, closed[index])
+                choice = _choice(index, piece, seq, sent[index], fmt, final=closed[index])
                 sent[index] = len(seq.tokens)
                 so_far = {"usage": count_usage(gens)} if req.continuous_usage() else {}
                 chunk = CompletionResponse(**head.fields(), choices=[choice], **so_far)

@@ -62,6 +62,7 @@ class WatchedRequest(GenRequest):
         prompt: list[int],
         params: GenParams,
         renderer: TokenizerRenderer,
+        *,
         stop: tuple[str, ...],
         skip_special_tokens: bool,
         progress: asyncio.Event,

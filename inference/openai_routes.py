@@ -12,7 +12,7 @@ import asyncio
 import functools
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
@@ -49,8 +49,24 @@ from inference.openai.tools import ParsedMessage, extract_tool_calls
 from inference.openai_generate import WatchedRequest, abort_all, check_ids, gen_params, generate
 from inference.sequence import Sequence
 
+if TYPE_CHECKING:
+    from inference.engine import Engine
+    from inference.protocol import Limits
+
+
+class ServerView(Protocol):
+    """What the OpenAI routes read of the policy server's `ServerState` (server.py
+    imports this module, so the routes name the shape rather than the class)."""
+
+    engine: Engine
+    tokenizer: Any  # a Hugging Face tokenizer, as TokenizerRenderer takes it
+    model_name: str
+    limits: Limits
+
+
+S = TypeVar("S", bound=ServerView)
 RENDERER = web.AppKey("openai_renderer", TokenizerRenderer)
-SERVER = web.AppKey("openai_server_state", Any)  # the policy server's ServerState
+SERVER = web.AppKey[ServerView]("openai_server_state")  # a protocol: no class to pass
 Handler = Callable[..., Awaitable[web.StreamResponse]]
 
 
@@ -127,7 +143,14 @@ def chat_response(
             extract_tool_calls(text.text) if req.parses_tools() else ParsedMessage(text.text, [])
         )
         choices.append(
-            chat_choice(index, parsed, generated(seq), fmt, seq.finish_reason, seq.stop_reason)
+            chat_choice(
+                index,
+                parsed,
+                generated(seq),
+                fmt,
+                finish_reason=seq.finish_reason,
+                stop_reason=seq.stop_reason,
+            )
         )
     prompt = gen.seqs[0].prompt
     return ChatCompletionResponse(
@@ -148,7 +171,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     fmt = _chat_format(req, renderer)
     params = gen_params(req, len(prompt), state.limits, req.output_limit(), fmt.top_logprobs)
     stops, skip = req.stop_strings(), req.skip_special_tokens
-    gen = WatchedRequest(prompt, params, renderer, stops, skip, asyncio.Event())
+    gen = WatchedRequest(
+        prompt, params, renderer, stop=stops, skip_special_tokens=skip, progress=asyncio.Event()
+    )
     if req.stream:
         return await stream_chat(request, state, req, gen, fmt)
     await generate(state.engine, [gen])
@@ -158,7 +183,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def stream_chat(
     request: web.Request,
-    state: Any,
+    state: ServerView,
     req: ChatCompletionRequest,
     gen: WatchedRequest,
     fmt: OutputFormat,
@@ -197,7 +222,9 @@ def _next_choice(index: int, seq: Sequence, stream: ChatChoiceStream, fmt: Outpu
         stream.finished = True
         delta, calls = stream.final_delta()
         reason = chat_finish_reason(seq.finish_reason, calls)
-        return chat_stream_choice(index, delta, new, fmt, reason, seq.stop_reason)
+        return chat_stream_choice(
+            index, delta, new, fmt, finish_reason=reason, stop_reason=seq.stop_reason
+        )
     content = stream.content_delta()
     reports_tokens = fmt.logprobs or fmt.token_ids or fmt.weight_versions
     if not content and not (new.token_ids and reports_tokens):
@@ -260,10 +287,11 @@ async def detokenize(request: web.Request) -> web.Response:
     return web.json_response(text=answer.model_dump_json())
 
 
-def add_openai_routes(app: web.Application, state_key: web.AppKey[Any]) -> None:
+def add_openai_routes(app: web.Application, state_key: web.AppKey[S]) -> None:
     """Register the OpenAI routes on the policy server's app (its state under `state_key`)."""
-    app[SERVER] = app[state_key]
-    app[RENDERER] = TokenizerRenderer(app[state_key].tokenizer)
+    state: ServerView = app[state_key]
+    app[SERVER] = state
+    app[RENDERER] = TokenizerRenderer(state.tokenizer)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)

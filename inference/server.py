@@ -45,7 +45,7 @@ from inference.transfer import TransferState, add_transfer_routes
 log = logging.getLogger(__name__)
 
 OPEN_ROUTES = frozenset({"/health", "/metrics"})
-STATE = web.AppKey("state", "ServerState")
+STATE = web.AppKey["ServerState"]("state")  # subscripted: the class is defined below
 
 
 class ServerState:

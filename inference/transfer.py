@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 from aiohttp import web
@@ -35,11 +35,17 @@ from inference.errors import EngineError
 from inference.nccl import GlooCommunicator
 from inference.protocol import ProtocolError
 
+if TYPE_CHECKING:
+    from inference.engine import Engine
+
 # vLLM 0.33's NCCLWeightTransferInitInfo and NCCLWeightTransferUpdateInfo fields.
 INIT_FIELDS = frozenset({"master_address", "master_port", "rank_offset", "world_size",
                          "nccl_unique_id_b64", "packed", "packed_buffer_size_bytes",
                          "packed_num_buffers"})  # fmt: skip
 UPDATE_FIELDS = frozenset({"names", "dtype_names", "shapes"})
+
+
+UpdateMeta = tuple[list[str], list[torch.dtype], list[list[int]]]  # names, dtypes, shapes
 
 
 @dataclasses.dataclass
@@ -50,7 +56,7 @@ class TransferState:
     group: GlooCommunicator | None = None
     busy: str | None = None  # "joining" or "receiving" while a thread holds the group
     updating: bool = False
-    last_update: tuple[list[str], list[torch.dtype], list[list[int]]] | None = None
+    last_update: UpdateMeta | None = None
     staged: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     def close(self) -> None:
@@ -59,6 +65,16 @@ class TransferState:
         self.updating, self.last_update, self.staged = False, None, {}
         if group is not None:
             group.destroy()
+
+
+class TransferHost(Protocol):
+    """What the transfer routes use of the server's state (server.py imports this module)."""
+
+    transfer: TransferState
+    engine: Engine
+
+
+H = TypeVar("H", bound=TransferHost)
 
 
 def _conflict(message: str) -> EngineError:
@@ -94,9 +110,7 @@ def parse_init_info(info: Any) -> tuple[str, int, int, int]:
     return address, port, rank, world
 
 
-def parse_update_info(
-    info: Any, model_state: dict[str, torch.Tensor]
-) -> tuple[list[str], list[torch.dtype], list[list[int]]]:
+def parse_update_info(info: Any, model_state: dict[str, torch.Tensor]) -> UpdateMeta:
     """Names, dtypes and shapes, each checked against the model (nothing is received yet)."""
     if not isinstance(info, dict):
         raise ProtocolError("Missing 'update_info' in request body", "update_info")
@@ -144,7 +158,7 @@ def receive(
 
 def add_transfer_routes(
     app: web.Application,
-    key: web.AppKey,
+    key: web.AppKey[H],
     read_json: Callable[..., Awaitable[Any]],
     json_object: Callable[[Any], dict[str, Any]],
 ) -> None:
@@ -217,7 +231,7 @@ async def _join(
         raise
 
 
-async def _receive(transfer: TransferState, meta: Any, version: str) -> None:
+async def _receive(transfer: TransferState, meta: UpdateMeta, version: str) -> None:
     names, dtypes, shapes = meta
     got: dict[str, torch.Tensor] = {}
     transfer.busy = "receiving"
@@ -236,7 +250,11 @@ async def _receive(transfer: TransferState, meta: Any, version: str) -> None:
     transfer.staged |= got
 
 
-def _finish_route(key: web.AppKey, read_json: Any, json_object: Any) -> Any:
+def _finish_route(
+    key: web.AppKey[H],
+    read_json: Callable[..., Awaitable[Any]],
+    json_object: Callable[[Any], dict[str, Any]],
+) -> Any:
     async def finish_update(request: web.Request) -> web.Response:
         state = request.app[key]
         transfer: TransferState = state.transfer
@@ -256,7 +274,7 @@ def _finish_route(key: web.AppKey, read_json: Any, json_object: Any) -> Any:
     return finish_update
 
 
-def _shutdown_route(key: web.AppKey) -> Any:
+def _shutdown_route(key: web.AppKey[H]) -> Any:
     async def shutdown(request: web.Request) -> web.Response:
         transfer: TransferState = request.app[key].transfer
         if transfer.busy or transfer.updating:

@@ -219,7 +219,7 @@ def prepare_batch(
             group.trajectories, group_rewards, group_adv, strict=True
         ):
             samples = _samples(
-                trajectory, turn_rewards, turn_adv, stale, group.group_id, rules, out
+                trajectory, turn_rewards, turn_adv, stale, group.group_id, rules=rules, out=out
             )
             if samples:
                 out.advantages += [float(a) for a in turn_adv]
@@ -228,7 +228,7 @@ def prepare_batch(
 
 
 def _samples(trajectory: Trajectory, turn_rewards: np.ndarray, turn_adv: np.ndarray, stale: bool,
-             group_id: str, rules: BatchRules, out: PreparedBatch) -> list[Sample]:  # fmt: skip
+             group_id: str, *, rules: BatchRules, out: PreparedBatch) -> list[Sample]:  # fmt: skip
     if not trajectory.turns:
         return []
     if overlong(trajectory):

@@ -186,7 +186,7 @@ def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> C
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
     reference = reference_for(cfg, device)
     kl_loss = cfg.loss.kl_mode is KLMode.LOSS
-    trainer = Trainer(model, cfg.optim, device, dist, cfg.scale, cfg.loss,
+    trainer = Trainer(model, cfg.optim, device, dist, scale=cfg.scale, loss=cfg.loss,
                       reference=reference if kl_loss else None)  # fmt: skip
     log.info("training on %s, world %d (%s)", device, dist.world,
              "FSDP2" if dist.enabled else "one process")  # fmt: skip
@@ -209,7 +209,9 @@ def step_record(
     """The typed record of the step just trained."""
     state = core.state
     groups = len(state.trained[-1])
-    return StepRecord.measure(state.step, state.version, groups, prepared, stats, wait_s, push_s)
+    return StepRecord.measure(
+        state.step, state.version, groups, prepared, stats, wait_s=wait_s, push_s=push_s
+    )
 
 
 def skip_record(core: Core, prepared: PreparedBatch, groups: int, wait_s: float) -> SkipRecord:

@@ -91,6 +91,7 @@ class Evaluator:
         sets: dict[str, list[TaskRow]],
         cfg: EvalConfig,
         name: str,
+        *,
         settings: ConsumerSettings | None = None,
     ) -> None:
         self.keys = keys

@@ -83,6 +83,7 @@ def _chunk_grad(
     bias: torch.Tensor | None,
     targets: torch.Tensor,
     rows: RowSampling,
+    *,
     saved: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     grad_target: torch.Tensor,
     grad_entropy: torch.Tensor,
@@ -162,6 +163,7 @@ def _tiled_forward(
     bias: torch.Tensor | None,
     targets: torch.Tensor,
     rows: RowSampling,
+    *,
     tile: int,
 ) -> tuple[torch.Tensor, ...]:
     """`_chunk_forward` for rows that do not truncate, over vocabulary tiles (online softmax)."""
@@ -190,6 +192,7 @@ def _tiled_grad(
     bias: torch.Tensor | None,
     targets: torch.Tensor,
     rows: RowSampling,
+    *,
     saved: tuple[torch.Tensor, torch.Tensor],
     grads: tuple[torch.Tensor, torch.Tensor],
     out: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
@@ -239,7 +242,7 @@ class _HeadLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, sampling, chunk_tokens, tile, sink):  # type: ignore[no-untyped-def]
+    def forward(ctx, hidden, weight, bias, targets, sampling, chunk_tokens, tile, sink):  # type: ignore[no-untyped-def]  # noqa: PLR0917 -- Function.apply passes positionally
         n, vocab = targets.shape[0], weight.shape[0]
         spans = [(a, min(a + chunk_tokens, n)) for a in range(0, n, chunk_tokens)]
         target, entropy, lse = (hidden.new_empty(n, dtype=torch.float32) for _ in "tel")
@@ -249,7 +252,7 @@ class _HeadLogprobs(torch.autograd.Function):
             # the rows' allowed mask is [chunk, V]: rebuilt in backward from `sampling`, not kept
             rows = sampling.rows(a, b, vocab)
             args = (hidden[a:b], weight, bias, targets[a:b], rows)
-            parts = _chunk_forward(*args) if rows.truncates() else _tiled_forward(*args, tile)
+            parts = _chunk_forward(*args) if rows.truncates() else _tiled_forward(*args, tile=tile)
             for out, part in zip((target, entropy, outside, lse), parts[:4], strict=True):
                 if part is not None:
                     out[a:b] = part
@@ -274,11 +277,13 @@ class _HeadLogprobs(torch.autograd.Function):
                 g = (grad_target[a:b], grad_entropy[a:b])
                 rows_out = None if grad_hidden is None else grad_hidden[a:b]
                 if threshold is None:
-                    _tiled_grad(h, weight, bias, y, rows, (lse[a:b], entropy[a:b]), g,
-                                (rows_out, grad_weight, grad_bias), ctx.tile)  # fmt: skip
+                    _tiled_grad(h, weight, bias, y, rows, saved=(lse[a:b], entropy[a:b]), grads=g,
+                                out=(rows_out, grad_weight, grad_bias), tile=ctx.tile)  # fmt: skip
                     continue
                 saved = (lse[a:b], entropy[a:b], threshold)
-                grad = _chunk_grad(h, weight, bias, y, rows, saved, *g)
+                grad = _chunk_grad(
+                    h, weight, bias, y, rows, saved=saved, grad_target=g[0], grad_entropy=g[1]
+                )
                 if rows_out is not None:
                     rows_out.addmm_(grad, weight)
                 if grad_weight is not None:
@@ -299,6 +304,7 @@ def chunked_logprobs(
     targets: torch.Tensor,
     sampling: TokenSampling,
     chunk_tokens: int,
+    *,
     vocab_tile: int = VOCAB_TILE,
     sink: GradSink | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -120,6 +120,7 @@ def decoupled_ppo_loss(
     behaviour_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    *,
     cfg: PolicyLossConfig,
 ) -> PolicyTerms:
     """``w * max(-A r, -A clip(r))`` with ``r = pi_theta/pi_prox``, capped at ``-c A`` for A < 0."""

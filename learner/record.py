@@ -83,6 +83,7 @@ class StepRecord:
         groups: int,
         prepared: PreparedBatch,
         stats: StepStats | None,
+        *,
         wait_s: float,
         push_s: float,
     ) -> StepRecord:

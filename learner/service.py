@@ -147,7 +147,7 @@ async def _make_evals(core: Core, redis: aioredis.Redis, keys: RunKeys) -> EvalS
     if not cfg.evaluation.eval_tasks:
         return None
     evaluator = Evaluator(redis, keys, load_sets(cfg.evaluation), cfg.evaluation,
-                          cfg.consumer_name, cfg.consumer)  # fmt: skip
+                          cfg.consumer_name, settings=cfg.consumer)  # fmt: skip
     await evaluator.start()
     out_dir = cfg.evaluation.eval_dir or cfg.checkpoint_dir
     return EvalSchedule(evaluator, out_dir, core.tracker.evaluation)
@@ -204,7 +204,7 @@ async def _make_feeder(core: Core, redis: aioredis.Redis, keys: RunKeys) -> Task
     producer = Producer(redis, None, *wait)
     budget = AdmissionBudget(redis, keys, *wait)
     feeder = TaskFeeder(redis, keys, sampler, cfg.horizon, cfg.group_size,
-                        cfg.admission_limit, producer, budget)  # fmt: skip
+                        limit=cfg.admission_limit, producer=producer, budget=budget)  # fmt: skip
     await feeder.start(await count_in_flight(redis, keys, WORKERS_GROUP, LEARNER_GROUP))
     return feeder
 

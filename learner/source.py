@@ -73,6 +73,7 @@ class LiveSource:
         consumer_config: ConsumerConfig,
         feeder: TaskFeeder | None,
         vocab_size: int,
+        *,
         already_trained: set[str] | None = None,
         sampling: DynamicSampling | None = None,
         dead_letters: DeadLetterWatch | None = None,

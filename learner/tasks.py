@@ -208,6 +208,7 @@ class TaskFeeder:
         sampler: TaskSampler,
         horizon: HorizonSchedule,
         group_size: int,
+        *,
         limit: int,
         producer: Producer | None = None,
         budget: AdmissionBudget | None = None,

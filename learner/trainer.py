@@ -104,6 +104,7 @@ class Trainer:
         cfg: OptimConfig,
         device: torch.device,
         dist: DistContext,
+        *,
         scale: ScaleConfig | None = None,
         loss: LossConfig | None = None,
         reference: Reference | None = None,
@@ -219,7 +220,7 @@ class Trainer:
         terms = self.loss
         prox = batch["prox_logp"] if "prox_logp" in batch else logp.detach()
         policy = decoupled_ppo_loss(logp, prox, batch["behaviour_logp"], batch["advantages"],
-                                    batch["mask"], self.policy_loss)  # fmt: skip
+                                    batch["mask"], cfg=self.policy_loss)  # fmt: skip
         loss = policy.loss
         kl = None
         if "ref_logp" in batch:
@@ -242,7 +243,7 @@ class Trainer:
                               total_tokens=total_tokens, total_sequences=total_sequences,
                               norm_tokens=self.cfg.norm_tokens)  # fmt: skip
             share.backward()
-            tally.add(batch["mask"] > 0, share, out, entropy, kl, outside)
+            tally.add(batch["mask"] > 0, share, out, entropy, kl=kl, outside=outside)
         sums, mins = self.dist.reduce_sums(tally.sums), self.dist.reduce_mins(tally.mins)
         # ... and its denominator: the shares divided by every token (sequence); rescale to
         # the kept ones now that all ranks' rejections are counted
@@ -254,8 +255,8 @@ class Trainer:
                     param.grad.mul_(scale)
         grad_norm = clip_grad_norm(params, self.cfg.max_grad_norm)
         self.optimizer.step()
-        return tally.stats(sums, mins, total_tokens, total_sequences, float(grad_norm),
-                           time.perf_counter() - started, scale)  # fmt: skip
+        return tally.stats(sums, mins, total_tokens, total_sequences, grad_norm=float(grad_norm),
+                           compute_s=time.perf_counter() - started, scale=scale)  # fmt: skip
 
 
 class _Tally:
@@ -271,7 +272,7 @@ class _Tally:
         self.mins = torch.full((len(self.MINS),), float("inf"), dtype=torch.float64)
 
     def add(self, on: torch.Tensor, share: torch.Tensor, out: PolicyTerms, entropy: torch.Tensor,
-            kl: torch.Tensor | None, outside: torch.Tensor) -> None:  # fmt: skip
+            *, kl: torch.Tensor | None, outside: torch.Tensor) -> None:  # fmt: skip
         """Add one micro-batch (`on`: its loss tokens)."""
         behaviour = out.behaviour_ratio[on]
         log_b = torch.log(behaviour.clamp(min=1e-30))
@@ -297,7 +298,7 @@ class _Tally:
         return total / (total - rejected) if rejected < total else 0.0
 
     def stats(self, sums: torch.Tensor, mins: torch.Tensor, tokens: int, sequences: int,
-              grad_norm: float, compute_s: float, scale: float) -> StepStats:  # fmt: skip
+              *, grad_norm: float, compute_s: float, scale: float) -> StepStats:  # fmt: skip
         """The step's statistics from the rank-reduced sums and minimums."""
         s = dict(zip(self.SUMS, sums.tolist(), strict=True))
         m = dict(zip(self.MINS, mins.tolist(), strict=True))

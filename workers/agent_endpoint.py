@@ -179,13 +179,17 @@ class AgentEndpoint:
         )
         generated = _generated(gen)
         if req.stream:
-            return await self._stream(request, req, text, generated, fmt, reason, len(prompt))
+            return await self._stream(
+                request, req, text, generated, fmt, reason=reason, prompt_len=len(prompt)
+            )
         parsed = (
             extract_tool_calls(text.text) if req.parses_tools() else ParsedMessage(text.text, [])
         )
         body = ChatCompletionResponse(
             model=req.model or self.model_name,
-            choices=[chat_choice(0, parsed, generated, fmt, reason, None)],
+            choices=[
+                chat_choice(0, parsed, generated, fmt, finish_reason=reason, stop_reason=None)
+            ],
             usage=usage(len(prompt), len(gen.token_ids)),
             prompt_token_ids=prompt if req.return_token_ids else None,
         )
@@ -201,6 +205,7 @@ class AgentEndpoint:
         text: ChoiceText,
         gen: Generated,
         fmt: OutputFormat,
+        *,
         reason: str,
         prompt_len: int,
     ) -> web.StreamResponse:
@@ -216,7 +221,9 @@ class AgentEndpoint:
                 sse_event(chat_chunk(head, [chat_stream_choice(0, ChatDelta(content=content))]))
             )
         delta, calls = stream.final_delta()
-        closing = chat_stream_choice(0, delta, gen, fmt, chat_finish_reason(reason, calls), None)
+        closing = chat_stream_choice(
+            0, delta, gen, fmt, finish_reason=chat_finish_reason(reason, calls), stop_reason=None
+        )
         await response.write(sse_event(chat_chunk(head, [closing])))
         if req.include_usage():
             counts = usage(prompt_len, len(gen.token_ids))

@@ -20,6 +20,7 @@ from typing import Any
 from broker.messages import ErrorCategory, FinishReason, Task, Trajectory, Truncation
 from envs.agent import AgentEnv, OpenAIConfig
 from envs.errors import EnvSpecError
+from envs.sandboxed import SandboxPool
 from workers import metrics
 from workers.agent_endpoint import AgentEndpoint, SamplingDefaults
 from workers.agent_record import AgentLimits, EpisodeRecord
@@ -44,10 +45,11 @@ def limits_for(env: AgentEnv, cfg: EpisodeSettings) -> AgentLimits:
 
 async def run_agent_episode(
     endpoint: AgentEndpoint | None,
-    sandbox: Any,
+    sandbox: SandboxPool | None,
     cfg: EpisodeSettings,
     task: Task,
     index: int,
+    *,
     env: AgentEnv,
 ) -> Trajectory:
     """Run episode `index` of an agent task; never raises for the agent's or inference's faults."""
@@ -85,7 +87,16 @@ async def run_agent_episode(
     if record.failure is not None:
         error = ErrorCategory.INFERENCE
         detail = f"{type(record.failure).__name__}: {record.failure}"[:500]
-    return _trajectory(record, index, reward, agent_metrics, error, detail, timed_out, started)
+    return _trajectory(
+        record,
+        index,
+        reward,
+        agent_metrics,
+        error=error,
+        detail=detail,
+        timed_out=timed_out,
+        started=started,
+    )
 
 
 def _reward(result: Any) -> tuple[float, dict[str, float]]:
@@ -110,6 +121,7 @@ def _trajectory(
     index: int,
     reward: float,
     agent_metrics: dict[str, float],
+    *,
     error: ErrorCategory,
     detail: str,
     timed_out: bool,

@@ -114,7 +114,7 @@ async def run_episode(
     ep = _Episode(ctx, cfg, task, index, max_turns, task.env_spec.split("@", 1)[0])
     if ep.env_name == "agent":  # a user's agent program: it drives, the endpoint records
         env = envs.make(task.env_spec)
-        return await run_agent_episode(ctx.agents, ctx.sandbox, cfg, task, index, env)
+        return await run_agent_episode(ctx.agents, ctx.sandbox, cfg, task, index, env=env)
     state = ep.state
     started = time.monotonic()
     ending: Ending = (FinishReason.ERROR, None)

@@ -42,7 +42,9 @@ async def run_group(
     async with asyncio.TaskGroup() as tg:
         for i in range(n):
             tg.create_task(
-                _episode_with_retries(ctx, cfg, task, i, max_turns, retries, results),
+                _episode_with_retries(
+                    ctx, cfg, task, i, max_turns=max_turns, retries=retries, results=results
+                ),
                 name=f"episode:{task.task_id}/{i}",
             )
     trajectories = tuple(t for t in results if t is not None)
@@ -56,6 +58,7 @@ async def _episode_with_retries(
     cfg: EpisodeSettings,
     task: Task,
     index: int,
+    *,
     max_turns: int,
     retries: int,
     results: list[Trajectory | None],

@@ -24,9 +24,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import Any
 
 import envs
+from broker.connection import Client
 from broker.consumer import Consumer, ConsumerConfig, Delivery
 from broker.errors import BrokerError, RedisUnavailable
 from broker.keys import WORKERS_GROUP, RunKeys
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 class Worker:
     """One rollout worker process's task loop."""
 
-    def __init__(self, cfg: WorkerConfig, redis: Any, ctx: EpisodeContext) -> None:
+    def __init__(self, cfg: WorkerConfig, redis: Client, ctx: EpisodeContext) -> None:
         self.cfg = cfg
         self.keys = RunKeys(cfg.run, partitions=cfg.partitions)
         self._redis = redis

@@ -25,7 +25,7 @@ from envs.code.grading import Evaluation, Outcome, evaluate, extract_code
 from envs.code.problems import CodeProblem, Verify, load_problems
 from envs.errors import EnvStateError
 from envs.registry import spec_config
-from envs.sandboxed import open_session, require_pool
+from envs.sandboxed import SandboxPool, open_session, require_pool
 
 CODERL_REWARDS = {
     Outcome.COMPILE_ERROR: -1.0,
@@ -93,7 +93,7 @@ class CodeEnv(Env):
 
     system_prompt = SYSTEM_PROMPT
 
-    def __init__(self, config: CodeConfig, sandbox: Any) -> None:
+    def __init__(self, config: CodeConfig, sandbox: SandboxPool | None) -> None:
         self.config = config
         self.pool = require_pool(sandbox, "code")
         problems = load_problems(config.problems_file)
@@ -149,6 +149,6 @@ class CodeEnv(Env):
 
 
 @spec_config(CodeConfig)
-def make_code_env(sandbox: Any = None, **kwargs: Any) -> CodeEnv:
+def make_code_env(sandbox: SandboxPool | None = None, **kwargs: Any) -> CodeEnv:
     """Registry factory for ``code@{...}``; kwargs are CodeConfig fields."""
     return CodeEnv(CodeConfig(**kwargs), sandbox)

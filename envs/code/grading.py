@@ -15,10 +15,13 @@ import enum
 import re
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from envs.code.problems import CodeProblem, normalise_output
-from envs.sandboxed import violated, violation_name
+from envs.sandboxed import PythonSession, violated, violation_name
+
+if TYPE_CHECKING:
+    from sandbox.result import RunResult
 
 _COMPILE = "import sys\ncompile(sys.stdin.read(), 'solution.py', 'exec')\n"
 _ASSERT_HARNESS = """\
@@ -76,7 +79,7 @@ def _tail(text: str, lines: int = 3, limit: int = 300) -> str:
     return text if len(text) <= limit else "..." + text[-limit:]
 
 
-def _failure(result: Any) -> CaseResult | None:
+def _failure(result: RunResult) -> CaseResult | None:
     if violated(result):
         return CaseResult(Outcome.RUNTIME_ERROR, f"{violation_name(result)} limit exceeded")
     if result.exit_code != 0:
@@ -87,7 +90,7 @@ def _failure(result: Any) -> CaseResult | None:
 
 
 async def _run_test(
-    sb: Any, problem: CodeProblem, index: int, code: str, limit_s: float
+    sb: PythonSession, problem: CodeProblem, index: int, code: str, limit_s: float
 ) -> CaseResult:
     if problem.verify == "execution":
         result = await sb.run_python(code, stdin=problem.stdin, timeout=limit_s)
@@ -117,7 +120,9 @@ async def _run_test(
     return CaseResult(Outcome.PASSED, "passed")
 
 
-async def evaluate(sb: Any, problem: CodeProblem, code: str, limit_s: float) -> Evaluation:
+async def evaluate(
+    sb: PythonSession, problem: CodeProblem, code: str, limit_s: float
+) -> Evaluation:
     """Compile-check ``code`` then run every test in session ``sb``."""
     check = await sb.run_python(_COMPILE, stdin=code, files={"solution.py": code}, timeout=limit_s)
     if violated(check) or check.exit_code != 0:

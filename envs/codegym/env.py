@@ -29,7 +29,7 @@ from envs.codegym.sources import CodeGymSource, get_source, runtime_source
 from envs.errors import EnvInfraError, EnvStateError
 from envs.parsing import parse_tool_calls
 from envs.registry import spec_config
-from envs.sandboxed import open_session, require_pool
+from envs.sandboxed import PythonSession, SandboxPool, open_session, require_pool
 from envs.toolenv import format_error
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,10 @@ class CodeGym:
     action_vocabulary: tuple[str, ...] | None = None
 
     def __init__(
-        self, config: CodeGymConfig, sandbox: Any, source: CodeGymSource | None = None
+        self,
+        config: CodeGymConfig,
+        sandbox: SandboxPool | None,
+        source: CodeGymSource | None = None,
     ) -> None:
         self.config = config
         self.pool = require_pool(sandbox, "codegym")
@@ -78,7 +81,7 @@ class CodeGym:
             )
         self.tools: list[dict[str, Any]] | None = list(self.source.tools)
         self._stack: AsyncExitStack | None = None
-        self._sb: Any = None
+        self._sb: PythonSession | None = None
         self._state: str | None = None  # committed snapshot (JSON text)
         self._done = True
 
@@ -132,6 +135,7 @@ class CodeGym:
         return str(reply.data["task"]), {"env": self.source.name, "config_index": index}
 
     async def _call(self, name: str, arguments: dict[str, Any]) -> tuple[str, Reply]:
+        assert self._sb is not None  # astep checked
         request = self._request("call", tool=name, arguments=arguments)
         reply = await run_request(
             self._sb, request, state=self._state, limit_s=self.config.tool_timeout_s
@@ -186,6 +190,6 @@ class CodeGym:
 
 
 @spec_config(CodeGymConfig)
-def make_codegym_env(env: str, sandbox: Any = None, **kwargs: Any) -> CodeGym:
+def make_codegym_env(env: str, sandbox: SandboxPool | None = None, **kwargs: Any) -> CodeGym:
     """Registry factory for ``codegym@{"env": name, ...}``; kwargs are CodeGymConfig fields."""
     return CodeGym(CodeGymConfig(env=env, **kwargs), sandbox)

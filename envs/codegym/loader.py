@@ -14,11 +14,10 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from envs.codegym.runner import run_request
 from envs.codegym.sources import CodeGymSource, SourceError, add_source, read_source, runtime_source
-from envs.sandboxed import open_session
+from envs.sandboxed import SandboxPool, open_session
 
 
 @dataclass
@@ -29,7 +28,7 @@ class LoadReport:
     rejected: dict[str, str] = field(default_factory=dict)  # file name -> reason
 
 
-async def _validate(pool: Any, source: CodeGymSource, limit_s: float) -> str | None:
+async def _validate(pool: SandboxPool, source: CodeGymSource, limit_s: float) -> str | None:
     """Return why ``source`` fails in the sandbox, or None when it proves itself."""
     files = {"codegym_runtime.py": runtime_source(), f"{source.name}.py": source.source}
     base = {"module": source.name, "class": source.class_name}
@@ -67,7 +66,9 @@ def _scan(path: str | Path) -> list[tuple[str, CodeGymSource | str]]:
     return found
 
 
-async def load_directory(path: str | Path, pool: Any, *, limit_s: float = 5.0) -> LoadReport:
+async def load_directory(
+    path: str | Path, pool: SandboxPool, *, limit_s: float = 5.0
+) -> LoadReport:
     """Validate every ``*.py`` in ``path`` and add the admitted ones to the codegym library."""
     report = LoadReport()
     for file_name, source in await asyncio.to_thread(_scan, path):

@@ -14,7 +14,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from envs.sandboxed import violated, violation_name
+from envs.sandboxed import PythonSession, violated, violation_name
 
 BOOTSTRAP = "import os, sys\nsys.path.insert(0, os.getcwd())\nimport codegym_runtime\ncodegym_runtime.main()\n"
 
@@ -29,7 +29,7 @@ class Reply:
 
 
 async def run_request(
-    sb: Any,
+    sb: PythonSession,
     request: dict[str, Any],
     *,
     state: str | None,

@@ -24,7 +24,7 @@ from broker.messages import ErrorCategory
 from envs.api import ResetResult, StepResult
 from envs.errors import EnvInfraError, EnvSpecError, EnvStateError
 from envs.registry import spec_config
-from envs.sandboxed import open_session, require_pool, violated, violation_name
+from envs.sandboxed import SandboxPool, open_session, require_pool, violated, violation_name
 from envs.stateful.base import StatefulEnv
 from envs.stateful.library import CLASSES
 
@@ -100,7 +100,7 @@ class StatefulScenarioEnv:
     def __init__(
         self,
         config: StatefulConfig,
-        sandbox: Any,
+        sandbox: SandboxPool | None,
         classes: dict[str, type[StatefulEnv]] | None = None,
     ):
         self.config = config
@@ -187,6 +187,6 @@ class StatefulScenarioEnv:
 
 
 @spec_config(StatefulConfig)
-def make_stateful_env(sandbox: Any = None, **kwargs: Any) -> StatefulScenarioEnv:
+def make_stateful_env(sandbox: SandboxPool | None = None, **kwargs: Any) -> StatefulScenarioEnv:
     """Registry factory for ``stateful@{"scenario": name}``; kwargs are StatefulConfig fields."""
     return StatefulScenarioEnv(StatefulConfig(**kwargs), sandbox)

@@ -95,7 +95,9 @@ async def show(
     except ShowError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CODES[type(exc)]
-    view = build_view(found.group, found.entry_id, found.origin, rules, decode, tokenizer)
+    view = build_view(
+        found.group, found.entry_id, found.origin, rules, decode=decode, tokenizer=tokenizer
+    )
     if args.html:
         page = render_html(view)
         try:

@@ -170,6 +170,7 @@ def build_view(
     entry_id: str,
     origin: str,
     rules: BatchRules,
+    *,
     decode: Decoder = ids_only,
     tokenizer: str | None = None,
 ) -> GroupView:

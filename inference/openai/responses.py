@@ -142,6 +142,7 @@ def chat_choice(
     parsed: ParsedMessage,
     gen: Generated,
     fmt: OutputFormat,
+    *,
     finish_reason: str | None,
     stop_reason: int | str | None,
 ) -> ChatChoice:
@@ -192,6 +193,7 @@ def chat_stream_choice(
     delta: ChatDelta,
     gen: Generated | None = None,
     fmt: OutputFormat | None = None,
+    *,
     finish_reason: str | None = None,
     stop_reason: int | str | None = None,
 ) -> ChatStreamChoice:

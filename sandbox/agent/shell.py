@@ -242,7 +242,9 @@ def run_shell(
             _end(shell, violation, keep)
             shell = None
         if violation == "processes":  # the bomb was swept; this command did not run
-            return _reply(None, pending, cap, False, started, violation), None
+            return _reply(
+                None, pending, cap, truncated=False, started=started, violation=violation
+            ), None
     if shell is None:
         shell = Shell(workdir, limits)
     shell.start(req["command"], tmpdir)
@@ -262,7 +264,9 @@ def run_shell(
     if shell is not None and (violation == "processes" or not shell.alive()):
         _end(shell, violation, keep)
         shell = None
-    return _reply(status, pending + out, cap, truncated, started, violation), shell
+    return _reply(
+        status, pending + out, cap, truncated=truncated, started=started, violation=violation
+    ), shell
 
 
 def _end(shell: Shell, violation: str, keep: frozenset[int]) -> None:
@@ -307,7 +311,7 @@ def _call_violation(out: bytes, status: int | None, timed_out: bool, max_procs: 
 
 
 def _reply(
-    status: int | None, out: bytes, cap: int, truncated: bool, started: float, violation: str
+    status: int | None, out: bytes, cap: int, *, truncated: bool, started: float, violation: str
 ) -> dict:
     return {
         "ok": True,

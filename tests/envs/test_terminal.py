@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import envs
-from envs.errors import EnvSpecError
+from envs.errors import EnvSpecError, EnvStateError
 from envs.terminal import TASKS
 
 # the calls a model would make to solve each task, in order
@@ -79,3 +79,11 @@ def test_bad_specs_are_refused() -> None:
         envs.make('terminal@{"tasks": []}', sandbox=object())
     with pytest.raises(EnvSpecError, match="sandbox"):
         envs.make("terminal")
+
+
+async def test_a_tool_before_reset_is_a_state_error() -> None:
+    import sandbox  # an unstarted pool: no session may be opened
+
+    env = envs.make("terminal", sandbox=sandbox.SandboxPool(sandbox.SandboxConfig(backend="bwrap")))
+    with pytest.raises(EnvStateError, match="before reset"):
+        await env.shell("ls")

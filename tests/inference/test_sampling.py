@@ -11,7 +11,7 @@ from broker.messages import Sampling
 from inference.sampling import RowSampling, SampleSpec, keep_threshold, sample_rows
 
 
-def spec(temperature: float = 1.0, top_p: float = 1.0, allowed: list[int] | None = None,
+def spec(temperature: float = 1.0, *, top_p: float = 1.0, allowed: list[int] | None = None,
          k: int = 0, top_k: int = 0, min_p: float = 0.0) -> SampleSpec:  # fmt: skip
     return SampleSpec(Sampling(temperature, top_k, top_p, min_p, allowed), k)
 

@@ -53,7 +53,7 @@ class Farm:
         raise AssertionError(f"{name} never became healthy")
 
     def worker(self, name: str, redis_url: str, run: str, url: str, model: Path,
-               concurrency: int, max_tokens: int = 1) -> None:  # fmt: skip
+               *, concurrency: int, max_tokens: int = 1) -> None:  # fmt: skip
         self.spawn(name, ["workers", "--redis-url", redis_url, "--run", run, "--inference-urls", url,
                           "--model", str(model), "--max-tokens", str(max_tokens), "--concurrency",
                           str(concurrency), "--worker-id", name])  # fmt: skip

@@ -132,7 +132,7 @@ class Run:
     core: Core | None = None
 
 
-def train(model_dir: Path, env_spec: str, *, steps: int, seed: int, groups: int = 4,
+def train(model_dir: Path, env_spec: str, *, steps: int, seed: int, groups: int = 4,  # noqa: PLR0913
           group_size: int = 8, flags: dict[str, object] | None = None,
           settings: EpisodeSettings | None = None, push: bool = True,
           threads: int | None = 1, until: float | None = None) -> Run:  # fmt: skip

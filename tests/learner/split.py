@@ -42,4 +42,4 @@ def make_trainer(model_dir: Path, dist: DistContext, scale: ScaleConfig = SCALE)
     cfg = OptimConfig(learning_rate=1e-3, weight_decay=0.01, clip_low=0.2, clip_high=0.2,
                       tis_cap=2.0, max_grad_norm=1.0, micro_batch_size=64,
                       aggregation=Aggregation.TOKEN_MEAN)  # fmt: skip
-    return Trainer(model, cfg, torch.device("cpu"), dist, scale)
+    return Trainer(model, cfg, torch.device("cpu"), dist, scale=scale)

@@ -34,7 +34,7 @@ ENVS = "tests.learner.evalenvs"
 RATES = [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]
 
 
-def worker(f: Farm, name: str, redis_url: str, run: str, url: str, model: Path) -> int:
+def worker(f: Farm, name: str, redis_url: str, run: str, url: str, *, model: Path) -> int:
     proc = f.spawn(name, ["workers", "--redis-url", redis_url, "--run", run, "--inference-urls",
                           url, "--model", str(model), "--max-tokens", "1", "--concurrency", "8",
                           "--worker-id", name, "--env-modules", ENVS,
@@ -70,10 +70,10 @@ def eval_farm(
 )
 def test_filter_keeps_the_band(
     eval_farm: tuple[Farm, str], redis_server: RedisServer, tiny_model_dir: Path,
-    tmp_path: Path, keep: str, kept: list[int],
+    tmp_path: Path, *, keep: str, kept: list[int],
 ) -> None:  # fmt: skip
     f, url = eval_farm
-    worker(f, "w0", redis_server.url, "filt", url, tiny_model_dir)
+    worker(f, "w0", redis_server.url, "filt", url, model=tiny_model_dir)
     out = tmp_path / "kept.jsonl"
     proc = learner("filter", redis_server.url, "filt", "--tasks", str(rows(tmp_path / "in.jsonl")),
                    "--out", str(out), "--samples", "4", "--keep", keep)  # fmt: skip
@@ -121,7 +121,7 @@ def test_eval_survives_a_worker_sigkill_and_counts_each_task_once(
 ) -> None:
     f, url = eval_farm
     keys = RunKeys("kill")
-    victim = worker(f, "w-victim", redis_server.url, "kill", url, tiny_model_dir)
+    victim = worker(f, "w-victim", redis_server.url, "kill", url, model=tiny_model_dir)
     time.sleep(3)  # the victim reads first: it takes tasks of the round
     proc = learner("evaluate", redis_server.url, "kill", "--eval-tasks",
                    f"rate={rows(tmp_path / 'held.jsonl', step_s=3.0)}", "--eval-samples", "4",
@@ -131,7 +131,7 @@ def test_eval_survives_a_worker_sigkill_and_counts_each_task_once(
         assert time.monotonic() < deadline and proc.poll() is None, "the victim took no task"
         time.sleep(0.2)
     os.kill(victim, signal.SIGKILL)
-    worker(f, "w-survivor", redis_server.url, "kill", url, tiny_model_dir)
+    worker(f, "w-survivor", redis_server.url, "kill", url, model=tiny_model_dir)
     stdout, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 0, stderr[-3000:] + stdout
     assert "tasks 5, missing 0" in stdout

@@ -57,7 +57,7 @@ def test_chunked_equals_full_with_gradients(name: str) -> None:
     assert torch.isfinite(full[0]).all() and torch.isfinite(full[1]).all()
     # vocabulary tiles: one tile (VOCAB_TILE > V), uneven tiles, tiles of one column
     for chunk, tile in itertools.product((1, 5, 23, 64), (VOCAB_TILE, 10, 1)):
-        got = run(lambda: chunked_logprobs(h, head, targets, sampling, chunk, tile))  # noqa: B023
+        got = run(lambda: chunked_logprobs(h, head, targets, sampling, chunk, vocab_tile=tile))  # noqa: B023
         torch.testing.assert_close(got[0], full[0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got[1], full[1], rtol=1e-5, atol=1e-5)
         for a, b in zip(got[2], full[2], strict=True):
@@ -73,7 +73,7 @@ def test_a_head_with_a_bias_gets_its_gradient(name: str) -> None:
     grads = []
     for fn in (
         lambda: full_logprobs(head(h), targets, sampling),
-        lambda: chunked_logprobs(h, head, targets, sampling, 4, 10),
+        lambda: chunked_logprobs(h, head, targets, sampling, 4, vocab_tile=10),
     ):
         logp, ent = fn()[:2]
         (weights * logp + 0.3 * ent).sum().backward()

@@ -29,7 +29,7 @@ def _one(ratio: float, weight: float, advantage: float, cfg: PolicyLossConfig = 
     logp = (prox + gap).clone().requires_grad_(True)
     mu = prox - math.log(weight)
     adv = torch.tensor([[advantage]], dtype=torch.float64)
-    terms = decoupled_ppo_loss(logp, prox, mu, adv, torch.ones_like(adv), cfg)
+    terms = decoupled_ppo_loss(logp, prox, mu, adv, torch.ones_like(adv), cfg=cfg)
     terms.loss.sum().backward()
     assert logp.grad is not None
     return terms, float(logp.grad)
@@ -49,7 +49,7 @@ def _one(ratio: float, weight: float, advantage: float, cfg: PolicyLossConfig = 
     ],
 )
 def test_ppo_clip_dual_clip_and_honest_clip_flags(
-    ratio: float, advantage: float, loss: float, grad: float, clipped: bool, dual: bool
+    ratio: float, advantage: float, loss: float, grad: float, *, clipped: bool, dual: bool
 ) -> None:
     terms, got_grad = _one(ratio, 1.0, advantage)
     assert float(terms.loss.detach()) == pytest.approx(loss)
@@ -99,7 +99,7 @@ def test_log_ratios_are_clamped_so_no_gap_is_infinite() -> None:
     # prox 100 nats above mu: w = exp(20) before the cap, 2 after, finite in float32
     prox = torch.zeros(1, 1)
     one = torch.ones(1, 1)
-    out = decoupled_ppo_loss(prox.clone(), prox, prox - 100.0, one, one, CFG)
+    out = decoupled_ppo_loss(prox.clone(), prox, prox - 100.0, one, one, cfg=CFG)
     assert torch.isfinite(out.loss).all() and float(out.weight) == 2.0
 
 
@@ -162,7 +162,7 @@ def _rows(cfg: PolicyLossConfig, log_w: list[list[float]], mask: list[list[float
     logp = (prox + gap).requires_grad_(True)
     mu = prox - torch.tensor(log_w, dtype=torch.float64)
     m = torch.tensor(mask, dtype=torch.float64)
-    terms = decoupled_ppo_loss(logp, prox, mu, torch.ones_like(prox), m, cfg)
+    terms = decoupled_ppo_loss(logp, prox, mu, torch.ones_like(prox), m, cfg=cfg)
     (terms.loss * m).sum().backward()
     assert logp.grad is not None
     return terms, logp.grad

@@ -122,7 +122,9 @@ def test_a_failing_backend_is_logged_once_and_dropped_the_others_go_on(
     with caplog.at_level(logging.ERROR, logger="learner.tracking"):
         for step in (1, 2, 3):
             tracker.step(
-                StepRecord.measure(step, step, 1, prepared, None, 0.5, 0.0), groups, prepared
+                StepRecord.measure(step, step, 1, prepared, None, wait_s=0.5, push_s=0.0),
+                groups,
+                prepared,
             )
         tracker.close()
     assert fault.calls == 1
@@ -222,7 +224,9 @@ def test_without_a_tokenizer_sample_tables_stop_and_the_figures_go_on(
     with caplog.at_level(logging.ERROR, logger="learner.tracking"):
         for step in (1, 2):
             tracker.step(
-                StepRecord.measure(step, step, 1, prepared, None, 0.5, 0.0), groups, prepared
+                StepRecord.measure(step, step, 1, prepared, None, wait_s=0.5, push_s=0.0),
+                groups,
+                prepared,
             )
         tracker.close()
     assert [r.getMessage() for r in caplog.records] == [

@@ -28,13 +28,13 @@ def optim(lr: float = 1e-2, micro: int = 8) -> OptimConfig:
                        aggregation=Aggregation.TOKEN_MEAN)  # fmt: skip
 
 
-def _trainer(model_dir: Path, micro: int = 8, lr: float = 1e-2, terms: LossConfig = PLAIN,
+def _trainer(model_dir: Path, *, micro: int = 8, lr: float = 1e-2, terms: LossConfig = PLAIN,
              reference: object = None, scale: ScaleConfig | None = None) -> Trainer:  # fmt: skip
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     return Trainer(model, optim(lr, micro), torch.device("cpu"), DistContext(),
-                   scale or ScaleConfig(), terms, reference=reference)  # type: ignore[arg-type]  # fmt: skip
+                   scale=scale or ScaleConfig(), loss=terms, reference=reference)  # type: ignore[arg-type]  # fmt: skip
 
 
 def _with_behaviour(

@@ -50,7 +50,9 @@ def main(out: Path, model: Path) -> None:
     prepared = prepare_batch(groups, BatchRules(), 0)
 
     def step(n: int) -> None:
-        tracker.step(StepRecord.measure(n, n, 1, prepared, None, 0.5, 0.0), groups, prepared)
+        tracker.step(
+            StepRecord.measure(n, n, 1, prepared, None, wait_s=0.5, push_s=0.0), groups, prepared
+        )
 
     step(1)
     kill_wandb_core()

@@ -218,7 +218,7 @@ def test_recorded_console_has_marks_without_colour(codec):
     again = decode(encode(group))  # what a reader gets off the wire
     assert isinstance(again, TrajectoryGroup)
     view = build_view(
-        again, "1-0", "here", BatchRules(), lambda ids: codec.decode(ids, skip_special=False)
+        again, "1-0", "here", BatchRules(), decode=lambda ids: codec.decode(ids, skip_special=False)
     )
     console = Console(record=True, width=160, color_system=None, file=io.StringIO())
     render(view, console)
@@ -243,7 +243,7 @@ def test_first_token_of_a_sequence_is_not_trained(codec):
         "1-0",
         "here",
         BatchRules(),
-        lambda ids: codec.decode(ids, skip_special=False),
+        decode=lambda ids: codec.decode(ids, skip_special=False),
     )
     spans = view.episodes[1].turns[0].completion
     assert [(s.trained, s.tokens) for s in spans] == [
@@ -287,7 +287,7 @@ def test_control_characters_are_written_out(codec):
     hostile = Episode((Step("what is 2+2?", "bell\x07 clear\x1b[2J osc\x1b]52;c;eA==\x07 4", 1.0),))
     group = make_group(codec, "ctl\x1b[31m", [hostile, *arithmetic("Z")[:1]])
     view = build_view(
-        group, "1-0", "here", BatchRules(), lambda ids: codec.decode(ids, skip_special=False)
+        group, "1-0", "here", BatchRules(), decode=lambda ids: codec.decode(ids, skip_special=False)
     )
     console = Console(record=True, width=200, color_system=None, file=io.StringIO())
     render(view, console)
@@ -304,7 +304,7 @@ def test_an_episode_without_turns_and_a_skipped_group(codec):
     broken = Episode((), FinishReason.ERROR, ErrorCategory.INFERENCE, detail)
     group = make_group(codec, "infra", [*arithmetic("I")[:2], broken])
     view = build_view(
-        group, "1-0", "here", BatchRules(), lambda ids: codec.decode(ids, skip_special=False)
+        group, "1-0", "here", BatchRules(), decode=lambda ids: codec.decode(ids, skip_special=False)
     )
     assert view.skipped == "infra" and not view.episodes[2].trained
     console = Console(record=True, width=200, color_system=None, file=io.StringIO())
