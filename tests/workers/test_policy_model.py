@@ -1,0 +1,87 @@
+"""Workers ask for the run's current LoRA adapter by name (real redis-server, real CPU server):
+the recorded version is the adapter's, and an unloaded adapter sends the turn to the current one."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from broker.connection import RedisSettings, connect
+from broker.keys import RunKeys
+from broker.messages import PolicyVersion
+from broker.policy import publish_policy
+from inference.adapter_sync import AdapterSync, adapter_name
+from inference.client import GenerationClient, InferenceUnavailable, SamplingParams
+from inference.config import ClientConfig, ServerConfig, WeightSyncConfig
+from inference.server import PolicyServer
+from tests.inference.lora_helpers import make_adapter, peft_logprobs
+from workers.policy_model import PolicyModel
+
+PROMPT = [5, 6, 7, 8, 9]
+PARAMS = SamplingParams(max_tokens=6, seed=3)
+
+
+@pytest.fixture
+async def server(tiny_model_dir: Path) -> AsyncIterator[PolicyServer]:
+    config = ServerConfig(model=tiny_model_dir, port=0, enable_lora=True, max_loras=2)
+    async with PolicyServer(config) as running:
+        yield running
+
+
+@pytest.fixture
+async def client(server: PolicyServer) -> AsyncIterator[GenerationClient]:
+    config = ClientConfig(retry_budget_s=1.0, backoff_initial_s=0.01)
+    async with GenerationClient([server.url], config) as running:
+        yield running
+
+
+async def test_turns_use_the_current_adapter_and_record_its_version(
+    redis_server, server: PolicyServer, client: GenerationClient, tiny_model_dir: Path, tmp_path
+) -> None:
+    redis = await connect(RedisSettings.from_url(redis_server.url))
+    keys = RunKeys("lora")
+    sync = AdapterSync([server.url], WeightSyncConfig(root_dir=tmp_path / "w"))
+    model = PolicyModel(client, redis, keys, refresh_s=3600.0)  # re-reads only when forced
+    try:
+        base = await model.generate(PROMPT, PARAMS)  # no policy published: base weights
+        assert base.weight_versions == [0] * 6  # the server's own label
+        paths = {}
+        for version in (1, 2):
+            name = adapter_name("lora", version)
+            paths[version] = make_adapter(tiny_model_dir, tmp_path / name, seed=version)
+            await sync.load(name, paths[version], version)
+            await publish_policy(redis, keys, PolicyVersion(version, version, adapter=name))
+            if version == 1:
+                # the cached policy is stale (none), so force the first read, as a refresh would
+                assert (await model.current(force=True)).name == "lora-v1"
+                gen = await model.generate(PROMPT, PARAMS)
+                assert gen.weight_versions == [1] * 6
+                ref = peft_logprobs(tiny_model_dir, paths[1], PROMPT, gen.token_ids)
+                assert float((torch.tensor(gen.logprobs) - ref).abs().max()) < 1e-4
+        await sync.unload("lora-v1")  # the learner moved on while this worker still holds v1
+        assert (await model.current()).name == "lora-v1"
+        gen = await model.generate(PROMPT, PARAMS)  # 404 on v1: re-read, same turn on v2
+        assert gen.weight_versions == [2] * 6
+        ref = peft_logprobs(tiny_model_dir, paths[2], PROMPT, gen.token_ids)
+        assert float((torch.tensor(gen.logprobs) - ref).abs().max()) < 1e-4
+        assert (await model.current()).name == "lora-v2"
+    finally:
+        await redis.aclose()
+
+
+async def test_an_adapter_no_server_has_fails_as_inference_unavailable(
+    redis_server, client: GenerationClient
+) -> None:
+    """A restarted server has lost its runtime-loaded adapters: retries end within the budget."""
+    redis = await connect(RedisSettings.from_url(redis_server.url))
+    keys = RunKeys("lost")
+    try:
+        await publish_policy(redis, keys, PolicyVersion(4, 4, adapter="lost-v4"))
+        model = PolicyModel(client, redis, keys, refresh_s=0.01, backoff_s=0.05)
+        with pytest.raises(InferenceUnavailable, match="lost-v4 is the current policy"):
+            await model.generate(PROMPT, PARAMS)
+    finally:
+        await redis.aclose()
