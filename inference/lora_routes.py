@@ -9,7 +9,9 @@ body (`Success: LoRA adapter '<name>' added successfully.`), a refusal is vLLM's
 400 for a missing name or path, a name that is the base model's, or a name already loaded
 without `load_inplace`; 404 for a path with no adapter (`Loading lora <name> failed: No adapter
 found for <path>`) and for unloading a name not loaded (`The lora adapter '<name>' cannot be
-found.`). One difference: an adapter vLLM's loader rejects (rank above `--max-lora-rank`, DoRA,
+found.`). Refusals of the registry's own checks have type `InvalidUserInput`, as in vLLM.
+Two differences: vLLM replaces file paths in error messages by `<path>`, the CPU server keeps
+them; and an adapter vLLM's loader rejects (rank above `--max-lora-rank`, DoRA,
 a bad config) is a 500 there and a 400 here, with the same message (bad input is never a 500
 on this server).
 
@@ -27,7 +29,6 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from inference.errors import EngineError
 from inference.protocol import ProtocolError, error_body
 
 
@@ -59,6 +60,11 @@ def _parse(model: type[M], body: Any) -> M:
         raise ProtocolError(f"{param}: {err['msg']}", param) from None
 
 
+def _invalid(message: str) -> web.Response:
+    """vLLM's 400 for a request its model registry refuses (type `InvalidUserInput`)."""
+    return web.json_response(error_body(message, 400, kind="InvalidUserInput"), status=400)
+
+
 def add_lora_routes(
     app: web.Application,
     key: web.AppKey,
@@ -74,11 +80,11 @@ def add_lora_routes(
         name = req.lora_name
         async with lock:
             if not name or not req.lora_path:
-                raise EngineError("Both 'lora_name' and 'lora_path' must be provided.")
+                return _invalid("Both 'lora_name' and 'lora_path' must be provided.")
             if name == state.model_name:
-                raise EngineError(f"The lora adapter '{name}' conflicts with a served base model.")
+                return _invalid(f"The lora adapter '{name}' conflicts with a served base model.")
             if not req.load_inplace and name in table.loaded:
-                raise EngineError(
+                return _invalid(
                     f"The lora adapter '{name}' has already been loaded. If you want to load "
                     "the adapter in place, set 'load_inplace' to True."
                 )
@@ -92,7 +98,7 @@ def add_lora_routes(
         name = req.lora_name
         async with lock:
             if not name:
-                raise EngineError("'lora_name' needs to be provided to unload a LoRA adapter.")
+                return _invalid("'lora_name' needs to be provided to unload a LoRA adapter.")
             if name not in table.loaded:
                 return web.json_response(
                     error_body(f"The lora adapter '{name}' cannot be found.", 404), status=404
