@@ -3,6 +3,7 @@ the recorded version is the adapter's, and an unloaded adapter sends the turn to
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -83,5 +84,35 @@ async def test_an_adapter_no_server_has_fails_as_inference_unavailable(
         model = PolicyModel(client, redis, keys, refresh_s=0.01, backoff_s=0.05)
         with pytest.raises(InferenceUnavailable, match="lost-v4 is the current policy"):
             await model.generate(PROMPT, PARAMS)
+    finally:
+        await redis.aclose()
+
+
+async def test_two_runs_on_one_server_record_their_own_adapters_and_versions(
+    redis_server, server: PolicyServer, client: GenerationClient, tiny_model_dir: Path, tmp_path
+) -> None:
+    """Two runs, each with its learner's AdapterSync and its workers' PolicyModel, share one
+    server and one client: concurrent turns of both come from their own run's adapter."""
+    redis = await connect(RedisSettings.from_url(redis_server.url))
+    try:
+        runs = {"alpha": 3, "beta": 5}  # each run's current version
+        models, paths = {}, {}
+        for run, version in runs.items():
+            keys = RunKeys(run)
+            sync = AdapterSync([server.url], WeightSyncConfig(root_dir=tmp_path / run))
+            name = adapter_name(run, version)
+            paths[run] = make_adapter(tiny_model_dir, tmp_path / name, seed=version)
+            await sync.load(name, paths[run], version)
+            await publish_policy(redis, keys, PolicyVersion(version, version, adapter=name))
+            models[run] = PolicyModel(client, redis, keys)
+        order = ["alpha", "beta"] * 3
+        params = [SamplingParams(max_tokens=5, seed=i) for i in range(len(order))]
+        gens = await asyncio.gather(
+            *(models[run].generate(PROMPT, p) for run, p in zip(order, params, strict=True))
+        )
+        for run, gen in zip(order, gens, strict=True):
+            assert gen.weight_versions == [runs[run]] * 5
+            ref = peft_logprobs(tiny_model_dir, paths[run], PROMPT, gen.token_ids)
+            assert float((torch.tensor(gen.logprobs) - ref).abs().max()) < 1e-4, run
     finally:
         await redis.aclose()
