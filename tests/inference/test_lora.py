@@ -284,3 +284,19 @@ def test_adapter_names_carry_the_version() -> None:
         adapter_name("", 1)
     with pytest.raises(ValueError):
         adapter_name("r", -1)
+
+
+async def test_openai_routes_serve_adapters_by_model_name(
+    server_factory, adapters: list[Path], tmp_path: Path
+) -> None:
+    server = await server_factory(enable_lora=True)
+    await AdapterSync([server.url], sync_config(tmp_path)).load("chat-v1", adapters[0], 1)
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "seed": 1}
+    text = {"prompt": "hello", "max_tokens": 4, "seed": 1}
+    for route, body in (("/v1/chat/completions", chat), ("/v1/completions", text)):
+        status, out = await call(server.url + route, body | {"model": "chat-v1"})
+        assert (status, out["model"]) == (200, "chat-v1"), out
+        status, out = await call(server.url + route, body | {"model": "chat-v9"})
+        assert (status, out["error"]["type"]) == (404, "NotFoundError"), out
+        status, out = await call(server.url + route, body)  # no model: the base
+        assert (status, out["model"]) == (200, server.state.model_name), out
