@@ -132,8 +132,11 @@ class AdapterSync(_ControlClient):
             )
         failures = {u: r for u, r in zip(self.urls, reasons, strict=True) if r}
         if failures:
+            version = adapter_version(name)
             raise WeightSyncError(
-                adapter_version(name) or -1, failures, f"adapter {name} not unloaded everywhere"
+                -1 if version is None else version,
+                failures,
+                f"adapter {name} not unloaded everywhere",
             )
 
     async def close(self) -> None:

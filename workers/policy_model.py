@@ -7,7 +7,8 @@ request goes out with `model=<adapter>` and every token is recorded with that ve
 adapter name `<run>-vN` is loaded once and never replaced, so its tokens are exactly version N
 (vLLM's own `weight_versions` label is engine-wide and cannot say which adapter). With no
 adapter (full-weight runs, or no policy published yet) the request is unchanged and the
-server's labels are recorded as before.
+server's labels are recorded as before. A policy that cannot be read (Redis unavailable, an
+entry this worker cannot decode) keeps the adapter read last, with a warning.
 
 An adapter can be unloaded between the read and the request (the learner keeps only the last
 few loaded; vLLM's unload lets running requests finish but answers 404 to new ones). On
@@ -21,10 +22,12 @@ push), it retries with backoff within the client's `retry_budget_s`, then raises
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from broker.errors import DecodeError, RedisUnavailable
 from broker.keys import RunKeys
 from broker.policy import current_policy
 from inference.client import (
@@ -35,6 +38,8 @@ from inference.client import (
     SamplingParams,
     ServedAdapter,
 )
+
+log = logging.getLogger(__name__)
 
 
 class PolicyModel:
@@ -66,7 +71,13 @@ class PolicyModel:
         async with self._lock:
             if self._read_at >= asked:  # another episode read it while this one waited
                 return self._adapter
-            policy = await current_policy(self._redis, self._keys)
+            try:
+                policy = await current_policy(self._redis, self._keys)
+            except (RedisUnavailable, DecodeError) as exc:
+                # keep generating with what was read last; the next refresh tries again
+                log.warning("policy not re-read, keeping adapter %s: %s", self._adapter, exc)
+                self._read_at = time.monotonic()
+                return self._adapter
             self._read_at = time.monotonic()
             self._adapter = (
                 ServedAdapter(policy.adapter, policy.version)

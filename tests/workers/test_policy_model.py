@@ -116,3 +116,23 @@ async def test_two_runs_on_one_server_record_their_own_adapters_and_versions(
             assert float((torch.tensor(gen.logprobs) - ref).abs().max()) < 1e-4, run
     finally:
         await redis.aclose()
+
+
+async def test_an_unreadable_policy_keeps_the_adapter_read_last(
+    redis_server, server: PolicyServer, client: GenerationClient, tiny_model_dir: Path, tmp_path
+) -> None:
+    redis = await connect(RedisSettings.from_url(redis_server.url))
+    keys = RunKeys("odd")
+    try:
+        sync = AdapterSync([server.url], WeightSyncConfig(root_dir=tmp_path / "w"))
+        await sync.load("odd-v1", make_adapter(tiny_model_dir, tmp_path / "a", seed=1), 1)
+        await publish_policy(redis, keys, PolicyVersion(1, 1, adapter="odd-v1"))
+        model = PolicyModel(client, redis, keys, refresh_s=0.01)
+        assert (await model.current()).name == "odd-v1"
+        # a policy entry from a newer schema than this worker knows
+        await redis.hset(keys.policy_version, mapping={b"k": b"policy", b"v": b"99", b"b": b""})
+        await asyncio.sleep(0.02)
+        assert (await model.current(force=True)).name == "odd-v1"
+        assert (await model.generate(PROMPT, PARAMS)).weight_versions == [1] * 6
+    finally:
+        await redis.aclose()
