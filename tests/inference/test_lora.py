@@ -4,6 +4,8 @@ peft's, the errors, and the adapter-sync client that pushes and verifies adapter
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -300,3 +302,23 @@ async def test_openai_routes_serve_adapters_by_model_name(
         assert (status, out["error"]["type"]) == (404, "NotFoundError"), out
         status, out = await call(server.url + route, body)  # no model: the base
         assert (status, out["model"]) == (200, server.state.model_name), out
+
+
+@pytest.mark.slow
+async def test_the_cli_flags_enable_lora_in_a_real_process(
+    process_factory, model_dir: Path, adapters: list[Path], tmp_path: Path
+) -> None:
+    (server,) = process_factory(extra=["--enable-lora", "--max-loras", "2", "--max-lora-rank", "8"])
+    sync = AdapterSync([server.url], sync_config(tmp_path))
+    await sync.load("cli-v1", adapters[0], 1)
+    assert max_error(await generate(server.url, "cli-v1"), model_dir, adapters[0]) < 1e-4
+    big = make_adapter(model_dir, tmp_path / "big", seed=9, r=16)
+    with pytest.raises(WeightSyncError, match="LoRA rank 16 is greater than max_lora_rank 8"):
+        await sync.load("cli-v2", big, 2)
+    bad = subprocess.run(
+        [sys.executable, "-m", "inference", "--model", str(model_dir), "--max-lora-rank", "4"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "max_lora_rank must be one of" in bad.stderr
