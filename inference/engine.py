@@ -8,7 +8,10 @@ forward passes. Each sequence keeps its own KV tensors; a step left-pads them in
 batch together and each row computes exactly what a lone forward pass would. A new sequence
 first takes the KV of its prompt's longest cached prefix from the `PrefixCache` and prefills
 only the rest; prefilled and finished sequences give their full blocks back to the cache, which
-is cleared whenever the weights change. Forward passes run
+is cleared whenever the weights change. With LoRA enabled (`inference.lora`), a step runs one
+forward pass per adapter among its sequences, with that adapter's hooks active; prefix-cache keys
+are salted per adapter load, and at most `max_loras` adapters are in the running batch at once
+(a request of a further one waits, as in vLLM). Forward passes run
 in a worker thread under `_lock`, which is also what pause and weight reload take, so weights
 never change in the middle of a step. Invariants: every submitted request's future resolves
 exactly once (tokens, an abort, or an error); tokens carry the weight version that sampled them.
