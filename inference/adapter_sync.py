@@ -7,7 +7,8 @@ needs `--enable-lora`, `--max-lora-rank`, `--max-loras` and `VLLM_ALLOW_RUNTIME_
 - `load(name, path, version)`: `POST /v1/load_lora_adapter {"lora_name", "lora_path"}` on every
   server at once (no pause: generation under other adapters and the base goes on), then
   `GET /v1/models` on every server must list `name` with `root` equal to `path`; otherwise
-  `WeightSyncError` (the file push's error) names each server that does not serve it. A
+  `WeightSyncError` (the file push's error) names each server that does not serve it, and
+  `farm_weight_sync_served_version{server}` is set to the version where it does. A
   connection error or 5xx is retried `attempts` times; a 4xx is the request's fault and is not.
   A 400 "already been loaded" (a retry whose first answer was lost) counts only if the check
   then finds the same path under the name.
@@ -103,7 +104,10 @@ class AdapterSync(_ControlClient):
                     failures[url] = str(exc)
                     continue
                 roots = _adapter_roots(listing)
-                if roots.get(name) != path:
+                if roots.get(name) == path:
+                    # this run's served version, as the file push sets it (alerts compare it)
+                    metrics.SYNC_SERVED_VERSION.labels(server=url).set(version)
+                else:
                     failures[url] = (
                         f"does not serve adapter {name!r} from {path}"
                         if name not in roots

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 import torch
+from prometheus_client import REGISTRY
 
 from inference.adapter_sync import AdapterSync, adapter_name, adapter_version
 from inference.config import ServerConfig, WeightSyncConfig
@@ -268,6 +269,8 @@ async def test_adapter_sync_verifies_every_server_and_names_the_version(
     with pytest.raises(WeightSyncError) as err:
         await sync.load("r-v4", adapters[0], 4)
     assert set(err.value.failures) == {other.url}
+    served = REGISTRY.get_sample_value("farm_weight_sync_served_version", {"server": good.url})
+    assert served == 4  # the gauge the stale-weights alert reads, set where it was verified
     assert f"from {adapters[1]}, not {adapters[0]}" in err.value.failures[other.url]
     assert err.value.version == 4
     with pytest.raises(ValueError, match="does not carry version 5"):
