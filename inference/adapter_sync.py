@@ -10,8 +10,9 @@ needs `--enable-lora`, `--max-lora-rank`, `--max-loras` and `VLLM_ALLOW_RUNTIME_
   `WeightSyncError` (the file push's error) names each server that does not serve it, and
   `farm_weight_sync_served_version{server}` is set to the version where it does. A
   connection error or 5xx is retried `attempts` times; a 4xx is the request's fault and is not.
-  A 400 "already been loaded" (a retry whose first answer was lost) counts only if the check
-  then finds the same path under the name.
+  A 400 "already been loaded" (a retry whose first answer was lost, or a learner that resumed
+  and pushes its checkpoint's version again) counts only if the check then finds the same path
+  under the name: write version N's adapter at one fixed path (say `<root_dir>/<run>-vN`).
 - `unload(name)`: `POST /v1/unload_lora_adapter {"lora_name"}` on every server; a 404 (not
   loaded there) is already the wanted end state.
 
