@@ -325,3 +325,21 @@ async def test_the_cli_flags_enable_lora_in_a_real_process(
         timeout=60,
     )
     assert bad.returncode == 2 and "max_lora_rank must be one of" in bad.stderr
+
+
+async def test_rslora_and_per_module_rank_and_alpha_equal_peft(
+    server_factory, model_dir: Path, tmp_path: Path
+) -> None:
+    """The scaling peft uses per module: alpha/sqrt(r) with rsLoRA, rank_pattern, alpha_pattern."""
+    server = await server_factory(enable_lora=True)
+    sync = AdapterSync([server.url], sync_config(tmp_path))
+    adapter = make_adapter(
+        model_dir,
+        tmp_path / "patterned",
+        seed=11,
+        use_rslora=True,
+        rank_pattern={"v_proj": 8},
+        alpha_pattern={"down_proj": 3},
+    )
+    await sync.load("pat-v1", adapter, 1)
+    assert max_error(await generate(server.url, "pat-v1"), model_dir, adapter) < 1e-4
