@@ -192,6 +192,8 @@ async def test_bad_loads_get_clear_errors_and_the_server_keeps_serving(
     (bad_json / "adapter_config.json").write_text("{not json")
     no_weights = make_adapter(model_dir, tmp_path / "no_weights", seed=7)
     (no_weights / "adapter_model.safetensors").unlink()
+    torn = make_adapter(model_dir, tmp_path / "torn", seed=7)
+    (torn / "adapter_model.safetensors").write_bytes(b"\x10\x00\x00\x00not safetensors")
     wrong_model = make_adapter(model_dir, tmp_path / "wrong", seed=8, targets=("q_proj",))
     # its tensors renamed to a layer this model does not have
     from safetensors.torch import load_file, save_file
@@ -215,6 +217,7 @@ async def test_bad_loads_get_clear_errors_and_the_server_keeps_serving(
         ({"lora_name": "y", "lora_path": str(no_r)}, 400, "Missing required configuration"),
         ({"lora_name": "y", "lora_path": str(bad_json)}, 400, "is not valid JSON"),
         ({"lora_name": "y", "lora_path": str(no_weights)}, 400, "has no adapter_model"),
+        ({"lora_name": "y", "lora_path": str(torn)}, 400, "is unreadable"),
         ({"lora_name": "y", "lora_path": str(wrong_model)}, 400, "not a linear layer here"),
         ({"lora_name": base, "lora_path": str(adapters[1])}, 400, "conflicts with a served base"),
         ({"lora_name": "", "lora_path": str(adapters[1])}, 400, "Both 'lora_name' and"),
