@@ -250,10 +250,17 @@ def _group_from_v1(v: list[Any]) -> TrajectoryGroup:
 
 
 def _policy_to(p: PolicyVersion) -> list[Any]:
-    return [p.version, p.step, list(p.servers), p.weights_path, p.created_at]
+    return [p.version, p.step, list(p.servers), p.weights_path, p.created_at, p.adapter]
 
 
 def _policy_from(v: list[Any]) -> PolicyVersion:
+    if len(v) != 6:
+        raise ValueError(f"a schema-2 policy version has 6 fields, got {len(v)}")
+    return _policy_from_v1(v[:5], adapter=v[5])
+
+
+def _policy_from_v1(v: list[Any], adapter: str = "") -> PolicyVersion:
+    """Schema 1 had no adapter: it always meant full weights."""
     version, step, servers, weights_path, created_at = v
     return PolicyVersion(
         version=version,
@@ -261,6 +268,7 @@ def _policy_from(v: list[Any]) -> PolicyVersion:
         servers=tuple(servers),
         weights_path=weights_path,
         created_at=created_at,
+        adapter=adapter,
     )
 
 
@@ -309,6 +317,7 @@ _OLDER: dict[tuple[str, int], Any] = {
         v, lambda t: _traj_from(t, _turn_from_v3), _task_from_v1
     ),
     (TrajectoryGroup.KIND, 4): lambda v: _group_from(v, task_from=_task_from_v1),
+    (PolicyVersion.KIND, 1): _policy_from_v1,
 }
 
 

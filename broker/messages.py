@@ -311,13 +311,16 @@ class PolicyVersion:
     """A weight version the learner has pushed and every server has confirmed."""
 
     KIND: ClassVar[str] = "policy"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
 
     version: int  # monotonically increasing, starts at 0 for the initial weights
     step: int  # learner optimizer step that produced it
     servers: tuple[str, ...] = ()  # inference servers verified to serve this version
-    weights_path: str = ""  # where the weights were written ("" for NCCL pushes)
+    weights_path: str = ""  # where the weights (or the adapter) were written ("" for NCCL)
     created_at: float = field(default_factory=time.time)
+    # the served LoRA adapter name (`<run>-v<N>`) that workers put in `model`; "" means the
+    # version is full weights, served under the server's base model name (schema 1 has none)
+    adapter: str = ""
 
 
 @dataclass(frozen=True)

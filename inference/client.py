@@ -5,7 +5,8 @@ Routing: a request with a `session_id` goes to the server that served that sessi
 otherwise to the healthy server with the fewest outstanding requests. A connection error, a
 timeout or a 5xx/408/429 marks the server unhealthy and the call moves to another server after a
 capped exponential backoff, until `retry_budget_s` is spent (then `InferenceUnavailable`). A 4xx
-is the request's fault and raises `InferenceRequestError` at once. A generation cut short by a
+is the request's fault and raises `InferenceRequestError` at once (`AdapterNotServed` when the
+request named a LoRA adapter and the server answered 404: it was unloaded, or never loaded). A generation cut short by a
 server pause in `abort` mode (finish reason `abort`) is continued with the tokens so far appended
 to the prompt, so callers get whole generations whose per-token weight versions show the switch.
 Cancelling `generate()` closes the HTTP request, and the server aborts the sequence. A background
@@ -29,6 +30,7 @@ from broker.messages import GREEDY_EPS, Sampling
 from inference import metrics
 from inference.config import ClientConfig
 from inference.errors import (
+    AdapterNotServed,
     InferenceError,
     InferenceRequestError,
     InferenceUnavailable,
@@ -37,12 +39,14 @@ from inference.errors import (
 from inference.http import HttpClient
 
 __all__ = [
+    "AdapterNotServed",
     "ClientConfig",
     "Generation",
     "GenerationClient",
     "InferenceRequestError",
     "InferenceUnavailable",
     "SamplingParams",
+    "ServedAdapter",
 ]
 
 
@@ -79,6 +83,14 @@ class SamplingParams:
             return Sampling(self.temperature, allowed_token_ids=self.allowed_token_ids)
         return Sampling(self.temperature, self.top_k, self.top_p, self.min_p,
                         self.allowed_token_ids)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ServedAdapter:
+    """A LoRA adapter to generate with: its served name and the weight version it holds."""
+
+    name: str  # the `model` of the request, `<run>-v<version>`
+    version: int  # recorded on every token it generates
 
 
 @dataclass(frozen=True)
@@ -197,9 +209,14 @@ class GenerationClient:
         return self._sticky.get(session_id)
 
     async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, session_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        session_id: str | None = None,
+        adapter: ServedAdapter | None = None,
     ) -> Generation:
-        """Generate from `prompt_ids`; raises InferenceUnavailable / InferenceRequestError."""
+        """Generate from `prompt_ids`, with a LoRA `adapter` when given; raises
+        InferenceUnavailable / InferenceRequestError (AdapterNotServed: no server knows it)."""
         if self._http is None or self._closed:
             raise InferenceError("client is not started (or already closed)")
         deadline = time.monotonic() + self.config.retry_budget_s
@@ -216,11 +233,15 @@ class GenerationClient:
                 )
             server = self._pick(session_id, excluded)
             prompt = [*prompt_ids, *tokens] if tokens else prompt_ids
-            body = self._body(prompt, params, params.max_tokens - len(tokens))
+            body = self._body(prompt, params, params.max_tokens - len(tokens), adapter)
             try:
                 choice = await self._call(
                     server, body, min(self.config.request_timeout_s, remaining)
                 )
+            except InferenceRequestError as exc:
+                if adapter is not None and exc.status == 404:
+                    raise AdapterNotServed(adapter.name, exc.message) from None
+                raise
             except _Retryable as exc:
                 last_error, last_status = f"{server.url}: {exc}", exc.status
                 self._mark_failed(server, session_id, excluded)
@@ -232,7 +253,10 @@ class GenerationClient:
             new = choice["token_ids"]
             tokens += new
             logprobs += choice["logprobs"]["token_logprobs"]
-            versions += expand_versions(choice["weight_versions"], len(new))
+            spans = expand_versions(choice["weight_versions"], len(new))
+            # vLLM labels every token with its one engine-wide version, whatever the adapter:
+            # an adapter's tokens come from the version its name carries (never reloaded)
+            versions += [adapter.version] * len(new) if adapter is not None else spans
             finish = choice["finish_reason"]
             if (
                 finish == "abort"
@@ -244,7 +268,11 @@ class GenerationClient:
             return Generation(tokens, logprobs, versions, finish, server.url)
 
     def _body(
-        self, prompt: Sequence[int], params: SamplingParams, max_tokens: int
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        max_tokens: int,
+        adapter: ServedAdapter | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "prompt": prompt,
@@ -263,7 +291,9 @@ class GenerationClient:
             "return_weight_versions": True,
             "stop_token_ids": list(params.stop_token_ids),
         }
-        if self.config.served_model_name is not None:
+        if adapter is not None:
+            body["model"] = adapter.name
+        elif self.config.served_model_name is not None:
             body["model"] = self.config.served_model_name
         if params.seed is not None:
             body["seed"] = params.seed

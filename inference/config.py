@@ -12,10 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from inference.errors import ConfigError
 from launch.settings import LogLevel, RoleConfig
+
+# vLLM 0.33's `MaxLoRARanks`: the values `--max-lora-rank` accepts.
+MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 class ServerConfig(RoleConfig):
@@ -66,7 +69,26 @@ class ServerConfig(RoleConfig):
         le=3600,
         description="limit on forming the weight-transfer group and on each tensor's broadcast",
     )
+    enable_lora: bool = Field(
+        False,
+        description="serve LoRA adapters: the /v1/load_lora_adapter and /v1/unload_lora_adapter "
+        "routes, and adapter names as `model` (vLLM: --enable-lora with "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)",
+    )
+    max_loras: int = Field(
+        1, ge=1, le=1024, description="most distinct LoRA adapters in one batch (vLLM's default 1)"
+    )
+    max_lora_rank: int = Field(
+        16, description=f"largest adapter rank accepted, one of {MAX_LORA_RANKS} (as vLLM)"
+    )
     log_level: LogLevel = Field("INFO", description="log level")
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _vllm_rank(cls, value: int) -> int:
+        if value not in MAX_LORA_RANKS:
+            raise ValueError(f"max_lora_rank must be one of {MAX_LORA_RANKS} (vLLM's choices)")
+        return value
 
 
 def load_server_config(cli: dict[str, Any], toml_path: Path | None = None) -> ServerConfig:

@@ -8,7 +8,10 @@ forward passes. Each sequence keeps its own KV tensors; a step left-pads them in
 batch together and each row computes exactly what a lone forward pass would. A new sequence
 first takes the KV of its prompt's longest cached prefix from the `PrefixCache` and prefills
 only the rest; prefilled and finished sequences give their full blocks back to the cache, which
-is cleared whenever the weights change. Forward passes run
+is cleared whenever the weights change. With LoRA enabled (`inference.lora`), a step runs one
+forward pass per adapter among its sequences, with that adapter's hooks active; prefix-cache keys
+are salted per adapter load, and at most `max_loras` adapters are in the running batch at once
+(a request of a further one waits, as in vLLM). Forward passes run
 in a worker thread under `_lock`, which is also what pause and weight reload take, so weights
 never change in the middle of a step. Invariants: every submitted request's future resolves
 exactly once (tokens, an abort, or an error); tokens carry the weight version that sampled them.
@@ -17,6 +20,7 @@ exactly once (tokens, an abort, or an error); tokens carry the weight version th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import time
@@ -29,6 +33,7 @@ from transformers import DynamicCache
 
 from inference import metrics
 from inference.errors import EngineError
+from inference.lora import AdapterTable, LoraAdapter
 from inference.prefix_cache import PrefixCache
 from inference.sampling import sample_rows
 from inference.sequence import GenRequest, Sequence
@@ -61,8 +66,10 @@ class Engine:
         batch_window_s: float,
         version: str,
         prefix_cache: PrefixCache | None = None,
+        lora: AdapterTable | None = None,
     ) -> None:
         self.model = model.eval()
+        self.lora = lora  # None: LoRA not enabled
         # transformers 5.24 renamed forward's `past_key_values` to `cache` (the old name warns)
         self._cache_arg = ("cache" if "cache" in inspect.signature(model.forward).parameters
                            else "past_key_values")  # fmt: skip
@@ -168,6 +175,13 @@ class Engine:
             await asyncio.to_thread(copy_weights, self.model, tensors, complete)
             self.prefix_cache.clear()  # its KV came from the old weights
 
+    async def add_adapter(self, adapter: LoraAdapter) -> None:
+        """Serve a LoRA adapter under its name; between steps (its hooks go on the model)."""
+        if self.lora is None:
+            raise EngineError("LoRA is not enabled on this server (start it with enable_lora)")
+        async with self._lock:
+            self.lora.add(adapter)
+
     async def reset_prefix_cache(self) -> None:
         """Drop every cached block; between steps, so no forward pass is using the cache."""
         async with self._lock:
@@ -189,12 +203,22 @@ class Engine:
 
     def _admit(self) -> None:
         busy = sum(len(r.seqs) for r in self._running)
+        adapters = {r.adapter for r in self._running if r.adapter is not None}
+        max_loras = self.lora.max_loras if self.lora is not None else 0
+        skipped: list[GenRequest] = []
         while self._waiting and (
             not self._running or busy + len(self._waiting[0].seqs) <= self.max_batch
         ):
             request = self._waiting.popleft()
+            new = request.adapter is not None and request.adapter not in adapters
+            if new and self._running and len(adapters) >= max_loras:
+                skipped.append(request)  # as vLLM: waits until a LoRA slot frees, others go on
+                continue
+            if new:
+                adapters.add(request.adapter)
             self._running.append(request)
             busy += len(request.seqs)
+        self._waiting.extendleft(reversed(skipped))
 
     async def _step(self) -> None:
         live = [s for r in self._running for s in r.seqs if s.finish_reason is None]
@@ -253,13 +277,15 @@ class Engine:
         if seq.kv is not None:
             cache = self.prefix_cache
             past = seq.past_len
-            keys = cache.keys(seq.prompt + seq.tokens[: past - len(seq.prompt)], past)
+            history = seq.prompt + seq.tokens[: past - len(seq.prompt)]
+            keys = cache.keys(history, past, seq.cache_salt)
             cache.insert(keys, seq.kv, seq.cache_epoch)
         seq.drop_kv()
 
     # --- worker-thread side ----------------------------------------------------------------
     def _plan(self, live: list[Sequence]) -> list[list[Sequence]]:
-        """Attach cached prefixes to new sequences and split prefills from decodes.
+        """Attach cached prefixes to new sequences; split prefills from decodes, and by adapter
+        (a forward pass applies one LoRA, or none).
 
         A new sequence whose next uncached block another sequence prefills in this very step
         waits one step and then takes that block from the cache (a shared system prompt is
@@ -271,7 +297,12 @@ class Engine:
             if seq.kv is None and not self._attach_prefix(seq, computing):
                 continue
             (prefill if seq.kv is None or len(seq.pending) > 1 else decode).append(seq)
-        return [group for group in (prefill, decode) if group]
+        groups: dict[tuple[bool, int], list[Sequence]] = {}
+        for is_prefill, seqs in ((True, prefill), (False, decode)):
+            for seq in seqs:
+                load_id = seq.adapter.load_id if seq.adapter is not None else 0
+                groups.setdefault((is_prefill, load_id), []).append(seq)
+        return list(groups.values())
 
     def _attach_prefix(self, seq: Sequence, computing: set[bytes]) -> bool:
         """Give `seq` the KV of its longest cached prefix; False to defer it a step.
@@ -284,7 +315,7 @@ class Engine:
         if not cache.enabled:
             return True
         history = seq.pending
-        seq.prompt_keys = cache.keys(history, len(history))
+        seq.prompt_keys = cache.keys(history, len(history), seq.cache_salt)
         usable = seq.prompt_keys[: (len(history) - 1) // cache.block_size]  # >= 1 to prefill
         hit, kv = cache.match(usable)
         if hit < len(usable) and usable[hit] in computing:
@@ -329,20 +360,26 @@ class Engine:
             mask[i, past + width - n :] = 1
             positions[i, width - n :] = torch.arange(p, p + n)
         cache = self._padded_cache(group, past)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            **{self._cache_arg: cache},
-            logits_to_keep=1,
-        )
+        with self._applied(group[0].adapter):
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **{self._cache_arg: cache},
+                logits_to_keep=1,
+            )
         for i, seq in enumerate(group):
             n = len(seq.pending)
             seq.extend_kv(
                 [(layer.keys[i, :, -n:], layer.values[i, :, -n:]) for layer in cache.layers]
             )
         return out.logits[:, -1, :]
+
+    def _applied(self, adapter: LoraAdapter | None) -> contextlib.AbstractContextManager[None]:
+        if self.lora is None:
+            return contextlib.nullcontext()
+        return self.lora.hooks.using(adapter)
 
     def _padded_cache(self, group: list[Sequence], past: int) -> DynamicCache:
         if past == 0:

@@ -4,6 +4,7 @@
     ├── ConfigError            the server's configuration is invalid (every problem listed)
     ├── InferenceUnavailable   no server answered within the client's retry budget
     ├── InferenceRequestError  a server rejected the request itself (HTTP 4xx); not retried
+    │   └── AdapterNotServed   the LoRA adapter named as `model` is not loaded (HTTP 404)
     ├── WeightSyncError        a weight push was not taken or not verified on every server
     └── EngineError            the CPU engine refused an operation (bad weights, bad state)
 
@@ -43,6 +44,15 @@ class InferenceRequestError(InferenceError):
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
         self.message = message
+
+
+class AdapterNotServed(InferenceRequestError):
+    """The server answered 404 for a LoRA adapter name: unloaded (a newer version replaced it)
+    or never loaded there (a restarted server has no runtime-loaded adapters)."""
+
+    def __init__(self, adapter: str, message: str) -> None:
+        super().__init__(404, message)
+        self.adapter = adapter
 
 
 class WeightSyncError(InferenceError):

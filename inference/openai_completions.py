@@ -28,6 +28,7 @@ from inference.openai_routes import (
     close_stream,
     count_usage,
     generated,
+    served_name,
     token_namer,
     validate,
 )
@@ -84,7 +85,7 @@ async def text_completions(request: web.Request, body: Any) -> web.StreamRespons
     state = request.app[SERVER]
     renderer = request.app[RENDERER]
     req: TextCompletionRequest = validate(TextCompletionRequest, body)
-    check_model(req.model, state.model_name)
+    adapter = check_model(req.model, state)
     fmt = OutputFormat(
         token_text=token_namer(renderer, req.return_tokens_as_token_ids),
         logprobs=req.logprobs is not None,
@@ -99,7 +100,13 @@ async def text_completions(request: web.Request, body: Any) -> web.StreamRespons
         stops, skip = req.stop_strings(), req.skip_special_tokens
         gens.append(
             WatchedRequest(
-                prompt, params, renderer, stop=stops, skip_special_tokens=skip, progress=progress
+                prompt,
+                params,
+                renderer,
+                stop=stops,
+                skip_special_tokens=skip,
+                progress=progress,
+                adapter=adapter,
             )
         )
     if req.stream:
@@ -109,7 +116,7 @@ async def text_completions(request: web.Request, body: Any) -> web.StreamRespons
     choices = [_choice(i, text.text, seq, 0, fmt, final=True) for i, (seq, text) in enumerate(rows)]
     prompt_tokens = sum(len(g.seqs[0].prompt) for g in gens)
     counts = usage(prompt_tokens, sum(len(seq.tokens) for seq, _ in rows))
-    answer = CompletionResponse(model=state.model_name, choices=choices, usage=counts)
+    answer = CompletionResponse(model=served_name(gens[0], state), choices=choices, usage=counts)
     return web.json_response(text=answer.model_dump_json())
 
 
@@ -120,7 +127,7 @@ async def _stream(
     gens: list[WatchedRequest],
     fmt: OutputFormat,
 ) -> web.StreamResponse:
-    head = StreamHead(state.model_name, kind="text_completion")
+    head = StreamHead(served_name(gens[0], state), kind="text_completion")
     rows = [(seq, text) for gen in gens for seq, text in zip(gen.seqs, gen.texts, strict=True)]
     sent = [0] * len(rows)
     closed = [False] * len(rows)

@@ -15,6 +15,7 @@ import asyncio
 from collections.abc import Sequence
 
 from inference.engine import Engine
+from inference.lora import LoraAdapter
 from inference.openai.errors import ApiError
 from inference.openai.models import SamplingFields
 from inference.openai.render import TokenizerRenderer
@@ -66,8 +67,9 @@ class WatchedRequest(GenRequest):
         stop: tuple[str, ...],
         skip_special_tokens: bool,
         progress: asyncio.Event,
+        adapter: LoraAdapter | None = None,
     ) -> None:
-        super().__init__(prompt, params)
+        super().__init__(prompt, params, adapter)
 
         def decode(ids: Sequence[int]) -> str:
             return renderer.decode(ids, skip_special_tokens=skip_special_tokens)

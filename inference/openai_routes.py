@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from inference.lora import LoraAdapter
 from inference.openai.errors import ApiError, from_validation, model_not_found
 from inference.openai.models import (
     ChatCompletionRequest,
@@ -47,7 +48,7 @@ from inference.openai.sse import SSE_DONE, open_event_stream, sse_event
 from inference.openai.stream import ChatChoiceStream
 from inference.openai.tools import ParsedMessage, extract_tool_calls
 from inference.openai_generate import WatchedRequest, abort_all, check_ids, gen_params, generate
-from inference.sequence import Sequence
+from inference.sequence import GenRequest, Sequence
 
 if TYPE_CHECKING:
     from inference.engine import Engine
@@ -101,9 +102,19 @@ def validate(model: type[BaseModel], body: Any) -> Any:
         raise from_validation(exc) from None
 
 
-def check_model(name: str | None, served: str) -> None:
-    if name is not None and name != served:
+def check_model(name: str | None, state: Any) -> LoraAdapter | None:
+    """The LoRA adapter `name` asks for (None: the base model); 404 for a name not served."""
+    if name is None or name == state.model_name:
+        return None
+    adapter = state.adapter(name)
+    if adapter is None:
         raise model_not_found(name)
+    return adapter
+
+
+def served_name(gen: GenRequest, state: Any) -> str:
+    """The `model` of a response: the adapter's name when one generated it (as vLLM)."""
+    return gen.adapter.name if gen.adapter is not None else state.model_name
 
 
 def token_namer(renderer: TokenizerRenderer, as_ids: bool | None) -> Callable[[int], str]:
@@ -166,18 +177,24 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[SERVER]
     renderer = request.app[RENDERER]
     req: ChatCompletionRequest = validate(ChatCompletionRequest, await read_body(request))
-    check_model(req.model, state.model_name)
+    adapter = check_model(req.model, state)
     prompt = render_chat_request(renderer, req)
     fmt = _chat_format(req, renderer)
     params = gen_params(req, len(prompt), state.limits, req.output_limit(), fmt.top_logprobs)
     stops, skip = req.stop_strings(), req.skip_special_tokens
     gen = WatchedRequest(
-        prompt, params, renderer, stop=stops, skip_special_tokens=skip, progress=asyncio.Event()
+        prompt,
+        params,
+        renderer,
+        stop=stops,
+        skip_special_tokens=skip,
+        progress=asyncio.Event(),
+        adapter=adapter,
     )
     if req.stream:
         return await stream_chat(request, state, req, gen, fmt)
     await generate(state.engine, [gen])
-    body = chat_response(req, gen, state.model_name, fmt)
+    body = chat_response(req, gen, served_name(gen, state), fmt)
     return web.json_response(text=body.model_dump_json())
 
 
@@ -189,7 +206,7 @@ async def stream_chat(
     fmt: OutputFormat,
 ) -> web.StreamResponse:
     """Send the choices as chat.completion.chunk events while the engine generates them."""
-    head = StreamHead(state.model_name)
+    head = StreamHead(served_name(gen, state))
     streams = [ChatChoiceStream(text, req.parses_tools()) for text in gen.texts]
     state.engine.submit(gen)  # a refusal here is still a plain HTTP error, not a broken stream
     try:
@@ -263,7 +280,7 @@ async def tokenize(request: web.Request) -> web.Response:
     body = await read_body(request)
     chat = isinstance(body, dict) and "messages" in body
     req = validate(TokenizeChatRequest if chat else TokenizeCompletionRequest, body)
-    check_model(req.model, state.model_name)
+    check_model(req.model, state)
     if chat:
         if req.continue_final_message:
             raise ApiError("continue_final_message is not supported", "continue_final_message")
@@ -281,7 +298,7 @@ async def tokenize(request: web.Request) -> web.Response:
 async def detokenize(request: web.Request) -> web.Response:
     state = request.app[SERVER]
     req: DetokenizeRequest = validate(DetokenizeRequest, await read_body(request))
-    check_model(req.model, state.model_name)
+    check_model(req.model, state)
     check_ids(req.tokens, state.limits, "tokens")
     answer = DetokenizeResponse(prompt=request.app[RENDERER].decode(req.tokens))
     return web.json_response(text=answer.model_dump_json())

@@ -57,9 +57,10 @@ class PrefixCache:
     def enabled(self) -> bool:
         return self.budget_bytes > 0
 
-    def keys(self, tokens: list[int], limit: int) -> list[bytes]:
-        """Chained keys of the full blocks of `tokens[:limit]`."""
-        out, parent = [], b""
+    def keys(self, tokens: list[int], limit: int, salt: bytes = b"") -> list[bytes]:
+        """Chained keys of the full blocks of `tokens[:limit]`; `salt` (a LoRA adapter's)
+        starts the chain, so blocks computed under different weights never match."""
+        out, parent = [], salt
         size = self.block_size
         for end in range(size, min(limit, len(tokens)) + 1, size):
             digest = hashlib.blake2b(parent, digest_size=16)

@@ -222,9 +222,11 @@ def completion_response(
     }
 
 
-def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
-    """vLLM's ErrorResponse shape."""
-    kind = {
+def error_body(
+    message: str, status: int, param: str | None = None, kind: str | None = None
+) -> dict[str, Any]:
+    """vLLM's ErrorResponse shape; `kind` overrides the type the status implies."""
+    types = {
         400: "BadRequestError",
         401: "Unauthorized",
         404: "NotFoundError",
@@ -234,7 +236,7 @@ def error_body(message: str, status: int, param: str | None = None) -> dict[str,
     return {
         "error": {
             "message": message,
-            "type": kind.get(status, "InternalServerError"),
+            "type": kind or types.get(status, "InternalServerError"),
             "param": param,
             "code": status,
         }

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from inference.sampling import SampleSpec
+
+if TYPE_CHECKING:
+    from inference.lora import LoraAdapter
 
 
 @dataclass(frozen=True)
@@ -26,9 +30,12 @@ class GenParams:
 class Sequence:
     """One choice being generated: its tokens, reported logprobs, versions and KV cache."""
 
-    def __init__(self, prompt: list[int], params: GenParams, index: int) -> None:
+    def __init__(
+        self, prompt: list[int], params: GenParams, index: int, adapter: LoraAdapter | None = None
+    ) -> None:
         self.prompt = prompt
         self.params = params
+        self.adapter = adapter  # the LoRA applied to this sequence (None: base weights)
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
         self.tops: list[list[tuple[int, float]]] = []
@@ -44,6 +51,11 @@ class Sequence:
         if params.seed is not None:
             # Choice i of a seeded request draws from seed + i, so choices differ yet repeat.
             self.generator = torch.Generator().manual_seed(params.seed + index)
+
+    @property
+    def cache_salt(self) -> bytes:
+        """Prefix-cache keys differ per adapter load: KV depends on the weights that made it."""
+        return b"" if self.adapter is None else self.adapter.cache_salt
 
     @property
     def past_len(self) -> int:
@@ -75,8 +87,11 @@ class Sequence:
 class GenRequest:
     """A submitted completion: `n` sequences and a future resolved once all have finished."""
 
-    def __init__(self, prompt: list[int], params: GenParams) -> None:
-        self.seqs = [Sequence(prompt, params, i) for i in range(params.n)]
+    def __init__(
+        self, prompt: list[int], params: GenParams, adapter: LoraAdapter | None = None
+    ) -> None:
+        self.seqs = [Sequence(prompt, params, i, adapter) for i in range(params.n)]
+        self.adapter = adapter
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def finished(self) -> bool:

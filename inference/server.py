@@ -4,7 +4,8 @@
 Routes (shapes from vLLM's `serve/dev/rlhf`, `serve/dev/rpc` and `serve/cache` routers):
 `/v1/completions`, `/v1/models`, `/health`, `/metrics`, `/pause?mode=abort|wait|keep`, `/resume`,
 `/is_paused`, `/collective_rpc` (method `reload_weights`), `/update_weight_version`,
-`/weight_info`, `/reset_prefix_cache`, and the NCCL weight-transfer routes, whose tensors
+`/weight_info`, `/reset_prefix_cache`, with `enable_lora` the LoRA routes (`lora_routes.py`;
+a request whose `model` names a loaded adapter generates with it), and the NCCL weight-transfer routes, whose tensors
 arrive over a gloo group as vLLM's worker receives them over NCCL (see `transfer.py`). Every error is JSON in vLLM's ErrorResponse shape;
 bad input is a 4xx, never a 500. With an API key, every route except /health and /metrics
 needs `Authorization: Bearer <key>` (vLLM guards only /v1; we also guard the control routes).
@@ -30,6 +31,8 @@ from inference import metrics
 from inference.config import ServerConfig
 from inference.engine import Engine, GenRequest
 from inference.errors import EngineError
+from inference.lora import AdapterTable, LoraAdapter
+from inference.lora_routes import add_lora_routes
 from inference.openai_completions import text_completions, wants_openai_path
 from inference.openai_routes import add_openai_routes
 from inference.prefix_cache import PrefixCache
@@ -62,6 +65,10 @@ class ServerState:
         self.transfer = TransferState(timeout_s=config.weight_transfer_timeout_s)
         self.created = int(time.time())
 
+    def adapter(self, name: str) -> LoraAdapter | None:
+        """The loaded LoRA adapter served as `name`, if any."""
+        return self.engine.lora.loaded.get(name) if self.engine.lora is not None else None
+
 
 def load_engine(config: ServerConfig) -> tuple[Engine, Any, int]:
     """Load model and tokenizer from the directory; nothing is fetched from a hub."""
@@ -83,6 +90,9 @@ def load_engine(config: ServerConfig) -> tuple[Engine, Any, int]:
         batch_window_s=config.batch_window_ms / 1000,
         version=config.weight_version,
         prefix_cache=PrefixCache(int(config.kv_cache_mb * 2**20)),
+        lora=AdapterTable(model, config.max_lora_rank, config.max_loras)
+        if config.enable_lora
+        else None,
     )
     return engine, tokenizer, model.config.vocab_size
 
@@ -151,11 +161,14 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if wants_openai_path(body):  # text prompts, batches, stop strings, streaming
         return await text_completions(request, body)
     req, prompt, params = parse_completion(body, state.limits)
+    adapter = None
     if req.model is not None and req.model != state.model_name:
-        return web.json_response(
-            error_body(f"The model `{req.model}` does not exist.", 404, "model"), status=404
-        )
-    gen = GenRequest(prompt, params)
+        adapter = state.adapter(req.model)
+        if adapter is None:
+            return web.json_response(
+                error_body(f"The model `{req.model}` does not exist.", 404, "model"), status=404
+            )
+    gen = GenRequest(prompt, params, adapter)
     state.engine.submit(gen)
     try:
         await asyncio.shield(gen.done)
@@ -163,7 +176,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
         state.engine.abort(gen)
         raise
     metrics.REQUEST_SECONDS.observe(time.perf_counter() - started)
-    return web.json_response(completion_response(req, gen, state.model_name, state.tokenizer))
+    name = adapter.name if adapter is not None else state.model_name
+    return web.json_response(completion_response(req, gen, name, state.tokenizer))
 
 
 async def models(request: web.Request) -> web.Response:
@@ -177,7 +191,20 @@ async def models(request: web.Request) -> web.Response:
         "parent": None,
         "max_model_len": state.engine.max_model_len,
     }
-    return web.json_response({"object": "list", "data": [card]})
+    lora = state.engine.lora
+    adapters = [
+        {  # vLLM's card of an adapter: its path as root, the base model as parent
+            "id": adapter.name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "rollout-farm",
+            "root": adapter.path,
+            "parent": state.model_name,
+            "max_model_len": None,
+        }
+        for adapter in (lora.loaded.values() if lora is not None else ())
+    ]
+    return web.json_response({"object": "list", "data": [card, *adapters]})
 
 
 async def health(request: web.Request) -> web.Response:
@@ -260,6 +287,8 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     add_transfer_routes(app, STATE, read_json, json_object)
     add_openai_routes(app, STATE)
+    if state.config.enable_lora:
+        add_lora_routes(app, STATE, read_json)
     return app
 
 

@@ -74,8 +74,16 @@ class _ControlClient:
         )
 
     async def _call(
-        self, session: aiohttp.ClientSession, method: str, url: str, json: Any = None
+        self,
+        session: aiohttp.ClientSession,
+        method: str,
+        url: str,
+        json: Any = None,
+        *,
+        text: bool = False,
     ) -> Any:
+        """The decoded JSON answer (None if empty); with `text`, the body as text (vLLM's
+        LoRA routes answer plain text)."""
         try:
             async with session.request(method, url, json=json) as resp:
                 body = await resp.read()
@@ -84,6 +92,8 @@ class _ControlClient:
                         f"{method} {_route(url)} -> HTTP {resp.status}: {error_excerpt(body)}",
                         resp.status,
                     )
+                if text:
+                    return body.decode("utf-8", "replace")
                 return orjson.loads(body) if body.strip() else None
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             raise _StepFailed(f"{method} {_route(url)}: {type(exc).__name__}: {exc}") from exc

@@ -28,9 +28,11 @@ def _prepare(cfg: WorkerConfig) -> None:
 async def serve(ctx: RoleContext[WorkerConfig]) -> int:
     """Build the worker's parts, run until the stop event, close everything."""
     from broker.connection import RedisSettings, connect
+    from broker.keys import RunKeys
     from inference.client import GenerationClient, SamplingParams
     from workers.agent_endpoint import AgentEndpoint
     from workers.episode import EpisodeContext
+    from workers.policy_model import PolicyModel
     from workers.resources import import_env_modules, open_sandbox, tune_gc
     from workers.tokens import load_codec
     from workers.worker import Worker
@@ -40,13 +42,16 @@ async def serve(ctx: RoleContext[WorkerConfig]) -> int:
     codec = load_codec(str(cfg.model))
     redis = await connect(RedisSettings.from_url(cfg.redis_url))
     client = GenerationClient(cfg.inference_urls, cfg.inference)
-    agents = AgentEndpoint(codec, client)
+    # the run's current LoRA adapter by name, or the base weights (full-weight runs)
+    keys = RunKeys(cfg.run, partitions=cfg.partitions)
+    model = PolicyModel(client, redis, keys, cfg.policy_refresh_s)
+    agents = AgentEndpoint(codec, model)
     try:
         await client.start()
         await agents.start()  # localhost, any free port: agent envs' OpenAI endpoint
         async with open_sandbox(cfg.sandbox_backend) as pool:
             episode = EpisodeContext(
-                codec=codec, client=client, sampling=SamplingParams, sandbox=pool, agents=agents
+                codec=codec, client=model, sampling=SamplingParams, sandbox=pool, agents=agents
             )
             tune_gc()
             await Worker(cfg, redis, episode).run(ctx.stop)

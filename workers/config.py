@@ -119,6 +119,13 @@ class WorkerConfig(RoleConfig):
     event_loop: Literal["uvloop", "asyncio"] = Field(
         "uvloop", description="event loop (uvloop: about a third less CPU per env step)"
     )
+    policy_refresh_s: float = Field(
+        1.0,
+        gt=0.0,
+        le=60.0,
+        description="how often the run's published policy is re-read for its LoRA adapter name "
+        "(an unloaded adapter forces a re-read at once)",
+    )
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port (0: none)")
     log_level: LogLevel = Field("INFO", description="log level")
     # --- components ------------------------------------------------------------------------

@@ -31,6 +31,7 @@ SMOKES = {
     "inference": ([], "reload_weights (s)", ()),
     "learner": ([], "share of step time waiting", ()),
     "learner --memory": (["--memory"], "| chunked | 256 |", ()),
+    "lora": ([], "push per version (s)", ()),
     "sandbox": ([], "speed-up vs docker exec", ("docker",)),
     "workers": ([], "sync batch-barrier loop", ()),
 }

@@ -107,6 +107,7 @@ groups = st.builds(
 policies = st.builds(
     PolicyVersion, version=st.integers(0, 2**40), step=st.integers(0, 2**40),
     servers=st.lists(text, max_size=3).map(tuple), weights_path=text, created_at=floats,
+    adapter=text,
 )  # fmt: skip
 letters = st.builds(
     DeadLetter, source_stream=text, entry_id=text, reason=text,
@@ -271,3 +272,15 @@ def test_a_truncation_cause_goes_only_with_truncated() -> None:
         Trajectory((), FinishReason.TERMINATED, truncation=Truncation.ENV)
     with pytest.raises(ValueError):
         Trajectory((), "truncated:context")  # the old string protocol is refused
+
+
+def test_policy_versions_name_their_adapter_and_schema_1_still_decodes() -> None:
+    lora = PolicyVersion(3, 7, ("http://a",), "/w/run-v3", 1.5, adapter="run-v3")
+    assert decode(encode(lora)) == lora
+    old = msgpack.packb([2, 5, ["http://a"], "/w/v2", 1.0], use_bin_type=True)
+    v1 = decode({b"k": b"policy", b"v": b"1", b"b": old}, expect=PolicyVersion)
+    assert v1 == PolicyVersion(2, 5, ("http://a",), "/w/v2", 1.0)
+    assert v1.adapter == ""  # schema 1 always meant full weights
+    assert encode(v1)[b"v"] == b"2"
+    with pytest.raises(DecodeError, match="6 fields"):  # a schema-1 body under a 2 tag
+        decode({b"k": b"policy", b"v": b"2", b"b": old})

@@ -9,6 +9,9 @@ The environment is built on first use (env.py, cached across runs); when it cann
 | `auth` | the same with `--api-key` (vLLM's AuthenticationMiddleware) |
 | `tp2` | tensor parallel 2 (2 workers) |
 | `pp2dp2` | pipeline parallel 2 x data parallel 2 (4 workers) |
+
+Every app is started as with `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`: vLLM's
+runtime-LoRA routes and `/v1/models` over its own `OpenAIServingModels`.
 | `validator` | checks bodies against vLLM's pydantic response models |
 """
 
@@ -28,7 +31,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import require
-from tests.inference.vllm_contract.env import VLLM_VERSION, ensure_env
+from tests.inference.vllm_contract.env import VLLM_VERSION, ensure_env, ensure_lora_router_env
 
 API_KEY = "contract-key"
 APPS = ("plain:1:1:1", f"auth:1:1:1:{API_KEY}", "tp2:2:1:1", "pp2dp2:1:2:2")
@@ -57,13 +60,15 @@ class VllmContract:
             return json.loads(resp.read())
 
 
-def _start(env_dir: Path) -> tuple[subprocess.Popen[str], dict[str, str]]:
+def _start(env_dirs: list[Path]) -> tuple[subprocess.Popen[str], dict[str, str]]:
     args = [sys.executable, "-m", "tests.inference.vllm_contract.stub_server"]
     for spec in APPS:
         args += ["--app", spec]
     env = os.environ | {
-        "PYTHONPATH": f"{env_dir}{os.pathsep}{ROOT}",
+        "PYTHONPATH": os.pathsep.join(map(str, [*env_dirs, ROOT])),
         "VLLM_LOGGING_LEVEL": "WARNING",
+        # `vllm serve` mounts /v1/load_lora_adapter and /v1/unload_lora_adapter only with it
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
     }
     proc = subprocess.Popen(
         args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
@@ -87,11 +92,11 @@ def _start(env_dir: Path) -> tuple[subprocess.Popen[str], dict[str, str]]:
 @pytest.fixture(scope="session")
 def vllm_contract() -> Iterator[VllmContract]:
     try:
-        env_dir = ensure_env()
+        env_dirs = [ensure_env(), ensure_lora_router_env()]
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
         require(False, f"the vLLM {VLLM_VERSION} contract environment ({exc})")
         raise  # unreachable: require skips or fails
-    proc, urls = _start(env_dir)
+    proc, urls = _start(env_dirs)
     try:
         yield VllmContract(urls)
     finally:

@@ -11,7 +11,8 @@ on PYTHONPATH of a separate process (the stub server, tests/inference/vllm_contr
 
 Torch, transformers, pydantic, numpy, aiohttp, ... come from the project venv underneath.
 The result is cached in `$FARM_VLLM_CONTRACT_DIR` (default `~/.cache/rollout-farm/vllm-0.33.0`),
-stamped with a hash of the pins; a changed pin rebuilds it. `python -m
+stamped with a hash of the pins; a changed pin rebuilds it. The runtime-LoRA router's own
+dependencies (`LORA_ROUTER_DEPS`) go to a second directory beside it (`<dir>-lora`). `python -m
 tests.inference.vllm_contract.env` builds it ahead of time (scripts/bootstrap.sh does).
 """
 
@@ -65,6 +66,12 @@ DEPS = (
 )
 
 
+# What importing vLLM 0.33's runtime-LoRA router (`entrypoints/serve/lora/api_router.py`) needs
+# beyond DEPS: its SageMaker route aliases. Kept in a directory of their own, beside the main
+# one, so adding them did not rebuild (and re-download) the cached vLLM environment.
+LORA_ROUTER_DEPS = ("model-hosting-container-standards==0.1.16", "jmespath==1.1.0")
+
+
 def default_dir() -> Path:
     explicit = os.environ.get("FARM_VLLM_CONTRACT_DIR")
     if explicit:
@@ -73,25 +80,35 @@ def default_dir() -> Path:
     return cache / "rollout-farm" / f"vllm-{VLLM_VERSION}"
 
 
-def _stamp() -> str:
-    return hashlib.sha256("\n".join((VLLM_VERSION, *DEPS)).encode()).hexdigest()[:16]
+def _stamp(*pins: str) -> str:
+    return hashlib.sha256("\n".join((VLLM_VERSION, *pins)).encode()).hexdigest()[:16]
 
 
 def ensure_env(root: Path | None = None) -> Path:
     """The directory to put on PYTHONPATH; built on first use, reused while the pins hold."""
-    root = Path(root or default_dir())
+    return _ensure(Path(root or default_dir()), DEPS, with_vllm=True)
+
+
+def ensure_lora_router_env(root: Path | None = None) -> Path:
+    """The second PYTHONPATH directory: LORA_ROUTER_DEPS, built on first use like the first."""
+    main = default_dir()
+    return _ensure(Path(root or main.with_name(main.name + "-lora")), LORA_ROUTER_DEPS)
+
+
+def _ensure(root: Path, deps: tuple[str, ...], with_vllm: bool = False) -> Path:
     root.parent.mkdir(parents=True, exist_ok=True)
     with open(root.parent / f".{root.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time; the others reuse its result
         stamp = root / ".farm-stamp"
-        if stamp.is_file() and stamp.read_text() == _stamp():
+        if stamp.is_file() and stamp.read_text() == _stamp(*deps):
             return root
         build = root.parent / f".{root.name}.build-{os.getpid()}"
         shutil.rmtree(build, ignore_errors=True)
         build.mkdir()
-        _unpack_vllm(build)
-        _pip("install", "--no-deps", "--no-compile", "--target", str(build), *DEPS)
-        (build / ".farm-stamp").write_text(_stamp())
+        if with_vllm:
+            _unpack_vllm(build)
+        _pip("install", "--no-deps", "--no-compile", "--target", str(build), *deps)
+        (build / ".farm-stamp").write_text(_stamp(*deps))
         shutil.rmtree(root, ignore_errors=True)
         os.replace(build, root)
         return root
@@ -117,3 +134,4 @@ def _unpack_vllm(target: Path) -> None:
 
 if __name__ == "__main__":
     print(ensure_env())
+    print(ensure_lora_router_env())

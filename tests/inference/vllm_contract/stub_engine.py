@@ -27,10 +27,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from vllm.config.lora import LoRAConfig
 from vllm.distributed.weight_transfer import nccl_engine
 from vllm.distributed.weight_transfer.nccl_common import _worker_group_rank
 from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
-from vllm.exceptions import RetryableRequestError
+from vllm.exceptions import LoRAAdapterNotFoundError, RetryableRequestError
+from vllm.lora.peft_helper import PEFTHelper
 
 from inference.nccl import GlooCommunicator
 
@@ -93,6 +95,25 @@ class StubEngine:
         self.in_flight = 0
         self.idle = asyncio.Event()  # set while no completion is in flight
         self.idle.set()
+        # what OpenAIServingModels reads of `vllm serve --enable-lora` (default max rank 16)
+        self.model_config = SimpleNamespace(model="stub-model", max_model_len=4096)
+        self.renderer = self.input_processor = None
+        self.lora_config = LoRAConfig(max_lora_rank=16, max_loras=2)
+        self.loras: dict[int, str] = {}  # lora_int_id -> path of what add_lora loaded
+
+    # -- LoRA -------------------------------------------------------------------------------
+    async def add_lora(self, lora_request: Any) -> bool:
+        """What vLLM's worker checks when it loads an adapter (`worker_manager._load_adapter`):
+        its own PEFTHelper reads adapter_config.json and validates it against the LoRA config;
+        a missing directory becomes LoRAAdapterNotFoundError (the router's 404)."""
+        self.calls.append("add_lora")
+        try:
+            helper = PEFTHelper.from_local_dir(lora_request.lora_path, None)
+        except FileNotFoundError as exc:
+            raise LoRAAdapterNotFoundError(lora_request.lora_name, lora_request.lora_path) from exc
+        helper.validate_legal(self.lora_config)
+        self.loras[lora_request.lora_int_id] = lora_request.lora_path
+        return True
 
     # -- generation -------------------------------------------------------------------------
     async def admit(self) -> None:

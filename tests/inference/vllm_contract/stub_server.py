@@ -3,7 +3,9 @@
 Run as `python -m tests.inference.vllm_contract.stub_server --app NAME:TP:PP:DP[:API_KEY] ...`
 with the contract environment (env.py) on PYTHONPATH. Each `--app` is one simulated `vllm serve`
 on its own port: a FastAPI app carrying vLLM's own completion router, RL/weight-transfer router
-(`entrypoints/rl/online`), `/collective_rpc`, cache and health routers, its exception handlers
+(`entrypoints/rl/online`), `/collective_rpc`, cache and health routers, `/v1/models` and the
+runtime-LoRA routes over vLLM's `OpenAIServingModels` (a completion naming a loaded adapter is
+served: token i shifts by 100 x the adapter's lora_int_id, the version stays engine-wide), its exception handlers
 and, with an API key, its AuthenticationMiddleware, exactly as `vllm serve` registers them in
 dev mode. `/v1/completions` requests are parsed and validated by vLLM's `CompletionRequest`;
 the stub handler answers with vLLM's own response models. One more app, `validator`, checks
@@ -29,13 +31,17 @@ from vllm.entrypoints.openai.completion.protocol import (
     CompletionResponse,
     CompletionResponseChoice,
 )
+from vllm.entrypoints.openai.models.api_router import attach_router as attach_models
+from vllm.entrypoints.openai.models.protocol import BaseModelPath
+from vllm.entrypoints.openai.models.serving import OpenAIServingModels
 from vllm.entrypoints.rl.factories import register_rl_api_routers
 from vllm.entrypoints.serve.dev.cache.api_router import attach_router as attach_cache
 from vllm.entrypoints.serve.dev.rpc.api_router import attach_router as attach_rpc
-from vllm.entrypoints.serve.engine.protocol import ErrorResponse, UsageInfo
+from vllm.entrypoints.serve.engine.protocol import ErrorResponse, ModelList, UsageInfo
 from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
 from vllm.entrypoints.serve.exception_handling.register import init_exception_handler
 from vllm.entrypoints.serve.instrumentator.health import router as health_router
+from vllm.entrypoints.serve.lora.api_router import attach_router as attach_lora
 from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
 from vllm.exceptions import VLLMNotFoundError
 from vllm.outputs import WeightVersionSpan
@@ -54,13 +60,15 @@ class StubServingCompletion:
     included, as in vLLM), a pause(abort) cuts it short with finish reason `abort`.
     """
 
-    def __init__(self, engine: StubEngine) -> None:
+    def __init__(self, engine: StubEngine, models: OpenAIServingModels) -> None:
         self.engine = engine
+        self.models = models
 
     async def create_completion(
         self, request: CompletionRequest, raw_request: Request
     ) -> CompletionResponse | ErrorResponse:
-        if request.model not in (None, SERVED_MODEL):
+        lora = self.models.lora_requests.get(request.model or "")
+        if lora is None and request.model not in (None, SERVED_MODEL):
             return create_error_response(
                 VLLMNotFoundError(f"The model `{request.model}` does not exist.")
             )
@@ -73,11 +81,13 @@ class StubServingCompletion:
             return create_error_response(exc)
         self.engine.started()
         try:
-            return await self._generate(request, prompt)
+            return await self._generate(request, prompt, lora.lora_int_id if lora else 0)
         finally:
             self.engine.finished()
 
-    async def _generate(self, request: CompletionRequest, prompt: list[int]) -> CompletionResponse:
+    async def _generate(
+        self, request: CompletionRequest, prompt: list[int], lora_id: int
+    ) -> CompletionResponse:
         tokens: list[int] = []
         spans: list[WeightVersionSpan] = []
         finish, stop_reason = "length", None
@@ -85,7 +95,7 @@ class StubServingCompletion:
             if not await self.engine.step():
                 finish = "abort"
                 break
-            token = (sum(prompt) + i) % VOCAB
+            token = (sum(prompt) + i + 100 * lora_id) % VOCAB
             tokens.append(token)
             if spans and spans[-1].version == self.engine.version:
                 spans[-1].end += 1
@@ -113,7 +123,7 @@ class StubServingCompletion:
             weight_versions=spans if request.return_weight_versions else None,
         )
         return CompletionResponse(
-            model=SERVED_MODEL,
+            model=request.model or SERVED_MODEL,
             choices=[choice],
             usage=UsageInfo(
                 prompt_tokens=len(prompt),
@@ -138,7 +148,13 @@ def build_app(tp: int, pp: int, dp: int, api_key: str | None) -> FastAPI:
     # The handlers read `vllm serve`'s parsed arguments; these are its defaults for them.
     app.state.args = argparse.Namespace(log_error_stack=False, sse_keep_alive_interval=0)
     app.state.engine_client = engine
-    app.state.openai_serving_completion = StubServingCompletion(engine)
+    # `vllm serve --enable-lora` with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1: vLLM's own model
+    # registry behind /v1/models and the adapter routes
+    models = OpenAIServingModels(engine, [BaseModelPath(SERVED_MODEL, "/models/stub")])
+    app.state.openai_serving_models = models
+    attach_models(app)
+    attach_lora(app)
+    app.state.openai_serving_completion = StubServingCompletion(engine, models)
 
     @app.get("/_stub/state")  # outside vLLM's surface: what the engine saw, for assertions
     async def stub_state() -> dict[str, Any]:
@@ -147,6 +163,7 @@ def build_app(tp: int, pp: int, dp: int, api_key: str | None) -> FastAPI:
             "version": engine.version,
             "reloaded": engine.reloaded,
             "cache_resets": engine.cache_resets,
+            "loras": engine.loras,
         }
 
     return app
@@ -157,6 +174,7 @@ def build_validator() -> FastAPI:
         "CompletionResponse": CompletionResponse,
         "CompletionResponseChoice": CompletionResponseChoice,
         "ErrorResponse": ErrorResponse,
+        "ModelList": ModelList,
     }
     app = FastAPI()
 
