@@ -154,3 +154,21 @@ def test_lora_flags_resolve(tiny_model_dir: Path) -> None:
     assert cfg.lora.rank == 8 and cfg.lora.target_modules == ["q_proj", "v_proj"]
     assert cfg.lora.export == "merged" and cfg.lora.alpha == 32.0
     assert not LearnerConfig(model=tiny_model_dir).lora.enabled
+
+
+# rank 16, alpha 32, lr 1e-2 on the tiny model built with initializer_range 0.1 (with the
+# LM head frozen, the usual 0.02 caps a logit's move at ~1.3 and LoRA stays at chance): the
+# 10-step mean reached 0.6 at steps 30, 30 and 42 on seeds 0, 1, 2 (0.88-0.90 by step 75)
+LORA_TOY = {"learning_rate": 1e-2, "lr_warmup_steps": 10, "micro_batch_size": 64,
+            "lora": {"rank": 16, "alpha": 32.0}}  # fmt: skip
+
+
+def test_a_lora_run_learns_the_toy(tmp_path: Path) -> None:
+    from inference.tiny import build_tiny_model
+    from tests.learner.inprocess import train, window_mean
+
+    model = build_tiny_model(tmp_path / "model", seed=0, initializer_range=0.1)
+    run = train(model, "toy", steps=50, seed=0, groups=16, flags=LORA_TOY)
+    windows = window_mean(run.rewards)
+    assert windows[0] < 0.2 and max(windows) >= 0.6, f"no learning: {run.rewards}"
+    assert all(s.behaviour_log_ratio_std < 1e-3 for s in run.stats)  # on policy: mu = pi
