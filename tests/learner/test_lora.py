@@ -24,14 +24,16 @@ ONE = DistContext()
 LORA = LoraSettings(rank=4, alpha=8.0)
 
 
-def lora_trainer(model_dir: Path, settings: LoraSettings = LORA) -> Trainer:
+def lora_trainer(
+    model_dir: Path, settings: LoraSettings = LORA, dist: DistContext = ONE
+) -> Trainer:
     from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(0)
+    torch.manual_seed(0)  # the adapters' initial A, the same on every rank
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     apply_lora(model, settings, model_dir)
-    plain = make_trainer(model_dir, ONE)  # the same optimizer settings, on the adapted model
-    return Trainer(model, plain.cfg, torch.device("cpu"), ONE, SCALE)
+    optim = make_trainer(model_dir, ONE).cfg  # the split tests' optimizer settings
+    return Trainer(model, optim, torch.device("cpu"), dist, SCALE)
 
 
 def step(trainer: Trainer, name: str) -> float:
@@ -172,3 +174,11 @@ def test_a_lora_run_learns_the_toy(tmp_path: Path) -> None:
     windows = window_mean(run.rewards)
     assert windows[0] < 0.2 and max(windows) >= 0.6, f"no learning: {run.rewards}"
     assert all(s.behaviour_log_ratio_std < 1e-3 for s in run.stats)  # on policy: mu = pi
+
+
+def test_the_kl_reference_of_a_lora_run_is_the_policy_itself(tiny_model_dir: Path) -> None:
+    cfg = LearnerConfig.load({"model": tiny_model_dir, "kl_coef": 0.1, "lora": {"rank": 4}},
+                             environ={})  # fmt: skip
+    core = build_core(cfg, ONE, torch.device("cpu"))
+    reference = core.trainer.reference
+    assert isinstance(reference, AdapterOffReference) and reference.model is core.trainer.model
