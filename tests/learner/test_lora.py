@@ -182,3 +182,15 @@ def test_the_kl_reference_of_a_lora_run_is_the_policy_itself(tiny_model_dir: Pat
     core = build_core(cfg, ONE, torch.device("cpu"))
     reference = core.trainer.reference
     assert isinstance(reference, AdapterOffReference) and reference.model is core.trainer.model
+
+
+def test_lora_dropout_acts_in_the_gradient_pass_only(tiny_model_dir: Path) -> None:
+    trainer = lora_trainer(tiny_model_dir, LoraSettings(rank=4, alpha=8.0, dropout=0.5))
+    step(trainer, "first")  # B moves off zero, so the adapter's input dropout shows
+    samples = batch_samples("second")
+    with torch.no_grad():  # scoring: exact, the same every time
+        _, a, _, _ = trainer.forward(samples)
+        _, b, _, _ = trainer.forward(samples)
+    assert torch.equal(a, b)
+    _, c, _, _ = trainer.forward(samples)  # a gradient pass: dropout on
+    assert c.requires_grad and not torch.allclose(c.detach(), a)
