@@ -15,10 +15,12 @@ In-process (`python -m bench` figures in BENCHMARKS.md), rank 16, alpha 32, lr 1
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import statistics
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -93,6 +95,13 @@ def test_lora_run_learns_through_the_farm_and_resumes_after_sigkill(
         assert resumed.wait(300) == 0, f.log("learner")[-3000:]
         after = step_records(f.log("learner"))
         assert "resumed from" in f.log("learner")
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as answer:
+            cards = json.loads(answer.read())["data"]
+    # the current adapter and the previous stay loaded; older ones were unloaded
+    assert {c["id"] for c in cards if c["id"].startswith(f"{RUN}-v")} == {
+        f"{RUN}-v{STEPS - 1}",
+        f"{RUN}-v{STEPS}",
+    }
     assert asyncio.run(published_adapter(redis_server.url)) == f"{RUN}-v{STEPS}"
     assert (logs / "weights" / f"{RUN}-v{STEPS}" / "adapter_model.safetensors").is_file()
     assert not (logs / "weights" / f"{RUN}-v1").exists()  # old adapter directories pruned
