@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from learner.batch import Sample
     from learner.trainer import Scoring
 
-ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # Llama-style attention projections (Llama, Qwen2/3, Mistral, SmolLM2): peft's own default
 # for these architectures is q,v only; k and o too cost little and learn more per rank
