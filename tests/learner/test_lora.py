@@ -194,3 +194,26 @@ def test_lora_dropout_acts_in_the_gradient_pass_only(tiny_model_dir: Path) -> No
     assert torch.equal(a, b)
     _, c, _, _ = trainer.forward(samples)  # a gradient pass: dropout on
     assert c.requires_grad and not torch.allclose(c.detach(), a)
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_the_push_export_follows_lora_export(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.tensor([[1, 5, 9, 42, 7, 3]])
+    for export in ("adapter", "merged"):
+        cfg = LearnerConfig.load({"model": tiny_model_dir, "lora": {"rank": 4, "export": export}},
+                                 environ={})  # fmt: skip
+        core = build_core(cfg, ONE, torch.device("cpu"))
+        for p in core.trainer.model.parameters():  # a trained-looking adapter (B is 0 at first)
+            if p.requires_grad:
+                torch.nn.init.normal_(p.data, std=0.1)
+        core.export(tmp_path / export)
+        written = sorted(f.name for f in (tmp_path / export).iterdir())
+        want = core.trainer.model(input_ids=ids).logits
+        if export == "adapter":
+            assert written == ["adapter_config.json", "adapter_model.safetensors"]
+            continue
+        assert "model.safetensors" in written and "config.json" in written
+        merged = AutoModelForCausalLM.from_pretrained(tmp_path / export, dtype=torch.float32)
+        torch.testing.assert_close(merged(input_ids=ids).logits, want, atol=1e-5, rtol=1e-5)
