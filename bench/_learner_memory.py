@@ -23,6 +23,9 @@ peak of what malloc has handed out and not had back (`mallinfo2`, sampled every 
 leaves out freed heap that glibc keeps resident. The weight export row
 streams the full weights out of the shards (`learner.export`) and reports the peak extra
 resident memory on the writing rank (sampled every 2 ms) against the model's size.
+``--lora-rank R`` adds ``lora-R`` rows: the chunked step training LoRA adapters of rank R on
+the q, k, v, o projections (`learner.lora`), the rest frozen; their floor counts gradients
+and AdamW moments of the adapter only.
 `--quick`: 2048 tokens only; `--smoke` (CI): chunked and full at 256 tokens.
 """
 
@@ -179,6 +182,13 @@ def run_case(mode: str, length: int, sequences: int) -> dict[str, Any]:
     dist = init_distributed(torch.device("cpu"))
     model = build_model()
     params = sum(p.numel() for p in model.parameters())
+    trainable = params
+    if mode.startswith("lora-"):  # adapters on q,k,v,o; the rest frozen (learner.lora)
+        from learner.lora import LoraSettings, apply_lora
+
+        apply_lora(model, LoraSettings(rank=int(mode.removeprefix("lora-"))), Path("base"))
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        params = sum(p.numel() for p in model.parameters())
     optim = OptimConfig(learning_rate=1e-5, weight_decay=0.0, clip_low=0.2, clip_high=0.2,
                         tis_cap=2.0, max_grad_norm=1.0, micro_batch_size=1,
                         aggregation=Aggregation.TOKEN_MEAN)  # fmt: skip
@@ -199,15 +209,18 @@ def run_case(mode: str, length: int, sequences: int) -> dict[str, Any]:
     peak = peak_rss() - base
     row = {"mode": mode, "length": length, "sequences": sequences, "world": dist.world,
            "params": params, "peak": peak, "live_peak": live.peak - live_base, "step_s": times[-1],
-           "floor": floor(params, length * sequences // dist.world, dist.world)}  # fmt: skip
+           "trainable": trainable,
+           "floor": floor(params, length * sequences // dist.world, dist.world,
+                          trainable)}  # fmt: skip
     if mode == "fsdp-2":
         row["export"] = export_peak(trainer, dist)
     dist.close()
     return row
 
 
-def floor(params: int, tokens: int, world: int) -> int:
-    states = 16 * params // world
+def floor(params: int, tokens: int, world: int, trainable: int | None = None) -> int:
+    # fp32 weights, and a gradient and two AdamW moments of what trains
+    states = (4 * params + 12 * (params if trainable is None else trainable)) // world
     return states + 4 * tokens * HIDDEN * (LAYERS + 1) + 4 * tokens * (4 * HIDDEN + 3 * MLP)
 
 
@@ -259,8 +272,12 @@ def _fmt(row: dict[str, Any]) -> str:
             f"{row['sequences'] / row['step_s']:.3f} | {tokens / row['step_s']:,.0f} |")  # fmt: skip
 
 
-def plan(lengths: list[int], fsdp_length: int, modes: list[str]) -> list[tuple[str, int, int]]:
+def plan(
+    lengths: list[int], fsdp_length: int, modes: list[str], lora_rank: int = 0
+) -> list[tuple[str, int, int]]:
     rows = [(mode, n, 1) for n in lengths for mode in ("chunked", "full") if mode in modes]
+    if lora_rank:  # the chunked step training only LoRA adapters, beside full fine-tuning
+        rows += [(f"lora-{lora_rank}", n, 1) for n in lengths]
     if "fsdp" in modes:
         rows += [("fsdp-1", fsdp_length, 2), ("fsdp-2", fsdp_length, 2)]
     return rows
@@ -275,6 +292,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="2048 tokens only")
     parser.add_argument("--smoke", action="store_true", help="chunked and full at 256 (CI)")
     parser.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="also the chunked step with LoRA adapters of this rank on q,k,v,o")  # fmt: skip
     args = parser.parse_args([a for a in argv if a != "--memory"])
     run = report.start("learner", argv)
     lengths = [int(x) for x in args.lengths.split(",") if x]
@@ -290,7 +309,7 @@ def main(argv: list[str]) -> int:
     ]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for mode, length, seqs in plan(lengths, args.fsdp_length, modes):
+        for mode, length, seqs in plan(lengths, args.fsdp_length, modes, args.lora_rank):
             # logits, log_softmax, its exp (entropy) and a gradient: 4 x [T, V] float32
             need = 4 * 4 * length * VOCAB * seqs if mode == "full" else 0
             if need > 0.6 * _available():

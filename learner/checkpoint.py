@@ -6,7 +6,9 @@ A checkpoint is a directory ``step-00000042/`` holding
   checkpoint resumes exactly under FSDP, and under any world size);
 * a complete Hugging Face model directory (``model.safetensors`` streamed one gathered
   tensor at a time, config, tokenizer files; `learner.export`): vLLM and the CPU server
-  load it as is;
+  load it as is. A LoRA run (`learner.lora`) writes its peft adapter directory
+  ``adapter/`` instead, and ``dcp/`` holds only the trainable tensors and their AdamW
+  state: the frozen base is ``--model``'s;
 * ``state.json`` (`LearnerState`: step, policy version, the group ids trained at each step,
   the last trained entry per stream, the task sampler's state, counters).
 
@@ -39,15 +41,21 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
 from learner.distributed import DistContext
 from learner.errors import CheckpointError
 from learner.export import export_hf_dir
+from learner.lora import is_lora, save_adapter
 
 LATEST = "LATEST"
 STATE = "state.json"
 SHARDS = "dcp"
+ADAPTER_DIR = "adapter"  # a LoRA run's peft adapter, in place of the full export
 TRAINED_HISTORY_STEPS = 100_000  # bound on the per-step group-id history kept in state.json
 
 
@@ -108,10 +116,16 @@ def _quiet_single_process() -> Iterator[None]:
         yield
 
 
+def _options(policy: torch.nn.Module) -> StateDictOptions:
+    """Frozen parameters (LoRA's base) are ``--model``'s: neither saved nor loaded."""
+    frozen = any(not p.requires_grad for p in policy.parameters())
+    return StateDictOptions(ignore_frozen_params=frozen, strict=not frozen)
+
+
 def _training_state(
     policy: torch.nn.Module, optimizer: torch.optim.Optimizer
 ) -> dict[str, dict[str, Any]]:
-    model_sd, optim_sd = get_state_dict(policy, optimizer)
+    model_sd, optim_sd = get_state_dict(policy, optimizer, options=_options(policy))
     return {"model": model_sd, "optim": optim_sd}
 
 
@@ -140,7 +154,10 @@ def save_checkpoint(
         with _quiet_single_process():
             dcp.save(_training_state(policy, optimizer), checkpoint_id=tmp / SHARDS,
                      no_dist=not dist.enabled)  # fmt: skip
-        export_hf_dir(policy.lm, tmp, dist.is_main, tokenizer_dir)  # type: ignore[arg-type]
+        if is_lora(policy.lm):  # type: ignore[arg-type]
+            save_adapter(policy.lm, tmp / ADAPTER_DIR, dist.is_main)  # type: ignore[arg-type]
+        else:
+            export_hf_dir(policy.lm, tmp, dist.is_main, tokenizer_dir)  # type: ignore[arg-type]
         if dist.is_main:
             (tmp / STATE).write_text(json.dumps(asdict(state)))
             _fsync_tree(tmp)
@@ -168,7 +185,7 @@ def load_training_state(
         with _quiet_single_process():
             dcp.load(target, checkpoint_id=path / SHARDS, no_dist=not tdist.is_initialized())
         set_state_dict(policy, optimizer, model_state_dict=target["model"],
-                       optim_state_dict=target["optim"])  # fmt: skip
+                       optim_state_dict=target["optim"], options=_options(policy))  # fmt: skip
     except (OSError, RuntimeError, ValueError) as exc:
         raise CheckpointError(f"cannot load training state from {path}: {exc}") from exc
 

@@ -14,6 +14,7 @@ from learner.batch import filter_reason
 from learner.config import Algorithm, LearnerConfig
 from learner.critic import Critic, CriticConfig, load_critic
 from learner.distributed import DistContext
+from learner.lora import AdapterOffReference
 from learner.reference import Reference, load_reference
 from learner.sampling import DynamicSampling
 
@@ -27,10 +28,15 @@ def dynamic_sampling(cfg: LearnerConfig) -> DynamicSampling | None:
                            rules.dynamic_sampling_max_factor, cfg.admission_steps)  # fmt: skip
 
 
-def reference_for(cfg: LearnerConfig, device: torch.device) -> Reference | None:
-    """The frozen initial weights (``--model``, even on resume), only for a KL term."""
+def reference_for(
+    cfg: LearnerConfig, device: torch.device, policy: torch.nn.Module, dist: DistContext
+) -> Reference | AdapterOffReference | None:
+    """The frozen initial weights (``--model``, even on resume), only for a KL term; a LoRA
+    run in one process scores with the `policy`'s adapters off instead of a second copy."""
     if not cfg.loss.kl_coef:
         return None
+    if cfg.lora.enabled and not dist.enabled:
+        return AdapterOffReference(policy)
     return load_reference(cfg.model, device, cfg.loss.reference_offload)
 
 

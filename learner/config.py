@@ -26,6 +26,7 @@ from broker.connection import RedisUrl
 from broker.consumer import ConsumerSettings
 from launch.settings import CommaList, LogLevel, RoleConfig, section
 from learner.errors import ConfigError
+from learner.lora import LoraSettings
 from learner.tracking.config import TrackingConfig
 
 COMPONENT = ConfigDict(extra="forbid")
@@ -453,6 +454,7 @@ class LearnerConfig(RoleConfig):
     loss: LossConfig = section(LossConfig)
     tracking: TrackingConfig = section(TrackingConfig)  # docs/tracking.md
     evaluation: EvalConfig = section(EvalConfig)
+    lora: LoraSettings = section(LoraSettings, prefix="lora_")  # learner.lora
 
     @model_validator(mode="after")
     def _consistent(self) -> LearnerConfig:

@@ -29,7 +29,9 @@ from learner.components import critic_for, reference_for
 from learner.config import KLMode, LearnerConfig, Overlong
 from learner.critic import Critic, restore_critic, save_critic
 from learner.distributed import DistContext
+from learner.errors import ConfigError
 from learner.export import export_hf_dir, full_weights
+from learner.lora import LoraExport, apply_lora, merged_weights, save_adapter
 from learner.record import SkipRecord, StepRecord
 from learner.reference import Reference, kl_turn_penalties
 from learner.schedule import adaptive_kl, learning_rate
@@ -155,10 +157,15 @@ class Core:
                                keep=self.cfg.keep_checkpoints)  # fmt: skip
 
     def export(self, out_dir: Path) -> int:
-        """Stream the full weights into a servable directory (collective, as `save`)."""
+        """Stream the full weights into a servable directory (collective, as `save`); a
+        LoRA run writes its peft adapter directory, or the weights with it merged in."""
         if self.dist.is_main:
             self.dist.broadcast_command(EXPORT, str(out_dir))
-        return export_hf_dir(self.trainer.model, out_dir, self.dist.is_main, self.cfg.model)
+        lm, lora, main = self.trainer.model, self.cfg.lora, self.dist.is_main
+        if lora.enabled and lora.export is LoraExport.ADAPTER:
+            return save_adapter(lm, out_dir, main)
+        weights = merged_weights(lm) if lora.enabled else None
+        return export_hf_dir(lm, out_dir, main, self.cfg.model, weights)
 
     def weight_stream(self) -> WeightStream:
         """The full weights for an NCCL-route push, gathered as sent (collective, as `export`)."""
@@ -184,7 +191,12 @@ def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> C
     if cfg.resume and cfg.checkpoint_dir is not None:
         checkpoint = latest_checkpoint(cfg.checkpoint_dir)
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
-    reference = reference_for(cfg, device)
+    if cfg.lora.enabled:
+        try:
+            apply_lora(model, cfg.lora, cfg.model)
+        except ValueError as exc:  # peft: no module matches the targets
+            raise ConfigError(f"--lora-target-modules: {exc}") from exc
+    reference = reference_for(cfg, device, model, dist)
     kl_loss = cfg.loss.kl_mode is KLMode.LOSS
     trainer = Trainer(model, cfg.optim, device, dist, scale=cfg.scale, loss=cfg.loss,
                       reference=reference if kl_loss else None)  # fmt: skip

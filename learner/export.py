@@ -22,7 +22,7 @@ import json
 import math
 import shutil
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -37,9 +37,14 @@ _DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
            torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8", torch.bool: "BOOL"}  # fmt: skip
 
 
-def _unique_entries(lm: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+Weights = Mapping[str, torch.Tensor]  # name -> tensor, in file order (a model's state dict)
+
+
+def _unique_entries(
+    lm: torch.nn.Module, weights: Weights | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     seen: set[int] = set()
-    for name, tensor in lm.state_dict(keep_vars=True).items():
+    for name, tensor in (weights if weights is not None else lm.state_dict(keep_vars=True)).items():
         if id(tensor) in seen:  # a tied weight: already written under its first name
             continue
         seen.add(id(tensor))
@@ -100,11 +105,16 @@ def _is_row_sharded(tensor: torch.Tensor) -> bool:
 
 
 def write_safetensors(
-    lm: torch.nn.Module, path: Path, writer: bool, bucket_bytes: int = BUCKET_BYTES
+    lm: torch.nn.Module,
+    path: Path,
+    writer: bool,
+    bucket_bytes: int = BUCKET_BYTES,
+    weights: Weights | None = None,
 ) -> int:
-    """Stream `lm`'s full weights into `path` (on the writer rank); returns the largest
-    buffer any step held, in bytes (the bound on the extra memory)."""
-    entries = list(_unique_entries(lm))
+    """Stream `lm`'s full weights (or `weights`, e.g. LoRA merged in) into `path` (on the
+    writer rank); returns the largest buffer any step held, in bytes (the bound on the
+    extra memory)."""
+    entries = list(_unique_entries(lm, weights))
     largest = 0
     out = open(path, "wb") if writer else None
     sink = None if out is None else lambda b: out.write(_raw(b))
@@ -173,12 +183,17 @@ def _gathered(tensor: torch.Tensor, main: bool, bucket_bytes: int) -> torch.Tens
 
 
 def export_hf_dir(
-    lm: torch.nn.Module, out_dir: Path, writer: bool, tokenizer_dir: Path | None = None
+    lm: torch.nn.Module,
+    out_dir: Path,
+    writer: bool,
+    tokenizer_dir: Path | None = None,
+    weights: Weights | None = None,
 ) -> int:
-    """A servable Hugging Face directory: weights, config (and tokenizer files)."""
+    """A servable Hugging Face directory: weights (`lm`'s, or `weights`), config (and
+    tokenizer files)."""
     if writer:
         out_dir.mkdir(parents=True, exist_ok=True)
-    largest = write_safetensors(lm, out_dir / WEIGHTS, writer)
+    largest = write_safetensors(lm, out_dir / WEIGHTS, writer, weights=weights)
     if writer:
         lm.config.save_pretrained(out_dir)  # type: ignore[union-attr, operator]
         generation = getattr(lm, "generation_config", None)

@@ -43,8 +43,13 @@ class PolicyModel(torch.nn.Module):
         head = self.lm.get_output_embeddings()  # type: ignore[operator]
         embed = self.lm.get_input_embeddings()  # type: ignore[operator]
         # a plain tied embedding adds its gradient into the head's (`learner.tied`); a
-        # subclass (a scaled embedding, say) may do more than the lookup, so it runs as is
-        tied = type(embed) is torch.nn.Embedding and embed.weight is head.weight
+        # subclass (a scaled embedding, say) may do more than the lookup, so it runs as is;
+        # a frozen one (LoRA) has no gradient to add
+        tied = (
+            type(embed) is torch.nn.Embedding
+            and embed.weight is head.weight
+            and head.weight.requires_grad
+        )
         sink = GradSink() if tied else None
         inputs: dict[str, torch.Tensor] = (
             {"inputs_embeds": tied_input_embeds(self.lm, batch["input_ids"], sink)}

@@ -226,6 +226,7 @@ async def _push(
         step=core.state.step,
         servers=result.servers,
         weights_path=result.weights_path,
+        adapter=result.adapter,
     )
     await retry_while_unavailable(
         lambda: publish_policy(redis, keys, policy), "publishing the policy version", stop

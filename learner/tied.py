@@ -47,6 +47,8 @@ class TiedEmbedding(torch.autograd.Function):
         if ctx.padding_idx is not None:  # nn.Embedding gives its padding row no gradient
             rows = rows * (flat != ctx.padding_idx).unsqueeze(-1)
         grad = ctx.sink.take()
+        if not ctx.needs_input_grad[1]:  # a frozen embedding: no [V, H] zeros to build
+            return None, None, None, None
         if grad is not None:
             grad.index_add_(0, flat, rows.to(grad.dtype))
             return None, None, None, None

@@ -124,8 +124,9 @@ class Trainer:
         self.reference = reference  # frozen initial weights; only when the KL is a loss term
         # fused: one kernel per parameter, no parameter-sized temporaries (the per-tensor
         # loop's sqrt and division made two, 594 MiB for a 152k x 512 embedding)
+        # only what trains: LoRA's frozen base gets neither gradients nor AdamW state
         self.optimizer = torch.optim.AdamW(
-            self.policy.parameters(),
+            [p for p in self.policy.parameters() if p.requires_grad],
             lr=cfg.learning_rate,
             betas=(cfg.adam_beta1, cfg.adam_beta2),
             eps=cfg.adam_eps,
@@ -248,7 +249,7 @@ class Trainer:
         # ... and its denominator: the shares divided by every token (sequence); rescale to
         # the kept ones now that all ranks' rejections are counted
         scale = tally.rejection_scale(sums, self.cfg.aggregation, total_tokens, total_sequences)
-        params = list(self.policy.parameters())
+        params = [p for p in self.policy.parameters() if p.requires_grad]
         if scale != 1.0:
             for param in params:
                 if param.grad is not None:

@@ -37,11 +37,11 @@ class Farm:
     def log(self, name: str) -> str:
         return (self.logs / f"{name}.log").read_text(errors="replace")
 
-    def server(self, name: str, model: Path) -> str:
+    def server(self, name: str, model: Path, *extra: str) -> str:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         proc = self.spawn(name, ["inference", "--model", str(model), "--host", "127.0.0.1",
-                                 "--port", str(port), "--torch-threads", "1"])  # fmt: skip
+                                 "--port", str(port), "--torch-threads", "1", *extra])  # fmt: skip
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             assert proc.poll() is None, self.log(name)[-2000:]
