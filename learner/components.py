@@ -14,8 +14,7 @@ from learner.batch import filter_reason
 from learner.config import Algorithm, LearnerConfig
 from learner.critic import Critic, CriticConfig, load_critic
 from learner.distributed import DistContext
-from learner.lora import AdapterOffReference
-from learner.reference import Reference, load_reference
+from learner.reference import AdapterOffReference, Reference, load_reference
 from learner.sampling import DynamicSampling
 
 

@@ -15,14 +15,14 @@ What a version is written as (``--lora-export``):
 
 The frozen base is what ``--model`` holds: checkpoints keep only the trainable tensors
 (`learner.checkpoint`), and the KL reference is the policy with its adapters switched off
-(`AdapterOffReference`) instead of a second copy of the model.
+(`learner.reference.AdapterOffReference`) instead of a second copy of the model.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,11 +32,8 @@ from pydantic.dataclasses import dataclass
 from launch.settings import CommaList
 
 if TYPE_CHECKING:
-    import numpy as np
     import torch
 
-    from learner.batch import Sample
-    from learner.trainer import Scoring
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # Llama-style attention projections (Llama, Qwen2/3, Mistral, SmolLM2): peft's own default
@@ -191,20 +188,3 @@ def adapters_off(lm: torch.nn.Module) -> Iterator[None]:
     finally:
         for module in layers:
             module._disable_adapters = False
-
-
-class AdapterOffReference:
-    """The KL reference of a LoRA run: the policy's own base, adapters switched off.
-
-    The run's initial weights are the base (peft starts B at zero), so no second copy of the
-    model is loaded. One process only: under FSDP the policy's layers are sharded and
-    scored through the root, so the sharded run loads the copy (`learner.reference`)."""
-
-    def __init__(self, lm: torch.nn.Module) -> None:
-        self.model = lm
-
-    def logprobs(self, samples: Sequence[Sample], scoring: Scoring) -> list[np.ndarray]:
-        from learner.trainer import sequence_logprobs
-
-        with adapters_off(self.model):
-            return sequence_logprobs(self.model, samples, scoring)

@@ -23,6 +23,7 @@ import torch
 
 from learner.batch import Sample, TurnPenalties
 from learner.config import KLEstimator
+from learner.lora import adapters_off
 from learner.losses import kl_penalty
 from learner.scoring import Scoring, sequence_logprobs
 
@@ -77,3 +78,18 @@ def kl_turn_penalties(
         key = (sample.group_id, sample.episode)  # an agent episode's segments add up
         out[key] = out.get(key, 0.0) + coef * sums
     return out
+
+
+class AdapterOffReference:
+    """The KL reference of a LoRA run: the policy's own base, adapters switched off.
+
+    The run's initial weights are the base (peft starts B at zero), so no second copy of the
+    model is loaded. One process only: under FSDP the policy's layers are sharded and
+    scored through the root, so the sharded run loads the copy (`learner.reference`)."""
+
+    def __init__(self, lm: torch.nn.Module) -> None:
+        self.model = lm
+
+    def logprobs(self, samples: Sequence[Sample], scoring: Scoring) -> list[np.ndarray]:
+        with adapters_off(self.model):
+            return sequence_logprobs(self.model, samples, scoring)

@@ -15,8 +15,10 @@ from learner.core import build_core
 from learner.distributed import DistContext
 from learner.errors import ConfigError
 from learner.export import export_hf_dir
-from learner.lora import AdapterOffReference, LoraSettings, apply_lora, merged_weights, save_adapter
-from learner.trainer import Trainer, sequence_logprobs
+from learner.lora import LoraSettings, apply_lora, merged_weights, save_adapter
+from learner.reference import AdapterOffReference
+from learner.scoring import sequence_logprobs
+from learner.trainer import Trainer
 from learner.weights import WeightPusher
 from tests.learner.split import SCALE, batch_samples, make_trainer
 
@@ -33,7 +35,7 @@ def lora_trainer(
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     apply_lora(model, settings, model_dir)
     optim = make_trainer(model_dir, ONE).cfg  # the split tests' optimizer settings
-    return Trainer(model, optim, torch.device("cpu"), dist, SCALE)
+    return Trainer(model, optim, torch.device("cpu"), dist, scale=SCALE)
 
 
 def step(trainer: Trainer, name: str) -> float:
