@@ -19,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from broker.connection import DEFAULT_REDIS_URL
 from farm.errors import FarmError
 from launch.logs import setup_logging
 
@@ -41,6 +42,12 @@ def _stack_flags(p: argparse.ArgumentParser) -> None:
         "--env",
         dest="env_spec",
         help='environment of the tasks (default toy@{"difficulty": 0})',
+    )
+    p.add_argument(
+        "--env-modules",
+        action="append",
+        metavar="M",
+        help="modules registering extra environments, for the learner and workers (repeatable)",
     )
     p.add_argument("--tasks", type=Path, help="learner's JSONL dataset (default: from env-spec)")
     p.add_argument("--max-steps", type=int, help="stop after this many learner steps")
@@ -89,7 +96,7 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--time-limit-s", type=float, help="stop training after (s; default 270)")
     demo.add_argument("--verbose", action="store_true", help="show the children's logs")
     status = sub.add_parser("status", help="a running farm's state from Redis")
-    status.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="Redis URL")
+    status.add_argument("--redis-url", default=DEFAULT_REDIS_URL, help="Redis URL")
     status.add_argument("--run", default="demo", help="run name")
     status.add_argument("--partitions", type=int, default=1, help="the run's stream partitions")
     status.add_argument("--watch", type=float, default=0.0, help="repeat every N seconds")
@@ -120,6 +127,7 @@ def _config_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "worker_concurrency",
         "sandbox_backend",
         "env_spec",
+        "env_modules",
         "tasks",
         "max_steps",
         "partitions",

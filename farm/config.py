@@ -19,8 +19,9 @@ from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
 from broker.connection import RedisUrl
+from broker.run import Partitions, RunName
 from farm.errors import ConfigError
-from launch.settings import LogLevel, RoleConfig
+from launch.settings import CommaList, LogLevel, RoleConfig
 
 
 class FarmConfig(RoleConfig):
@@ -29,7 +30,7 @@ class FarmConfig(RoleConfig):
     role: ClassVar[str] = "farm"
     error: ClassVar[type[Exception]] = ConfigError
 
-    run: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="run name")
+    run: RunName = Field("demo", description="run name")
     redis_url: RedisUrl | None = Field(
         None, description="Redis to use; None starts a private redis-server (AOF on)"
     )
@@ -52,15 +53,16 @@ class FarmConfig(RoleConfig):
     env_spec: str = Field(
         'toy@{"difficulty": 0}', min_length=1, description="environment the tasks use"
     )
+    env_modules: CommaList = Field(
+        default_factory=list,
+        description="modules imported at start-up to register extra environments (learner and workers)",
+    )
     tasks: Path | None = Field(
         None, description="learner's JSONL task dataset; None writes one line with env_spec"
     )
     max_steps: int = Field(0, ge=0, description="learner steps before the farm stops (0: never)")
-    partitions: int = Field(
-        1,
-        ge=1,
-        le=256,
-        description="task/trajectory stream partitions (one slot each on a cluster)",
+    partitions: Partitions = Field(
+        1, description="task/trajectory stream partitions (one slot each on a cluster)"
     )
     learner_args: list[str] = Field(
         default_factory=list, description="extra flags passed to `python -m learner`"

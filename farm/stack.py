@@ -28,9 +28,11 @@ import aiohttp
 from redis.exceptions import RedisError
 
 from broker.connection import RedisSettings
+from broker.run import RunSection
 from farm.config import FarmConfig
 from farm.errors import StartupError
 from farm.supervisor import LineSink, Probe, ProcessSpec
+from launch.settings import render_flags
 
 PYTHON = sys.executable
 
@@ -104,18 +106,18 @@ def build_stack(cfg: FarmConfig, model: Path, tasks: Path) -> Stack:
         port = cfg.inference_port or free_port()
         inference_urls = [f"http://127.0.0.1:{port}"]
         specs.append(_policy_server(model, port))
+    # The settings learner and workers must agree on, rendered by the resolver's inverse: a
+    # setting added to RunSection reaches both without touching this function.
+    run = RunSection(
+        run=cfg.run, redis_url=redis_url, partitions=cfg.partitions, env_modules=cfg.env_modules
+    )
     common = [
-        "--redis-url",
-        redis_url,
-        "--run",
-        cfg.run,
+        *render_flags(run),
         "--inference-urls",
         ",".join(inference_urls),
         "--model",
         str(model),
     ]
-    if cfg.partitions > 1:  # the learner and every worker must agree on the stream layout
-        common += ["--partitions", str(cfg.partitions)]
     specs.append(_learner(cfg, work, tasks, common))
     for i in range(cfg.workers):
         specs.append(_worker(cfg, i, common))

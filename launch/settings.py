@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import functools
 import json
 import os
@@ -41,7 +42,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError
 from pydantic.dataclasses import is_pydantic_dataclass
 from pydantic.fields import FieldInfo
 from pydantic_settings import NoDecode
@@ -272,6 +273,54 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
             target.add_argument(flag, dest=name, metavar=name.upper(), action="append", help=help_)
         else:
             target.add_argument(flag, dest=name, metavar=name.upper(), help=leaf.field.description)
+
+
+def render_flags(config: BaseModel, *, changed_only: bool = True) -> list[str]:
+    """`config` as the flags `resolve` reads back to the same config (the resolver's inverse).
+
+    With `changed_only`, a leaf equal to its default is left out: the child resolves the
+    same default. Secrets are written in clear (the child must get them); a None that is
+    not the default, and a list without a comma form, have no flag and raise TypeError.
+    """
+    out: list[str] = []
+    for name, leaf in leaves(type(config)).items():
+        value: Any = config
+        for part in leaf.path:
+            value = getattr(value, part)
+        if changed_only and value == _default(type(config), leaf):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + flag[2:])
+        elif value is None:
+            raise TypeError(f"{name}: None has no flag form (only a default None does)")
+        elif isinstance(value, list | tuple | set | dict):
+            if not _comma_list(leaf.field) or any("," in str(v) for v in value):
+                raise TypeError(f"{name}: {value!r} has no comma-separated flag form")
+            out.append(f"{flag}={','.join(str(v) for v in value)}")
+        else:
+            out += [flag, _text(value)]
+    return out
+
+
+def _default(cls: type, leaf: Leaf) -> Any:
+    """A leaf's default in role `cls` (a section's role defaults included); required: a marker."""
+    top = fields_of(cls)[leaf.path[0]]
+    if top.is_required():
+        return _REQUIRED
+    value = top.get_default(call_default_factory=True)
+    return getattr(value, leaf.path[1]) if len(leaf.path) > 1 else value
+
+
+_REQUIRED = object()
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    return str(value)
 
 
 def flag_values(args: argparse.Namespace, cls: type) -> dict[str, Any]:
