@@ -94,6 +94,17 @@ async def _run_to_completion(name: str, argv: list[str], sink: LineSink, limit_s
         raise StartupError(f"{name} failed with status {proc.returncode}")
 
 
+def run_section(cfg: FarmConfig, redis_url: str) -> RunSection:
+    """The settings every role of the stack must agree on.
+
+    Rendered with `render_flags`, the resolver's inverse, so a setting added to
+    `RunSection` and here reaches the learner, the workers and `farm eval` alike.
+    """
+    return RunSection(
+        run=cfg.run, redis_url=redis_url, partitions=cfg.partitions, env_modules=cfg.env_modules
+    )
+
+
 def build_stack(cfg: FarmConfig, model: Path, tasks: Path) -> Stack:
     work = cfg.work_dir.resolve()
     specs: list[ProcessSpec] = []
@@ -106,13 +117,8 @@ def build_stack(cfg: FarmConfig, model: Path, tasks: Path) -> Stack:
         port = cfg.inference_port or free_port()
         inference_urls = [f"http://127.0.0.1:{port}"]
         specs.append(_policy_server(model, port))
-    # The settings learner and workers must agree on, rendered by the resolver's inverse: a
-    # setting added to RunSection reaches both without touching this function.
-    run = RunSection(
-        run=cfg.run, redis_url=redis_url, partitions=cfg.partitions, env_modules=cfg.env_modules
-    )
     common = [
-        *render_flags(run),
+        *render_flags(run_section(cfg, redis_url)),
         "--inference-urls",
         ",".join(inference_urls),
         "--model",

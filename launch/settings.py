@@ -143,8 +143,7 @@ def leaves(model: type) -> dict[str, Leaf]:
         if sub is None:
             add(Leaf(name, (name,), field, ""))
             continue
-        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-        prefix = str(extra.get("flag_prefix", ""))
+        prefix = str(_extra(field).get("flag_prefix", ""))
         title = f"{name}: {field.description or sub.__name__}"
         for inner, inner_field in fields_of(sub).items():
             add(Leaf(prefix + inner, (name, inner), inner_field, title))
@@ -255,24 +254,50 @@ def _describe(cls: type, index: dict[str, Leaf], exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
-    """One `--flat-name` flag per leaf of `cls`, grouped by section, documented by its field."""
+def _extra(field: FieldInfo) -> dict[str, Any]:
+    return field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+
+
+def flag(name: str, field: FieldInfo) -> str:
+    """A leaf's flag: ``--flat-name``, or the one its field names (``flag="learner-arg"``)."""
+    return "--" + str(_extra(field).get("flag", name)).replace("_", "-")
+
+
+def _verbatim_list(field: FieldInfo) -> bool:
+    """A list with no comma form: its flag is repeated, one item each, items kept whole."""
+    return not _comma_list(field) and typing.get_origin(field.annotation) is list
+
+
+def add_flags(
+    parser: argparse.ArgumentParser, cls: type, only: frozenset[str] | None = None
+) -> None:
+    """One flag per leaf of `cls` (or of those named in `only`), grouped by section.
+
+    A field's ``json_schema_extra`` may rename its flag (``{"flag": "learner-arg"}``) and
+    give aliases (``{"flag_aliases": ["env"]}``); its description is the help.
+    """
     groups: dict[str, argparse._ArgumentGroup] = {}
     for name, leaf in leaves(cls).items():
+        if only is not None and name not in only:
+            continue
         target: Any = parser
         if leaf.section:
             if leaf.section not in groups:
                 groups[leaf.section] = parser.add_argument_group(leaf.section)
             target = groups[leaf.section]
-        flag = "--" + name.replace("_", "-")
+        flags = [flag(name, leaf.field)]
+        flags += ["--" + a.replace("_", "-") for a in _extra(leaf.field).get("flag_aliases", ())]
+        help_ = leaf.field.description
         if leaf.field.annotation is bool:
             action = argparse.BooleanOptionalAction
-            target.add_argument(flag, dest=name, action=action, help=leaf.field.description)
-        elif _comma_list(leaf.field):  # repeatable: the values are joined
-            help_ = f"{leaf.field.description} (repeatable)"
-            target.add_argument(flag, dest=name, metavar=name.upper(), action="append", help=help_)
+            target.add_argument(*flags, dest=name, action=action, help=help_)
+        elif _comma_list(leaf.field) or _verbatim_list(leaf.field):  # repeatable
+            metavar = name.upper()
+            target.add_argument(
+                *flags, dest=name, metavar=metavar, action="append", help=f"{help_} (repeatable)"
+            )
         else:
-            target.add_argument(flag, dest=name, metavar=name.upper(), help=leaf.field.description)
+            target.add_argument(*flags, dest=name, metavar=name.upper(), help=help_)
 
 
 def render_flags(config: BaseModel, *, changed_only: bool = True) -> list[str]:
@@ -289,17 +314,19 @@ def render_flags(config: BaseModel, *, changed_only: bool = True) -> list[str]:
             value = getattr(value, part)
         if changed_only and value == _default(type(config), leaf):
             continue
-        flag = "--" + name.replace("_", "-")
+        name_ = flag(name, leaf.field)
         if isinstance(value, bool):
-            out.append(flag if value else "--no-" + flag[2:])
+            out.append(name_ if value else "--no-" + name_[2:])
         elif value is None:
             raise TypeError(f"{name}: None has no flag form (only a default None does)")
+        elif _verbatim_list(leaf.field):
+            out += [f"{name_}={_text(v)}" for v in value]
         elif isinstance(value, list | tuple | set | dict):
             if not _comma_list(leaf.field) or any("," in str(v) for v in value):
                 raise TypeError(f"{name}: {value!r} has no comma-separated flag form")
-            out.append(f"{flag}={','.join(str(v) for v in value)}")
+            out.append(f"{name_}={','.join(_text(v) for v in value)}")
         else:
-            out += [flag, _text(value)]
+            out += [name_, _text(value)]
     return out
 
 
