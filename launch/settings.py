@@ -304,7 +304,7 @@ def render_flags(config: BaseModel, *, changed_only: bool = True) -> list[str]:
     """`config` as the flags `resolve` reads back to the same config (the resolver's inverse).
 
     With `changed_only`, a leaf equal to its default is left out: the child resolves the
-    same default. Secrets are written in clear (the child must get them); a None that is
+    same default (a default None is always left out: it has no flag). Secrets are written in clear (the child must get them); a None that is
     not the default, and a list without a comma form, have no flag and raise TypeError.
     """
     out: list[str] = []
@@ -312,7 +312,8 @@ def render_flags(config: BaseModel, *, changed_only: bool = True) -> list[str]:
         value: Any = config
         for part in leaf.path:
             value = getattr(value, part)
-        if changed_only and value == _default(type(config), leaf):
+        default = _default(type(config), leaf)
+        if (changed_only or value is None) and value == default:
             continue
         name_ = flag(name, leaf.field)
         if isinstance(value, bool):
