@@ -25,6 +25,7 @@ from pydantic.dataclasses import dataclass
 from broker.connection import DEFAULT_REDIS_URL, RedisUrl
 from broker.consumer import ConsumerSettings
 from broker.run import Partitions, RunName
+from envs.wrappers import HorizonSchedule as TurnSchedule
 from launch.settings import CommaList, LogLevel, RoleConfig, section
 from learner.errors import ConfigError
 from learner.tracking.config import TrackingConfig
@@ -346,10 +347,17 @@ class HorizonSchedule:
         return self
 
     def at(self, step: int) -> int | None:
-        """The horizon of tasks issued at learner step `step` (None: schedule off)."""
+        """The horizon of tasks issued at learner step `step` (None: schedule off).
+
+        The formula is the wrapper's (`envs.wrappers.HorizonSchedule`, one turn a stage):
+        these settings only name it for the learner, which stamps the value on each task.
+        """
         if self.horizon_start is None or self.horizon_max is None:
             return None
-        return min(self.horizon_max, self.horizon_start + step // self.horizon_every)
+        rising = TurnSchedule(
+            start=self.horizon_start, every=self.horizon_every, maximum=self.horizon_max
+        )
+        return rising.limit(step)
 
 
 @dataclass(frozen=True, config=COMPONENT)
