@@ -24,7 +24,11 @@ Adding a component config to a role is one line in the role's model::
 The component's fields then become flags, variables and keys of that role; a flat
 name used twice within a role is a `TypeError` at the first resolve. Sections nest
 one level. Secrets are `SecretStr` fields; `masked` renders a config for the log
-with those and every password inside a URL hidden.
+with those and every password inside a URL hidden. `render_flags` is the resolver's
+inverse: a config as the flags that resolve back to it, for a process that starts
+another role (`farm`). A field may rename its flag (``json_schema_extra={"flag": ...}``)
+or add aliases (``{"flag_aliases": [...]}``); a plain list's flag is repeated, one item
+each, items kept whole.
 """
 
 from __future__ import annotations
