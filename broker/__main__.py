@@ -25,11 +25,12 @@ from pydantic import Field
 
 from broker.archive import Archive, archive_stream
 from broker.codec import decode
-from broker.connection import RedisSettings, RedisUrl, connect
+from broker.connection import DEFAULT_REDIS_URL, RedisSettings, RedisUrl, connect
 from broker.deadletters import list_dead_letters, requeue
 from broker.errors import BrokerError, DecodeError
 from broker.keys import RunKeys
 from broker.replay import ReplayFilter, archive_entries, replay, stream_entries
+from broker.run import Partitions, RunName
 from broker.show.cli import add_show_command, exec_show
 from broker.status import format_state, run_state
 from launch.runner import Role, RoleContext, build_parser, start
@@ -42,10 +43,10 @@ class BrokerCliConfig(RoleConfig):
     role: ClassVar[str] = "broker"
     error: ClassVar[type[Exception]] = BrokerError
 
-    redis_url: RedisUrl = Field("redis://127.0.0.1:6379/0", description="Redis URL")
-    run: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="run name")
+    redis_url: RedisUrl = Field(DEFAULT_REDIS_URL, description="Redis URL")
+    run: RunName = Field("demo", description="run name")
     redis_ca_file: str | None = Field(None, description="CA bundle for rediss:// URLs")
-    partitions: int = Field(1, ge=1, le=256, description="trajectory partitions of the run")
+    partitions: Partitions = Field(1, description="trajectory partitions of the run")
     redis_wait: float = Field(10.0, gt=0.0, description="seconds to keep retrying Redis")
     log_level: LogLevel = Field("WARNING", description="log level")
 

@@ -98,13 +98,14 @@ def check_redis_url(url: str) -> str:
 
 # A Redis URL field of a config model, checked for a scheme the clients speak.
 RedisUrl = Annotated[str, AfterValidator(check_redis_url)]
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"  # every role's default: a local Redis
 
 
 @dataclass(frozen=True)
 class RedisSettings:
     """How to reach Redis."""
 
-    url: str = "redis://127.0.0.1:6379/0"
+    url: str = DEFAULT_REDIS_URL
     socket_timeout_s: float = 5.0  # every command; blocking reads block for less
     connect_timeout_s: float = 3.0
     retry_budget_s: float = 30.0  # total time connect() keeps retrying

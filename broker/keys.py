@@ -19,8 +19,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_RUN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_TAG = re.compile(r"^\{([A-Za-z0-9_.-]{1,64})(?::(\d+))?\}")
+_RUN_CHARS = r"[A-Za-z0-9_.-]{1,64}"  # no ":" and no braces: tags never collide across runs
+RUN_NAME_PATTERN = f"^{_RUN_CHARS}$"  # what every role's `run` setting must match
+MAX_PARTITIONS = 256  # trajectory/task partitions of one run: 1..MAX_PARTITIONS
+_RUN_NAME = re.compile(RUN_NAME_PATTERN)
+_TAG = re.compile(r"^\{(" + _RUN_CHARS + r")(?::(\d+))?\}")
 
 # Consumer-group names. Workers share one group on the tasks streams; the
 # learner owns one group on each trajectories partition. Each evaluator (the learner's
@@ -47,8 +50,8 @@ class RunKeys:
     def __post_init__(self) -> None:
         if not _RUN_NAME.match(self.run):
             raise ValueError(f"run name must match {_RUN_NAME.pattern!r}, got {self.run!r}")
-        if not 1 <= self.partitions <= 256:
-            raise ValueError(f"partitions must be in 1..256, got {self.partitions}")
+        if not 1 <= self.partitions <= MAX_PARTITIONS:
+            raise ValueError(f"partitions must be in 1..{MAX_PARTITIONS}, got {self.partitions}")
 
     @property
     def prefix(self) -> str:

@@ -17,86 +17,46 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
+from broker.connection import DEFAULT_REDIS_URL
+from farm.config import FarmConfig
 from farm.errors import FarmError
 from launch.logs import setup_logging
+from launch.settings import add_flags, flag_values
+
+# The settings `farm eval|filter` keep for the stack; every other flag passes through
+# to `python -m learner evaluate|filter`.
+_ONESHOT = frozenset(
+    {"run", "model", "workers", "worker_concurrency", "sandbox_backend", "partitions"}
+    | {"env_modules", "work_dir", "worker_args"}
+)
 
 
-def _stack_flags(p: argparse.ArgumentParser) -> None:
+def _config_flags(p: argparse.ArgumentParser, only: frozenset[str] | None = None) -> None:
     p.add_argument("--config", type=Path, help="TOML file with farm settings")
-    p.add_argument("--run", help="run name (default demo)")
-    p.add_argument("--redis-url", help="use this Redis instead of starting a private one")
-    p.add_argument("--redis-port", type=int, help="port of the private Redis (default: free)")
-    p.add_argument(
-        "--inference-urls", help="use these servers (comma-separated) instead of the CPU one"
-    )
-    p.add_argument("--inference-port", type=int, help="CPU policy server port (default: free)")
-    p.add_argument("--model", type=Path, help="model directory (default: build the tiny model)")
-    p.add_argument("--workers", type=int, help="worker processes (default 2)")
-    p.add_argument("--worker-concurrency", type=int, help="tasks per worker at once")
-    p.add_argument("--sandbox-backend", choices=["docker", "bwrap"], help="workers' sandbox")
-    p.add_argument(
-        "--env-spec",
-        "--env",
-        dest="env_spec",
-        help='environment of the tasks (default toy@{"difficulty": 0})',
-    )
-    p.add_argument("--tasks", type=Path, help="learner's JSONL dataset (default: from env-spec)")
-    p.add_argument("--max-steps", type=int, help="stop after this many learner steps")
-    p.add_argument("--partitions", type=int, help="stream partitions (default 1; see docs/farm.md)")
-    p.add_argument("--work-dir", type=Path, help="run directory (default .farm)")
-    p.add_argument("--metrics-port", type=int, help="supervisor /metrics port (0: none)")
-    p.add_argument("--status-interval-s", type=float, help="status refresh period (s)")
-    p.add_argument(
-        "--learner-arg",
-        action="append",
-        dest="learner_args",
-        metavar="ARG",
-        help="extra flag for the learner (repeatable)",
-    )
-    p.add_argument(
-        "--worker-arg",
-        action="append",
-        dest="worker_args",
-        metavar="ARG",
-        help="extra flag for each worker (repeatable)",
-    )
-
-
-def _oneshot_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, help="TOML file with farm settings")
-    p.add_argument("--run", help="run name (default demo)")
-    p.add_argument("--model", type=Path, help="model or exported checkpoint (default: tiny)")
-    p.add_argument("--workers", type=int, help="worker processes (default 2)")
-    p.add_argument("--worker-concurrency", type=int, help="tasks per worker at once")
-    p.add_argument("--sandbox-backend", choices=["docker", "bwrap"], help="workers' sandbox")
-    p.add_argument("--partitions", type=int, help="stream partitions (default 1)")
-    p.add_argument("--work-dir", type=Path, help="run directory (default .farm)")
-    p.add_argument("--verbose", action="store_true", help="show the children's logs")
-    p.add_argument("--worker-arg", action="append", dest="worker_args", metavar="ARG",
-                   help="extra flag for each worker (repeatable)")  # fmt: skip
+    add_flags(p, FarmConfig, only)
 
 
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="farm", description="Rollout farm on one machine.")
     sub = root.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="run the local stack until Ctrl-C")
-    _stack_flags(up)
+    _config_flags(up)
     up.add_argument("--quiet", action="store_true", help="children's logs to files only")
     demo = sub.add_parser("demo", help="train the toy environment and plot the reward")
-    _stack_flags(demo)
+    _config_flags(demo)
     demo.add_argument("--time-limit-s", type=float, help="stop training after (s; default 270)")
     demo.add_argument("--verbose", action="store_true", help="show the children's logs")
     status = sub.add_parser("status", help="a running farm's state from Redis")
-    status.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="Redis URL")
+    status.add_argument("--redis-url", default=DEFAULT_REDIS_URL, help="Redis URL")
     status.add_argument("--run", default="demo", help="run name")
     status.add_argument("--partitions", type=int, default=1, help="the run's stream partitions")
     status.add_argument("--watch", type=float, default=0.0, help="repeat every N seconds")
     for name, what in (("eval", "evaluate"), ("filter", "filter")):
         one = sub.add_parser(name, help=f"bring the stack up without a learner and run "
                              f"`python -m learner {what}` (its flags pass through)")  # fmt: skip
-        _oneshot_flags(one)
+        _config_flags(one, _ONESHOT)
+        one.add_argument("--verbose", action="store_true", help="show the children's logs")
     images = sub.add_parser("images", help="build the compose stack's images offline")
     images_sub = images.add_subparsers(dest="images_command", required=True)
     build = images_sub.add_parser("build", help="build what is missing (cached by content tag)")
@@ -106,30 +66,6 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--force", action="store_true", help="rebuild even if tagged")
     images_sub.add_parser("tags", help="print the content tags a build produces")
     return root
-
-
-def _config_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    keys = (
-        "run",
-        "redis_url",
-        "redis_port",
-        "inference_urls",
-        "inference_port",
-        "model",
-        "workers",
-        "worker_concurrency",
-        "sandbox_backend",
-        "env_spec",
-        "tasks",
-        "max_steps",
-        "partitions",
-        "work_dir",
-        "metrics_port",
-        "status_interval_s",
-        "learner_args",
-        "worker_args",
-    )
-    return {k: getattr(args, k) for k in keys}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,7 +95,7 @@ async def _up(args: argparse.Namespace) -> int:
     from farm.config import load_config
     from farm.console import Console
 
-    cfg = load_config(args.config, **_config_kwargs(args))
+    cfg = load_config(args.config, **flag_values(args, FarmConfig))
     console = Console(log_dir=cfg.work_dir / "logs", echo_children=not args.quiet)
     outcome = await run_farm(cfg, console)
     print(f"farm stopped ({outcome.stop_reason})")
@@ -172,7 +108,7 @@ async def _demo(args: argparse.Namespace) -> int:
     from farm.config import load_config
     from farm.console import Console
 
-    kwargs = _config_kwargs(args)
+    kwargs = flag_values(args, FarmConfig)
     kwargs["work_dir"] = kwargs["work_dir"] or demo.default_output_dir()
     kwargs["max_steps"] = kwargs["max_steps"] or demo.DEMO_MAX_STEPS
     kwargs["worker_args"] = [*demo.DEMO_WORKER_ARGS, *(kwargs["worker_args"] or [])]
@@ -199,9 +135,7 @@ async def _oneshot(args: argparse.Namespace, rest: list[str]) -> int:
     from farm.console import Console
     from farm.oneshot import run_oneshot
 
-    keys = ("run", "model", "workers", "worker_concurrency", "sandbox_backend", "partitions",
-            "work_dir", "worker_args")  # fmt: skip
-    cfg = load_config(args.config, **{k: getattr(args, k) for k in keys})
+    cfg = load_config(args.config, **flag_values(args, FarmConfig))
     console = Console(log_dir=cfg.work_dir / "logs", echo_children=args.verbose)
     command = "evaluate" if args.command == "eval" else "filter"
     return await run_oneshot(cfg, console, command, rest)

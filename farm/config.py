@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
-from pydantic_settings import NoDecode
 
 from broker.connection import RedisUrl
+from broker.run import Partitions, RunName
 from farm.errors import ConfigError
-from launch.settings import LogLevel, RoleConfig
+from launch.settings import CommaList, LogLevel, RoleConfig
 
 
 class FarmConfig(RoleConfig):
@@ -29,12 +29,12 @@ class FarmConfig(RoleConfig):
     role: ClassVar[str] = "farm"
     error: ClassVar[type[Exception]] = ConfigError
 
-    run: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="run name")
+    run: RunName = Field("demo", description="run name")
     redis_url: RedisUrl | None = Field(
         None, description="Redis to use; None starts a private redis-server (AOF on)"
     )
     redis_port: int = Field(0, ge=0, le=65535, description="port of the private Redis (0: free)")
-    inference_urls: Annotated[list[str], NoDecode] = Field(
+    inference_urls: CommaList = Field(
         default_factory=list,
         description="inference servers (comma-separated); empty starts the CPU policy server",
     )
@@ -50,23 +50,31 @@ class FarmConfig(RoleConfig):
         None, pattern=r"^(docker|bwrap)$", description="workers' sandbox backend (None: default)"
     )
     env_spec: str = Field(
-        'toy@{"difficulty": 0}', min_length=1, description="environment the tasks use"
+        'toy@{"difficulty": 0}',
+        min_length=1,
+        description="environment the tasks use",
+        json_schema_extra={"flag_aliases": ["env"]},
+    )
+    env_modules: CommaList = Field(
+        default_factory=list,
+        description="modules imported at start-up to register extra environments (learner and workers)",
     )
     tasks: Path | None = Field(
         None, description="learner's JSONL task dataset; None writes one line with env_spec"
     )
     max_steps: int = Field(0, ge=0, description="learner steps before the farm stops (0: never)")
-    partitions: int = Field(
-        1,
-        ge=1,
-        le=256,
-        description="task/trajectory stream partitions (one slot each on a cluster)",
+    partitions: Partitions = Field(
+        1, description="task/trajectory stream partitions (one slot each on a cluster)"
     )
     learner_args: list[str] = Field(
-        default_factory=list, description="extra flags passed to `python -m learner`"
+        default_factory=list,
+        description="extra flag passed to `python -m learner`",
+        json_schema_extra={"flag": "learner-arg"},
     )
     worker_args: list[str] = Field(
-        default_factory=list, description="extra flags passed to each `python -m workers`"
+        default_factory=list,
+        description="extra flag passed to each `python -m workers`",
+        json_schema_extra={"flag": "worker-arg"},
     )
     work_dir: Path = Field(Path(".farm"), description="run directory: model, Redis, logs")
     metrics_port: int = Field(9400, ge=0, le=65535, description="supervisor /metrics (0: none)")
@@ -74,12 +82,10 @@ class FarmConfig(RoleConfig):
     log_level: LogLevel = Field("INFO", description="log level of the farm's own lines")
     restart_max: int = Field(5, ge=0, le=1000, description="crashes per child within 5 min")
 
-    @field_validator("inference_urls", mode="before")
+    @field_validator("inference_urls")
     @classmethod
-    def _split_urls(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [u.strip().rstrip("/") for u in value.split(",") if u.strip()]
-        return value
+    def _no_trailing_slash(cls, value: list[str]) -> list[str]:
+        return [u.rstrip("/") for u in value]
 
     @field_validator("env_spec")
     @classmethod

@@ -14,8 +14,9 @@ import sys
 
 from farm.config import FarmConfig
 from farm.console import Console
-from farm.stack import build_stack, prepare
+from farm.stack import build_stack, prepare, run_section
 from farm.supervisor import RestartPolicy, Supervisor
+from launch.settings import render_flags
 
 
 async def run_oneshot(cfg: FarmConfig, console: Console, command: str, args: list[str]) -> int:
@@ -26,8 +27,16 @@ async def run_oneshot(cfg: FarmConfig, console: Console, command: str, args: lis
     stack = dataclasses.replace(stack, specs=tuple(specs))
     supervisor = Supervisor(stack.specs, console.line, RestartPolicy(max_restarts=cfg.restart_max))
     supervisor.install_signal_handlers()
-    argv = [sys.executable, "-m", "learner", command, "--redis-url", stack.redis_url,
-            "--run", cfg.run, "--partitions", str(cfg.partitions), *args]  # fmt: skip
+    # the command's own log level stays its default: the stack's run section renders only
+    # what differs from the shared defaults
+    argv = [
+        sys.executable,
+        "-m",
+        "learner",
+        command,
+        *render_flags(run_section(cfg, stack.redis_url)),
+        *args,
+    ]
     status: list[int] = []
 
     async def one_command(stop: asyncio.Event) -> None:

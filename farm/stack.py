@@ -28,9 +28,11 @@ import aiohttp
 from redis.exceptions import RedisError
 
 from broker.connection import RedisSettings
+from broker.run import RunSection
 from farm.config import FarmConfig
 from farm.errors import StartupError
 from farm.supervisor import LineSink, Probe, ProcessSpec
+from launch.settings import render_flags
 
 PYTHON = sys.executable
 
@@ -92,6 +94,17 @@ async def _run_to_completion(name: str, argv: list[str], sink: LineSink, limit_s
         raise StartupError(f"{name} failed with status {proc.returncode}")
 
 
+def run_section(cfg: FarmConfig, redis_url: str) -> RunSection:
+    """The settings every role of the stack must agree on.
+
+    Rendered with `render_flags`, the resolver's inverse, so a setting added to
+    `RunSection` and here reaches the learner, the workers and `farm eval` alike.
+    """
+    return RunSection(
+        run=cfg.run, redis_url=redis_url, partitions=cfg.partitions, env_modules=cfg.env_modules
+    )
+
+
 def build_stack(cfg: FarmConfig, model: Path, tasks: Path) -> Stack:
     work = cfg.work_dir.resolve()
     specs: list[ProcessSpec] = []
@@ -105,17 +118,12 @@ def build_stack(cfg: FarmConfig, model: Path, tasks: Path) -> Stack:
         inference_urls = [f"http://127.0.0.1:{port}"]
         specs.append(_policy_server(model, port))
     common = [
-        "--redis-url",
-        redis_url,
-        "--run",
-        cfg.run,
+        *render_flags(run_section(cfg, redis_url)),
         "--inference-urls",
         ",".join(inference_urls),
         "--model",
         str(model),
     ]
-    if cfg.partitions > 1:  # the learner and every worker must agree on the stream layout
-        common += ["--partitions", str(cfg.partitions)]
     specs.append(_learner(cfg, work, tasks, common))
     for i in range(cfg.workers):
         specs.append(_worker(cfg, i, common))

@@ -24,13 +24,18 @@ Adding a component config to a role is one line in the role's model::
 The component's fields then become flags, variables and keys of that role; a flat
 name used twice within a role is a `TypeError` at the first resolve. Sections nest
 one level. Secrets are `SecretStr` fields; `masked` renders a config for the log
-with those and every password inside a URL hidden.
+with those and every password inside a URL hidden. `render_flags` is the resolver's
+inverse: a config as the flags that resolve back to it, for a process that starts
+another role (`farm`). A field may rename its flag (``json_schema_extra={"flag": ...}``)
+or add aliases (``{"flag_aliases": [...]}``); a plain list's flag is repeated, one item
+each, items kept whole.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import functools
 import json
 import os
@@ -41,7 +46,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError
 from pydantic.dataclasses import is_pydantic_dataclass
 from pydantic.fields import FieldInfo
 from pydantic_settings import NoDecode
@@ -142,8 +147,7 @@ def leaves(model: type) -> dict[str, Leaf]:
         if sub is None:
             add(Leaf(name, (name,), field, ""))
             continue
-        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-        prefix = str(extra.get("flag_prefix", ""))
+        prefix = str(_extra(field).get("flag_prefix", ""))
         title = f"{name}: {field.description or sub.__name__}"
         for inner, inner_field in fields_of(sub).items():
             add(Leaf(prefix + inner, (name, inner), inner_field, title))
@@ -254,24 +258,101 @@ def _describe(cls: type, index: dict[str, Leaf], exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
-    """One `--flat-name` flag per leaf of `cls`, grouped by section, documented by its field."""
+def _extra(field: FieldInfo) -> dict[str, Any]:
+    return field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+
+
+def flag(name: str, field: FieldInfo) -> str:
+    """A leaf's flag: ``--flat-name``, or the one its field names (``flag="learner-arg"``)."""
+    return "--" + str(_extra(field).get("flag", name)).replace("_", "-")
+
+
+def _verbatim_list(field: FieldInfo) -> bool:
+    """A list with no comma form: its flag is repeated, one item each, items kept whole."""
+    return not _comma_list(field) and typing.get_origin(field.annotation) is list
+
+
+def add_flags(
+    parser: argparse.ArgumentParser, cls: type, only: frozenset[str] | None = None
+) -> None:
+    """One flag per leaf of `cls` (or of those named in `only`), grouped by section.
+
+    A field's ``json_schema_extra`` may rename its flag (``{"flag": "learner-arg"}``) and
+    give aliases (``{"flag_aliases": ["env"]}``); its description is the help.
+    """
     groups: dict[str, argparse._ArgumentGroup] = {}
     for name, leaf in leaves(cls).items():
+        if only is not None and name not in only:
+            continue
         target: Any = parser
         if leaf.section:
             if leaf.section not in groups:
                 groups[leaf.section] = parser.add_argument_group(leaf.section)
             target = groups[leaf.section]
-        flag = "--" + name.replace("_", "-")
+        flags = [flag(name, leaf.field)]
+        flags += ["--" + a.replace("_", "-") for a in _extra(leaf.field).get("flag_aliases", ())]
+        help_ = leaf.field.description
         if leaf.field.annotation is bool:
             action = argparse.BooleanOptionalAction
-            target.add_argument(flag, dest=name, action=action, help=leaf.field.description)
-        elif _comma_list(leaf.field):  # repeatable: the values are joined
-            help_ = f"{leaf.field.description} (repeatable)"
-            target.add_argument(flag, dest=name, metavar=name.upper(), action="append", help=help_)
+            target.add_argument(*flags, dest=name, action=action, help=help_)
+        elif _comma_list(leaf.field) or _verbatim_list(leaf.field):  # repeatable
+            metavar = name.upper()
+            target.add_argument(
+                *flags, dest=name, metavar=metavar, action="append", help=f"{help_} (repeatable)"
+            )
         else:
-            target.add_argument(flag, dest=name, metavar=name.upper(), help=leaf.field.description)
+            target.add_argument(*flags, dest=name, metavar=name.upper(), help=help_)
+
+
+def render_flags(config: BaseModel, *, changed_only: bool = True) -> list[str]:
+    """`config` as the flags `resolve` reads back to the same config (the resolver's inverse).
+
+    With `changed_only`, a leaf equal to its default is left out: the child resolves the
+    same default (a default None is always left out: it has no flag). Secrets are written in clear (the child must get them); a None that is
+    not the default, and a list without a comma form, have no flag and raise TypeError.
+    """
+    out: list[str] = []
+    for name, leaf in leaves(type(config)).items():
+        value: Any = config
+        for part in leaf.path:
+            value = getattr(value, part)
+        default = _default(type(config), leaf)
+        if (changed_only or value is None) and value == default:
+            continue
+        name_ = flag(name, leaf.field)
+        if isinstance(value, bool):
+            out.append(name_ if value else "--no-" + name_[2:])
+        elif value is None:
+            raise TypeError(f"{name}: None has no flag form (only a default None does)")
+        elif _verbatim_list(leaf.field):
+            out += [f"{name_}={_text(v)}" for v in value]
+        elif isinstance(value, list | tuple | set | dict):
+            if not _comma_list(leaf.field) or any("," in str(v) for v in value):
+                raise TypeError(f"{name}: {value!r} has no comma-separated flag form")
+            out.append(f"{name_}={','.join(_text(v) for v in value)}")
+        else:
+            out += [name_, _text(value)]
+    return out
+
+
+def _default(cls: type, leaf: Leaf) -> Any:
+    """A leaf's default in role `cls` (a section's role defaults included); required: a marker."""
+    top = fields_of(cls)[leaf.path[0]]
+    if top.is_required():
+        return _REQUIRED
+    value = top.get_default(call_default_factory=True)
+    return getattr(value, leaf.path[1]) if len(leaf.path) > 1 else value
+
+
+_REQUIRED = object()
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    return str(value)
 
 
 def flag_values(args: argparse.Namespace, cls: type) -> dict[str, Any]:

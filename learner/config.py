@@ -22,8 +22,10 @@ from typing import ClassVar
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
-from broker.connection import RedisUrl
+from broker.connection import DEFAULT_REDIS_URL, RedisUrl
 from broker.consumer import ConsumerSettings
+from broker.run import Partitions, RunName
+from envs.wrappers import HorizonSchedule as TurnSchedule
 from launch.settings import CommaList, LogLevel, RoleConfig, section
 from learner.errors import ConfigError
 from learner.lora import LoraSettings
@@ -346,10 +348,17 @@ class HorizonSchedule:
         return self
 
     def at(self, step: int) -> int | None:
-        """The horizon of tasks issued at learner step `step` (None: schedule off)."""
+        """The horizon of tasks issued at learner step `step` (None: schedule off).
+
+        The formula is the wrapper's (`envs.wrappers.HorizonSchedule`, one turn a stage):
+        these settings only name it for the learner, which stamps the value on each task.
+        """
         if self.horizon_start is None or self.horizon_max is None:
             return None
-        return min(self.horizon_max, self.horizon_start + step // self.horizon_every)
+        rising = TurnSchedule(
+            start=self.horizon_start, every=self.horizon_every, maximum=self.horizon_max
+        )
+        return rising.limit(step)
 
 
 @dataclass(frozen=True, config=COMPONENT)
@@ -403,15 +412,15 @@ class LearnerConfig(RoleConfig):
 
     # --- model, run, Redis, inference -------------------------------------------------------
     model: Path = Field(description="Hugging Face model directory (weights, config, tokenizer)")
-    run: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="run name")
-    redis_url: RedisUrl = Field("redis://127.0.0.1:6379/0", description="Redis URL")
+    run: RunName = Field("demo", description="run name")
+    redis_url: RedisUrl = Field(DEFAULT_REDIS_URL, description="Redis URL")
     inference_urls: CommaList = Field(
         default_factory=list, description="inference servers to push weights to (comma-separated)"
     )
     inference_api_key: SecretStr | None = Field(None, description="bearer token for the servers")
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port (0: none)")
     log_level: LogLevel = Field("INFO", description="log level")
-    partitions: int = Field(1, ge=1, le=256, description="trajectories stream partitions")
+    partitions: Partitions = Field(1, description="trajectories stream partitions")
     consumer_name: str = Field("learner", min_length=1, description="consumer name in the group")
     # --- batches ------------------------------------------------------------------------------
     groups_per_batch: int = Field(8, ge=1, le=100_000, description="groups per optimizer step")

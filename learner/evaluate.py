@@ -26,7 +26,8 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from broker.connection import RedisUrl
+from broker.connection import DEFAULT_REDIS_URL, RedisUrl
+from broker.run import Partitions, RunName
 from launch.runner import Role, RoleContext, start
 from launch.settings import CommaList, LogLevel, RoleConfig, section
 from learner.config import EvalConfig
@@ -43,9 +44,9 @@ class _RunConfig(RoleConfig):
     role: ClassVar[str] = "learner"
     error: ClassVar[type[Exception]] = ConfigError
 
-    redis_url: RedisUrl = Field("redis://127.0.0.1:6379/0", description="Redis URL")
-    run: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="run name")
-    partitions: int = Field(1, ge=1, le=256, description="trajectories stream partitions")
+    redis_url: RedisUrl = Field(DEFAULT_REDIS_URL, description="Redis URL")
+    run: RunName = Field("demo", description="run name")
+    partitions: Partitions = Field(1, description="trajectories stream partitions")
     env_modules: CommaList = Field(
         default_factory=list, description="modules imported to register extra environments"
     )

@@ -19,8 +19,9 @@ from typing import ClassVar, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
-from broker.connection import RedisUrl
+from broker.connection import DEFAULT_REDIS_URL, RedisUrl
 from broker.consumer import ConsumerSettings
+from broker.run import Partitions, RunName
 from inference.config import ClientConfig
 from launch.settings import CommaList, LogLevel, RoleConfig, section
 from workers.errors import ConfigError
@@ -75,8 +76,8 @@ class WorkerConfig(RoleConfig):
     error: ClassVar[type[Exception]] = ConfigError
 
     # --- where things are ------------------------------------------------------------------
-    redis_url: RedisUrl = Field("redis://127.0.0.1:6379/0", description="Redis URL")
-    run: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="run name")
+    redis_url: RedisUrl = Field(DEFAULT_REDIS_URL, description="Redis URL")
+    run: RunName = Field("demo", description="run name")
     inference_urls: CommaList = Field(
         default_factory=list, description="inference servers, comma-separated (at least one)"
     )
@@ -86,7 +87,7 @@ class WorkerConfig(RoleConfig):
         pattern=r"^[A-Za-z0-9_.:-]{1,128}$",
         description="consumer name in the tasks group (default: host-random, so pods are stateless)",
     )
-    partitions: int = Field(1, ge=1, le=256, description="trajectories stream partitions")
+    partitions: Partitions = Field(1, description="trajectories stream partitions")
     env_modules: CommaList = Field(
         default_factory=list,
         description="Python modules imported at start-up to register extra environments (comma-separated)",

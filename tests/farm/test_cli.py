@@ -119,10 +119,40 @@ def test_status_rejects_a_bad_url() -> None:
 
 
 def test_env_is_an_alias_of_env_spec_for_up_and_demo() -> None:
-    from farm.cli import _config_kwargs, parser
+    from farm.cli import parser
+    from farm.config import FarmConfig
+    from launch.settings import flag_values
 
     for command in ("up", "demo"):
-        args = parser().parse_args([command, "--env", 'lookup@{"max_turns": 2}'])
-        assert load_config(None, **_config_kwargs(args)).env_spec == 'lookup@{"max_turns": 2}'
+        args = flag_values(
+            parser().parse_args([command, "--env", 'lookup@{"max_turns": 2}']), FarmConfig
+        )
+        assert load_config(None, **args).env_spec == 'lookup@{"max_turns": 2}'
     with pytest.raises(ConfigError):
         load_config(None, env_spec="lookup@[1]")
+
+
+def test_flags_come_from_the_config_model_with_the_users_names() -> None:
+    from farm.cli import parser
+    from farm.config import FarmConfig
+    from launch.settings import flag_values
+
+    argv = [
+        *("up", "--env-modules", "a", "--env-modules", "b,c", "--partitions", "2"),
+        *("--learner-arg=--tracker=x,y", "--learner-arg=--resume", "--worker-arg=--max-tokens=2"),
+    ]
+    cfg = load_config(None, **flag_values(parser().parse_args(argv), FarmConfig))
+    assert cfg.env_modules == ["a", "b", "c"]
+    assert cfg.learner_args == ["--tracker=x,y", "--resume"]  # items kept whole, not split
+    assert cfg.worker_args == ["--max-tokens=2"]
+    assert cfg.partitions == 2
+
+
+def test_eval_keeps_the_stacks_flags_and_passes_the_rest_to_the_learner() -> None:
+    from farm.cli import parser
+
+    args, rest = parser().parse_known_args(
+        ["eval", "--env-modules", "m", "--workers", "1", "--eval-k", "4", "--max-steps", "3"]
+    )
+    assert (args.env_modules, args.workers) == (["m"], "1")
+    assert rest == ["--eval-k", "4", "--max-steps", "3"]  # not the farm's: the command's
