@@ -77,5 +77,7 @@ async def measure_endpoint_cpu(ctx: EpisodeContext, calls: int, rounds: int) -> 
     finally:
         endpoint.close_episode(key)
         await endpoint.close()
-    return {"endpoint_cpu_us_per_call": statistics.median(via),
-            "generate_cpu_us_per_call": statistics.median(direct)}  # fmt: skip
+    return {
+        "endpoint_cpu_us_per_call": statistics.median(via),
+        "generate_cpu_us_per_call": statistics.median(direct),
+    }

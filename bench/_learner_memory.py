@@ -68,8 +68,21 @@ def reset_peak() -> None:
 
 
 class _Mallinfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks",
-                "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]  # fmt: skip
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def malloc_live() -> int:
@@ -115,10 +128,17 @@ def build_model() -> Any:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=MLP,
-                      num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                      num_key_value_heads=KV_HEADS, tie_word_embeddings=True,
-                      max_position_embeddings=65_536, pad_token_id=0)  # fmt: skip
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=MLP,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        tie_word_embeddings=True,
+        max_position_embeddings=65_536,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     return Qwen2ForCausalLM(cfg).float()
 
@@ -189,11 +209,22 @@ def run_case(mode: str, length: int, sequences: int) -> dict[str, Any]:
         apply_lora(model, LoraSettings(rank=int(mode.removeprefix("lora-"))), Path("base"))
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         params = sum(p.numel() for p in model.parameters())
-    optim = OptimConfig(learning_rate=1e-5, weight_decay=0.0, clip_low=0.2, clip_high=0.2,
-                        tis_cap=2.0, max_grad_norm=1.0, micro_batch_size=1,
-                        aggregation=Aggregation.TOKEN_MEAN)  # fmt: skip
-    scale = ScaleConfig(max_tokens_per_micro_batch=length, packing=False,
-                        logprob_chunk_tokens=CHUNK, activation_checkpointing=True)  # fmt: skip
+    optim = OptimConfig(
+        learning_rate=1e-5,
+        weight_decay=0.0,
+        clip_low=0.2,
+        clip_high=0.2,
+        tis_cap=2.0,
+        max_grad_norm=1.0,
+        micro_batch_size=1,
+        aggregation=Aggregation.TOKEN_MEAN,
+    )
+    scale = ScaleConfig(
+        max_tokens_per_micro_batch=length,
+        packing=False,
+        logprob_chunk_tokens=CHUNK,
+        activation_checkpointing=True,
+    )
     trainer = Trainer(model, optim, torch.device("cpu"), dist, scale=scale)
     if mode == "full":
         trainer.policy = full_logits_policy(trainer.model)
@@ -207,11 +238,18 @@ def run_case(mode: str, length: int, sequences: int) -> dict[str, Any]:
             trainer.step(batch, tokens, sequences)
             times.append(time.perf_counter() - started)
     peak = peak_rss() - base
-    row = {"mode": mode, "length": length, "sequences": sequences, "world": dist.world,
-           "params": params, "peak": peak, "live_peak": live.peak - live_base, "step_s": times[-1],
-           "trainable": trainable,
-           "floor": floor(params, length * sequences // dist.world, dist.world,
-                          trainable)}  # fmt: skip
+    row = {
+        "mode": mode,
+        "length": length,
+        "sequences": sequences,
+        "world": dist.world,
+        "params": params,
+        "peak": peak,
+        "live_peak": live.peak - live_base,
+        "step_s": times[-1],
+        "trainable": trainable,
+        "floor": floor(params, length * sequences // dist.world, dist.world, trainable),
+    }
     if mode == "fsdp-2":
         row["export"] = export_peak(trainer, dist)
     dist.close()
@@ -249,8 +287,15 @@ def _spawn(mode: str, length: int, sequences: int, out: Path) -> list[dict[str, 
     case = ["-m", "bench._learner_memory", "case", mode, str(length), str(sequences), str(out)]
     cmd = [sys.executable, *case]
     if mode == "fsdp-2":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "2", *case]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            *case,
+        ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(f"{mode} at {length} failed:\n{done.stderr[-3000:]}")
@@ -265,11 +310,13 @@ def _available() -> int:
 
 def _fmt(row: dict[str, Any]) -> str:
     tokens = row["length"] * row["sequences"]
-    return (f"| {row['mode']} | {row['length']} | {row['sequences']} | {row['world']} | "
-            f"{row['peak'] / MIB:,.0f} | {row['floor'] / MIB:,.0f} | "
-            f"{row['peak'] / row['floor']:.2f} | {row['live_peak'] / MIB:,.0f} | "
-            f"{row['live_peak'] / row['floor']:.2f} | {row['step_s']:.1f} | "
-            f"{row['sequences'] / row['step_s']:.3f} | {tokens / row['step_s']:,.0f} |")  # fmt: skip
+    return (
+        f"| {row['mode']} | {row['length']} | {row['sequences']} | {row['world']} | "
+        f"{row['peak'] / MIB:,.0f} | {row['floor'] / MIB:,.0f} | "
+        f"{row['peak'] / row['floor']:.2f} | {row['live_peak'] / MIB:,.0f} | "
+        f"{row['live_peak'] / row['floor']:.2f} | {row['step_s']:.1f} | "
+        f"{row['sequences'] / row['step_s']:.3f} | {tokens / row['step_s']:,.0f} |"
+    )
 
 
 def plan(
@@ -285,15 +332,22 @@ def plan(
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench learner --memory")
-    parser.add_argument("--lengths", default="2048,8192,16384",
-                        help="tokens per sequence of the chunked/full rows (empty: FSDP rows only)")  # fmt: skip
+    parser.add_argument(
+        "--lengths",
+        default="2048,8192,16384",
+        help="tokens per sequence of the chunked/full rows (empty: FSDP rows only)",
+    )
     parser.add_argument("--fsdp-length", type=int, default=1024, help="tokens per sequence (x2)")
     parser.add_argument("--modes", default="chunked,full,fsdp", help="rows to run")
     parser.add_argument("--quick", action="store_true", help="2048 tokens only")
     parser.add_argument("--smoke", action="store_true", help="chunked and full at 256 (CI)")
     parser.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")
-    parser.add_argument("--lora-rank", type=int, default=0,
-                        help="also the chunked step with LoRA adapters of this rank on q,k,v,o")  # fmt: skip
+    parser.add_argument(
+        "--lora-rank",
+        type=int,
+        default=0,
+        help="also the chunked step with LoRA adapters of this rank on q,k,v,o",
+    )
     args = parser.parse_args([a for a in argv if a != "--memory"])
     run = report.start("learner", argv)
     lengths = [int(x) for x in args.lengths.split(",") if x]
@@ -332,17 +386,21 @@ def _summary(rows: list[dict[str, Any]]) -> list[str]:
     two = [r for r in rows if r["mode"] == "fsdp-2"]
     if one and two:
         per_rank = max(r["peak"] for r in two)
-        out.append(f"\nFSDP: peak per rank {per_rank / MIB:,.0f} MiB with 2 ranks vs "
-              f"{one[0]['peak'] / MIB:,.0f} MiB in one process (ratio {per_rank / one[0]['peak']:.2f}); "
-              f"parameter + AdamW state per rank {16 * one[0]['params'] / 2 / MIB:,.0f} vs "
-              f"{16 * one[0]['params'] / MIB:,.0f} MiB")  # fmt: skip
+        out.append(
+            f"\nFSDP: peak per rank {per_rank / MIB:,.0f} MiB with 2 ranks vs "
+            f"{one[0]['peak'] / MIB:,.0f} MiB in one process (ratio {per_rank / one[0]['peak']:.2f}); "
+            f"parameter + AdamW state per rank {16 * one[0]['params'] / 2 / MIB:,.0f} vs "
+            f"{16 * one[0]['params'] / MIB:,.0f} MiB"
+        )
     for r in two:
         if r["export"]["file"]:
             e = r["export"]
-            out.append(f"weight export from shards (rank 0 writes): peak extra RSS "
-                  f"{e['peak_extra'] / MIB:,.0f} MiB, largest tensor {e['largest_tensor'] / MIB:,.0f}"
-                  f" MiB, model file {e['file'] / MIB:,.0f} MiB "
-                  f"(ratio to the model {e['peak_extra'] / e['file']:.2f})")  # fmt: skip
+            out.append(
+                f"weight export from shards (rank 0 writes): peak extra RSS "
+                f"{e['peak_extra'] / MIB:,.0f} MiB, largest tensor {e['largest_tensor'] / MIB:,.0f}"
+                f" MiB, model file {e['file'] / MIB:,.0f} MiB "
+                f"(ratio to the model {e['peak_extra'] / e['file']:.2f})"
+            )
     return out
 
 

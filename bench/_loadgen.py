@@ -60,9 +60,15 @@ class LoadGenerator:
     """The request handler state: latency distribution and counters."""
 
     def __init__(
-        self, median_ms: float, sigma: float, tokens: int, *, seed: int = 0,
-        mode: str = "random", slow_s: float = 0.3,
-    ) -> None:  # fmt: skip
+        self,
+        median_ms: float,
+        sigma: float,
+        tokens: int,
+        *,
+        seed: int = 0,
+        mode: str = "random",
+        slow_s: float = 0.3,
+    ) -> None:
         self.mode, self.slow_s = mode, slow_s
         self.answers = {kind: 0 for kind, _ in MIX}  # code answers sent, by kind
         self.mu = math.log(max(median_ms, 1e-3) / 1000.0)
@@ -135,9 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sigma", type=float, default=0.5, help="log-normal sigma of latency")
     parser.add_argument("--tokens", type=int, default=8, help="tokens per completion")
     parser.add_argument(
-        "--mode", choices=("random", "code"), default="random",
+        "--mode",
+        choices=("random", "code"),
+        default="random",
         help="random tokens, or code answers for the `code` env (sum-two)",
-    )  # fmt: skip
+    )
     parser.add_argument("--slow-s", type=float, default=0.3, help="sleep of slow solutions")
     args = parser.parse_args(argv)
     gen = LoadGenerator(args.median_ms, args.sigma, args.tokens, mode=args.mode, slow_s=args.slow_s)

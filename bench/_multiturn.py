@@ -37,8 +37,13 @@ async def _episode(
     prompt += [(index * 13 + j) % 200 + 20 for j in range(load.user_tokens)]
     produced = 0
     for turn in range(load.turns):
-        body = {"prompt": prompt, "max_tokens": load.new_tokens, "ignore_eos": True,
-                "seed": index * 1000 + turn, "return_token_ids": True}  # fmt: skip
+        body = {
+            "prompt": prompt,
+            "max_tokens": load.new_tokens,
+            "ignore_eos": True,
+            "seed": index * 1000 + turn,
+            "return_token_ids": True,
+        }
         async with session.post(url + "/v1/completions", json=body) as resp:
             data = await resp.json()
             assert resp.status == 200, data
@@ -74,8 +79,9 @@ async def compare(model_dir: Path, load: MultiTurn, kv_cache_mb: float) -> dict[
 
     out: dict[str, Any] = {}
     for label, budget in (("off", 0.0), ("on", kv_cache_mb)):
-        config = ServerConfig(model=model_dir, port=0, max_batch_size=max(64, load.episodes),
-                              kv_cache_mb=budget)  # fmt: skip
+        config = ServerConfig(
+            model=model_dir, port=0, max_batch_size=max(64, load.episodes), kv_cache_mb=budget
+        )
         async with PolicyServer(config) as server:
             result = await run_load(server.url, load)
             stats = server.state.engine.prefix_cache.stats()
@@ -97,4 +103,4 @@ def table_rows(r: dict[str, Any], load: MultiTurn) -> list[str]:
         f"{'multi-turn first episode done (s)':<44}{r['mt_on_first_episode_s']:>12.1f}"
         f"{r['mt_off_first_episode_s']:>12.1f}{r['mt_first_ratio']:>7.1f}x   (off/on; hit rate "
         f"{r['mt_hit_rate']:.0%}, cache {r['mt_cache_mb']:.1f} MiB)",
-    ]  # fmt: skip
+    ]

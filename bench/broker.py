@@ -62,10 +62,21 @@ def start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], int]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp),
-         "--save", "", "--appendonly", "no"],
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(tmp),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
         stdout=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     for _ in range(100):
         if (
             subprocess.run(
@@ -84,8 +95,26 @@ def raw_ceiling(port: int, payload: bytes, requests: int) -> float:
     redis-benchmark's -x cuts an argument at its first NUL byte, so the payload
     is mapped to NUL-free bytes of the same length; only its size matters here."""
     payload = payload.replace(b"\x00", b"\x01")
-    cmd = ["redis-benchmark", "-p", str(port), "-n", str(requests), "-c", "4", "-P", "8",
-           "--csv", "-x", "XADD", "{bench}:raw", "MAXLEN", "~", "200", "*", "b"]  # fmt: skip
+    cmd = [
+        "redis-benchmark",
+        "-p",
+        str(port),
+        "-n",
+        str(requests),
+        "-c",
+        "4",
+        "-P",
+        "8",
+        "--csv",
+        "-x",
+        "XADD",
+        "{bench}:raw",
+        "MAXLEN",
+        "~",
+        "200",
+        "*",
+        "b",
+    ]
     out = subprocess.run(cmd, input=payload, capture_output=True, check=True, timeout=600).stdout
     line = out.decode().strip().splitlines()[-1]
     rps = float(line.split(",")[1].strip('"'))
@@ -220,8 +249,10 @@ async def measure(redis_pid: int, port: int, tokens: int, count: int, repeats: i
 
 
 def table(rows: list[Row]) -> str:
-    head = (f"{'tokens/traj':>11} {'entry KB':>9} {'farm ent/s':>10} {'farm MB/s':>9} "
-            f"{'raw XADD MB/s':>13} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7}  (latency at {'half peak'})")  # fmt: skip
+    head = (
+        f"{'tokens/traj':>11} {'entry KB':>9} {'farm ent/s':>10} {'farm MB/s':>9} "
+        f"{'raw XADD MB/s':>13} {'ratio':>6} {'p50 ms':>7} {'p99 ms':>7}  (latency at {'half peak'})"
+    )
     lines = [head]
     for r in rows:
         lines.append(

@@ -54,8 +54,13 @@ async def bench_toy(episodes: int) -> dict[str, Any]:
     start = time.perf_counter()
     direct()
     direct_s = time.perf_counter() - start
-    return {"case": "toy episode", "unit": "episodes/s", "envs": episodes / driven_s,
-            "floor": episodes / direct_s, "ratio": direct_s / driven_s}  # fmt: skip
+    return {
+        "case": "toy episode",
+        "unit": "episodes/s",
+        "envs": episodes / driven_s,
+        "floor": episodes / direct_s,
+        "ratio": direct_s / driven_s,
+    }
 
 
 async def bench_code(pool: SandboxPool, samples: int) -> dict[str, Any]:
@@ -71,8 +76,13 @@ async def bench_code(pool: SandboxPool, samples: int) -> dict[str, Any]:
                 await sb.run_python(SUM_TWO, stdin="1 2\n")
 
     envs_s, floor_s = await _median_s(samples, step), await _median_s(samples, floor)
-    return {"case": "code step (4 runs)", "unit": "ms", "envs": envs_s * 1e3, "floor": floor_s * 1e3,
-            "ratio": floor_s / envs_s}  # fmt: skip
+    return {
+        "case": "code step (4 runs)",
+        "unit": "ms",
+        "envs": envs_s * 1e3,
+        "floor": floor_s * 1e3,
+        "ratio": floor_s / envs_s,
+    }
 
 
 async def bench_codegym(pool: SandboxPool, samples: int) -> dict[str, Any]:
@@ -85,8 +95,13 @@ async def bench_codegym(pool: SandboxPool, samples: int) -> dict[str, Any]:
         await envs.aclose(env)
     async with pool.session() as sb:
         floor_s = await _median_s(samples, lambda: sb.run_python("print(4)"))
-    return {"case": "codegym tool call", "unit": "ms", "envs": envs_s * 1e3, "floor": floor_s * 1e3,
-            "ratio": floor_s / envs_s}  # fmt: skip
+    return {
+        "case": "codegym tool call",
+        "unit": "ms",
+        "envs": envs_s * 1e3,
+        "floor": floor_s * 1e3,
+        "ratio": floor_s / envs_s,
+    }
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -88,12 +88,16 @@ def containers_mb() -> float:
 
     ids = subprocess.run(
         ["docker", "ps", "-q", "--no-trunc", "--filter", f"label={LABEL}"],
-        capture_output=True, text=True, timeout=30,
-    ).stdout.split()  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.split()
     used = 0
     for cid in ids:
-        for path in (f"/sys/fs/cgroup/memory/docker/{cid}/memory.usage_in_bytes",
-                     f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/memory.current"):  # fmt: skip
+        for path in (
+            f"/sys/fs/cgroup/memory/docker/{cid}/memory.usage_in_bytes",
+            f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/memory.current",
+        ):
             if Path(path).exists():
                 used += int(Path(path).read_text())
                 break
@@ -157,13 +161,41 @@ def start_workers(
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     for k in range(n):
         port = _free_port()
-        cmd = [sys.executable, "-m", "workers", "--redis-url", f"redis://127.0.0.1:{redis_port}",
-               "--run", "farmbench", "--inference-urls", url, "--model", str(model),
-               "--worker-id", f"bench-{k}", "--concurrency", str(per_worker),
-               "--sandbox-backend", backend, "--metrics-port", str(port), "--max-tokens", "256",
-               "--max-context-tokens", "4096", "--episode-timeout-s", "600",
-               "--inference-max-connections", str(per_worker), "--log-level", "WARNING",
-               "--shutdown-grace-s", "5", "--event-loop", LOOPS[backend]]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "workers",
+            "--redis-url",
+            f"redis://127.0.0.1:{redis_port}",
+            "--run",
+            "farmbench",
+            "--inference-urls",
+            url,
+            "--model",
+            str(model),
+            "--worker-id",
+            f"bench-{k}",
+            "--concurrency",
+            str(per_worker),
+            "--sandbox-backend",
+            backend,
+            "--metrics-port",
+            str(port),
+            "--max-tokens",
+            "256",
+            "--max-context-tokens",
+            "4096",
+            "--episode-timeout-s",
+            "600",
+            "--inference-max-connections",
+            str(per_worker),
+            "--log-level",
+            "WARNING",
+            "--shutdown-grace-s",
+            "5",
+            "--event-loop",
+            LOOPS[backend],
+        ]
         log = open(log_dir / f"worker-{k}.log", "wb")
         procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
         ports.append(port)
@@ -193,8 +225,9 @@ async def publish(redis_port: int, count: int) -> None:
 
     redis = await connect(RedisSettings.from_url(f"redis://127.0.0.1:{redis_port}"))
     try:
-        tasks = [Task(f"t{i}", ENV_SPEC, group_size=1, seed=i, policy_version=0)
-                 for i in range(count)]  # fmt: skip
+        tasks = [
+            Task(f"t{i}", ENV_SPEC, group_size=1, seed=i, policy_version=0) for i in range(count)
+        ]
         for start in range(0, count, 1000):
             await Producer(redis).publish(RunKeys("farmbench").tasks, tasks[start : start + 1000])
     finally:
@@ -225,9 +258,15 @@ async def wait_ready(
 
 
 async def farm_window(
-    ports: list[int], pids: list[int], backend: str, n: int, *, warm_s: float, window_s: float,
+    ports: list[int],
+    pids: list[int],
+    backend: str,
+    n: int,
+    *,
+    warm_s: float,
+    window_s: float,
     mem0: float,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Wait for the first episodes to finish and the farm to fill, then measure a window."""
     deadline = time.monotonic() + warm_s
     while time.monotonic() < deadline:
@@ -252,22 +291,29 @@ async def farm_window(
         return total(after, name) - total(before, name)
 
     def pct(hist: str, q: float) -> list[float]:
-        return [hist_percentile(b.buckets[hist], a.buckets[hist], q)
-                for b, a in zip(before, after, strict=True)]  # fmt: skip
+        return [
+            hist_percentile(b.buckets[hist], a.buckets[hist], q)
+            for b, a in zip(before, after, strict=True)
+        ]
 
     calls = delta("farm_worker_sandbox_seconds_count")
     merged_b = _merge([b.buckets["farm_worker_sandbox_seconds"] for b in before])
     merged_a = _merge([a.buckets["farm_worker_sandbox_seconds"] for a in after])
-    return {"episodes": n, "workers": len(ports), "window_s": wall,
-            "episodes_per_s": delta("farm_worker_episodes_total") / wall,
-            "tool_calls_per_s": calls / wall,
-            "sandbox_runs_per_s": delta("farm_sandbox_run_seconds_count") / wall,
-            "tool_p50_ms": hist_percentile(merged_b, merged_a, 0.5) * 1e3,
-            "tool_p99_ms": hist_percentile(merged_b, merged_a, 0.99) * 1e3,
-            "lag_p99_ms": max(pct("farm_worker_event_loop_lag_seconds", 0.99)) * 1e3,
-            "in_flight": total(after, "farm_worker_episodes_in_flight"),
-            "sandboxes_alive": alive, "mem_per_episode_mb": used / n,
-            "mem_available_drop_per_episode_mb": (mem0 - low) / n}  # fmt: skip
+    return {
+        "episodes": n,
+        "workers": len(ports),
+        "window_s": wall,
+        "episodes_per_s": delta("farm_worker_episodes_total") / wall,
+        "tool_calls_per_s": calls / wall,
+        "sandbox_runs_per_s": delta("farm_sandbox_run_seconds_count") / wall,
+        "tool_p50_ms": hist_percentile(merged_b, merged_a, 0.5) * 1e3,
+        "tool_p99_ms": hist_percentile(merged_b, merged_a, 0.99) * 1e3,
+        "lag_p99_ms": max(pct("farm_worker_event_loop_lag_seconds", 0.99)) * 1e3,
+        "in_flight": total(after, "farm_worker_episodes_in_flight"),
+        "sandboxes_alive": alive,
+        "mem_per_episode_mb": used / n,
+        "mem_available_drop_per_episode_mb": (mem0 - low) / n,
+    }
 
 
 def _merge(parts: list[dict[float, float]]) -> dict[float, float]:
@@ -316,9 +362,12 @@ async def sandbox_ceiling(
         wall, stop = time.monotonic() - t0, True
         measuring = False  # lanes end after their current call (the TaskGroup waits)
     times.sort()
-    return {"lanes": lanes, "tool_calls_per_s": done / wall,
-            "p50_ms": times[len(times) // 2] * 1e3 if times else float("nan"),
-            "p99_ms": times[int(len(times) * 0.99)] * 1e3 if times else float("nan")}  # fmt: skip
+    return {
+        "lanes": lanes,
+        "tool_calls_per_s": done / wall,
+        "p50_ms": times[len(times) // 2] * 1e3 if times else float("nan"),
+        "p99_ms": times[int(len(times) * 0.99)] * 1e3 if times else float("nan"),
+    }
 
 
 async def run_backend(
@@ -357,16 +406,41 @@ def table(results: list[dict[str, Any]]) -> str:
     for r in results:
         f, c, b = r["farm"], r["ceiling"], r["backend"]
         rows += [
-            (b, f"{f['episodes']} episodes, {f['workers']} workers", f"{f['episodes_per_s']:.1f} episodes/s", f"window {f['window_s']:.0f} s, {f['in_flight']:.0f} in flight at its end"),
-            (b, "tool calls/s (code attempts)", f"{f['tool_calls_per_s']:.1f}", f"sandbox-only ceiling {c['tool_calls_per_s']:.1f} ({c['lanes']} lanes)"),
+            (
+                b,
+                f"{f['episodes']} episodes, {f['workers']} workers",
+                f"{f['episodes_per_s']:.1f} episodes/s",
+                f"window {f['window_s']:.0f} s, {f['in_flight']:.0f} in flight at its end",
+            ),
+            (
+                b,
+                "tool calls/s (code attempts)",
+                f"{f['tool_calls_per_s']:.1f}",
+                f"sandbox-only ceiling {c['tool_calls_per_s']:.1f} ({c['lanes']} lanes)",
+            ),
             (b, "  ratio to ceiling", f"{f['ratio']:.2f}x", ">= 0.8x"),
             (b, "  sandbox runs/s (compile + tests)", f"{f['sandbox_runs_per_s']:.1f}", ""),
-            (b, "tool call p50 / p99", f"{f['tool_p50_ms']:.0f} / {f['tool_p99_ms']:.0f} ms", f"ceiling {c['p50_ms']:.0f} / {c['p99_ms']:.0f} ms"),
+            (
+                b,
+                "tool call p50 / p99",
+                f"{f['tool_p50_ms']:.0f} / {f['tool_p99_ms']:.0f} ms",
+                f"ceiling {c['p50_ms']:.0f} / {c['p99_ms']:.0f} ms",
+            ),
             (b, "worker loop lag p99 (worst worker)", f"{f['lag_p99_ms']:.1f} ms", "<= 50 ms"),
             (b, "sandboxes alive (peak)", f"{f['sandboxes_alive']:.0f}", ""),
-            (b, "host memory per episode", f"{f['mem_per_episode_mb']:.2f} MiB", "workers' process trees + sandbox cgroups, peak / episodes"),
-            (b, "  MemAvailable drop per episode", f"{f['mem_available_drop_per_episode_mb']:.2f} MiB", "whole host: noisy, shared"),
-        ]  # fmt: skip
+            (
+                b,
+                "host memory per episode",
+                f"{f['mem_per_episode_mb']:.2f} MiB",
+                "workers' process trees + sandbox cgroups, peak / episodes",
+            ),
+            (
+                b,
+                "  MemAvailable drop per episode",
+                f"{f['mem_available_drop_per_episode_mb']:.2f} MiB",
+                "whole host: noisy, shared",
+            ),
+        ]
     width = [max(len(r[i]) for r in rows) for i in range(4)]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(r, width, strict=True)).rstrip() for r in rows

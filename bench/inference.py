@@ -39,8 +39,13 @@ def _median(values: list[float]) -> float:
 
 
 async def _throughput(url: str, concurrency: int, tokens: int, repeats: int) -> dict[str, float]:
-    body = {"prompt": list(range(1, 33)), "max_tokens": tokens, "ignore_eos": True, "logprobs": 0,
-            "return_token_ids": True}  # fmt: skip
+    body = {
+        "prompt": list(range(1, 33)),
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "logprobs": 0,
+        "return_token_ids": True,
+    }
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
 
         async def one() -> int:
@@ -94,8 +99,11 @@ async def _weight_sync(
     weights = model_dir / "model.safetensors"
     tensors = load_file(weights)  # the file's bytes: tied weights once
     port = _free_port()
-    gloo = NcclWeightSync([server.url], WeightSyncConfig(root_dir=work),
-                          NcclTransport("127.0.0.1", port, trainer_init=gloo_trainer_init(60)))  # fmt: skip
+    gloo = NcclWeightSync(
+        [server.url],
+        WeightSyncConfig(root_dir=work),
+        NcclTransport("127.0.0.1", port, trainer_init=gloo_trainer_init(60)),
+    )
     await gloo.init()
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     sync = FileWeightSync(
@@ -137,8 +145,12 @@ async def _run_model(args: argparse.Namespace) -> dict[str, Any]:
     config = ServerConfig(model=args.model, port=0, max_batch_size=max(64, args.concurrency))
     async with PolicyServer(config) as server:
         result = await _throughput(server.url, args.concurrency, args.tokens, args.repeats)
-    result |= {"model": str(args.model), "concurrency": args.concurrency, "tokens": args.tokens,
-               "threads": args.threads}  # fmt: skip
+    result |= {
+        "model": str(args.model),
+        "concurrency": args.concurrency,
+        "tokens": args.tokens,
+        "threads": args.threads,
+    }
     result["batching_ratio"] = result["batched_tok_s"] / result["single_tok_s"]
     return result
 
@@ -156,8 +168,14 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         if args.multi_turn_only:
             return await compare(build_tiny_model(work / "mt", seed=0), args.load, args.kv_cache_mb)
         heads = max(4, args.hidden // 64)
-        model_dir = build_tiny_model(work / "model", seed=0, hidden_size=args.hidden, num_layers=args.layers,
-                                     num_heads=heads, num_kv_heads=max(1, heads // 2))  # fmt: skip
+        model_dir = build_tiny_model(
+            work / "model",
+            seed=0,
+            hidden_size=args.hidden,
+            num_layers=args.layers,
+            num_heads=heads,
+            num_kv_heads=max(1, heads // 2),
+        )
         config = ServerConfig(model=model_dir, port=0, max_batch_size=max(64, args.concurrency))
         async with PolicyServer(config) as server:
             result = await _throughput(server.url, args.concurrency, args.tokens, args.repeats)
@@ -165,8 +183,13 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         if args.load.episodes:
             mt_model = build_tiny_model(work / "mt", seed=0)
             result |= await compare(mt_model, args.load, args.kv_cache_mb)
-    result |= {"hidden": args.hidden, "layers": args.layers, "concurrency": args.concurrency,
-               "tokens": args.tokens, "threads": args.threads}  # fmt: skip
+    result |= {
+        "hidden": args.hidden,
+        "layers": args.layers,
+        "concurrency": args.concurrency,
+        "tokens": args.tokens,
+        "threads": args.threads,
+    }
     result["batching_ratio"] = result["batched_tok_s"] / result["single_tok_s"]
     result["reload_over_write"] = result["reload_s"] / result["save_fsync_s"]
     result["push_over_write"] = result["push_s"] / result["save_fsync_s"]
@@ -177,29 +200,33 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 def _table(r: dict[str, Any], load: MultiTurn) -> str:
     if "model" in r:  # --model DIR
         label = f"tokens/s, {r['concurrency']} concurrent x {r['tokens']} tok"
-        return "\n".join([
-            f"model: {r['model']}; torch threads {r['threads']}",
-            f"{'measure':<44}{'value':>12}{'baseline':>12}{'ratio':>8}",
-            f"{label:<44}{r['batched_tok_s']:>12.1f}"
-            f"{r['single_tok_s']:>12.1f}{r['batching_ratio']:>7.1f}x   (baseline: one request at a time)",
-        ])  # fmt: skip
+        return "\n".join(
+            [
+                f"model: {r['model']}; torch threads {r['threads']}",
+                f"{'measure':<44}{'value':>12}{'baseline':>12}{'ratio':>8}",
+                f"{label:<44}{r['batched_tok_s']:>12.1f}"
+                f"{r['single_tok_s']:>12.1f}{r['batching_ratio']:>7.1f}x   (baseline: one request at a time)",
+            ]
+        )
     if "weight_bytes" not in r:  # --multi-turn-only
         return "\n".join(["model: the tiny test model (hidden 64, 2 layers)", *table_rows(r, load)])
     mb = r["weight_bytes"] / 1e6
     label = f"tokens/s, {r['concurrency']} concurrent x {r['tokens']} tok"
-    return "\n".join([
-        f"model: hidden {r['hidden']}, {r['layers']} layers, {mb:.1f} MB float32; torch threads {r['threads']}",
-        f"{'measure':<44}{'value':>12}{'baseline':>12}{'ratio':>8}",
-        f"{label:<44}{r['batched_tok_s']:>12.0f}"
-        f"{r['single_tok_s']:>12.0f}{r['batching_ratio']:>7.1f}x   (baseline: one request at a time)",
-        f"{'reload_weights (s)':<44}{r['reload_s']:>12.4f}{r['save_fsync_s']:>12.4f}"
-        f"{r['reload_over_write']:>7.1f}x   (baseline: safetensors save + fsync, same model)",
-        f"{'FileWeightSync.push: save+reload+verify (s)':<44}{r['push_s']:>12.4f}{r['save_fsync_s']:>12.4f}"
-        f"{r['push_over_write']:>7.1f}x   (target <= 1.5x)",
-        f"{'NcclWeightSync.push over gloo (s)':<44}{r['gloo_push_s']:>12.4f}{r['push_s']:>12.4f}"
-        f"{r['gloo_over_file']:>7.1f}x   (baseline: the file push above)",
-        *(table_rows(r, load) if load.episodes else []),
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"model: hidden {r['hidden']}, {r['layers']} layers, {mb:.1f} MB float32; torch threads {r['threads']}",
+            f"{'measure':<44}{'value':>12}{'baseline':>12}{'ratio':>8}",
+            f"{label:<44}{r['batched_tok_s']:>12.0f}"
+            f"{r['single_tok_s']:>12.0f}{r['batching_ratio']:>7.1f}x   (baseline: one request at a time)",
+            f"{'reload_weights (s)':<44}{r['reload_s']:>12.4f}{r['save_fsync_s']:>12.4f}"
+            f"{r['reload_over_write']:>7.1f}x   (baseline: safetensors save + fsync, same model)",
+            f"{'FileWeightSync.push: save+reload+verify (s)':<44}{r['push_s']:>12.4f}{r['save_fsync_s']:>12.4f}"
+            f"{r['push_over_write']:>7.1f}x   (target <= 1.5x)",
+            f"{'NcclWeightSync.push over gloo (s)':<44}{r['gloo_push_s']:>12.4f}{r['push_s']:>12.4f}"
+            f"{r['gloo_over_file']:>7.1f}x   (baseline: the file push above)",
+            *(table_rows(r, load) if load.episodes else []),
+        ]
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -240,9 +240,11 @@ def table(r: dict[str, Any]) -> str:
         ("sandboxes for them", str(live["sandboxes"])),
         ("time to open them", f"{live['open_s']:.1f} s"),
         ("host memory per live session", f"{live['mem_per_session_mb']:.2f} MiB"),
-        ("host load average (1 min) at start / end",
-         f"{r['load_avg_1m_start']:.1f} / {r['load_avg_1m_end']:.1f}"),
-    ]  # fmt: skip
+        (
+            "host load average (1 min) at start / end",
+            f"{r['load_avg_1m_start']:.1f} / {r['load_avg_1m_end']:.1f}",
+        ),
+    ]
     width = max(len(k) for k, _ in rows)
     lines = [f"sandbox benchmark ({r['backend']})", "-" * (width + 16)]
     lines += [f"{k:<{width}}  {v:>12}" for k, v in rows]

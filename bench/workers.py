@@ -205,8 +205,13 @@ async def measure_cpu_per_step(episodes: int, rounds: int) -> dict[str, float]:
             rates.append(steps / wall)
             bare.append(await _bare_post_cpu(url, steps, 256))
         calls = await measure_endpoint_cpu(ctx, episodes, rounds)
-    return calls | {"rounds": rounds, "episodes_per_round": episodes, "cpu_us_per_step": statistics.median(farm),
-            "steps_per_s": statistics.median(rates), "bare_post_cpu_us": statistics.median(bare)}  # fmt: skip
+    return calls | {
+        "rounds": rounds,
+        "episodes_per_round": episodes,
+        "cpu_us_per_step": statistics.median(farm),
+        "steps_per_s": statistics.median(rates),
+        "bare_post_cpu_us": statistics.median(bare),
+    }
 
 
 class InstantGenerator:
@@ -231,9 +236,10 @@ async def measure_loop_only_cpu(episodes: int) -> float:
     spec = 'bench-sim@{"env_ms": 0, "alpha": 1.3, "cap": 16}'
     async with farm_context("http://127.0.0.1:9") as real:
         ctx = EpisodeContext(
-            codec=real.codec, client=InstantGenerator(real.codec.stop_token_ids[0]),
+            codec=real.codec,
+            client=InstantGenerator(real.codec.stop_token_ids[0]),
             sampling=real.sampling,
-        )  # fmt: skip
+        )
         await run_async(ctx, spec, list(range(64)), 64)
         cpu0 = time.process_time()
         steps = await run_async(ctx, spec, list(range(1000, 1000 + episodes)), 256)
@@ -294,9 +300,16 @@ async def measure_concurrency(
             done = True
             for task in [monitor, *lanes]:
                 task.cancel()
-    return {"episodes": n, "pool": pool or _default_pool(), "achieved_steps_per_s": steps / wall, "ideal_steps_per_s": n / mean,
-            "lag_p50_ms": lag.percentile(0.5) * 1e3, "lag_p99_ms": lag.percentile(0.99) * 1e3,
-            "rss_per_episode_kb": (rss - rss0) / n / 1024, "cpu_us_per_step": cpu / max(steps, 1) * 1e6}  # fmt: skip
+    return {
+        "episodes": n,
+        "pool": pool or _default_pool(),
+        "achieved_steps_per_s": steps / wall,
+        "ideal_steps_per_s": n / mean,
+        "lag_p50_ms": lag.percentile(0.5) * 1e3,
+        "lag_p99_ms": lag.percentile(0.99) * 1e3,
+        "rss_per_episode_kb": (rss - rss0) / n / 1024,
+        "cpu_us_per_step": cpu / max(steps, 1) * 1e6,
+    }
 
 
 async def measure_sync_vs_async(episodes: int, batch: int, latency_ms: float) -> dict[str, float]:
@@ -312,9 +325,15 @@ async def measure_sync_vs_async(episodes: int, batch: int, latency_ms: float) ->
         async_steps = await run_async(ctx, spec, seeds, batch)
         async_wall = time.perf_counter() - t0
     assert sync_steps == async_steps  # the same episodes, turn for turn
-    return {"episodes": episodes, "concurrency": batch, "steps": async_steps, "latency_ms": latency_ms,
-            "sync_steps_per_s": sync_steps / sync_wall, "async_steps_per_s": async_steps / async_wall,
-            "ratio": (async_steps / async_wall) / (sync_steps / sync_wall)}  # fmt: skip
+    return {
+        "episodes": episodes,
+        "concurrency": batch,
+        "steps": async_steps,
+        "latency_ms": latency_ms,
+        "sync_steps_per_s": sync_steps / sync_wall,
+        "async_steps_per_s": async_steps / async_wall,
+        "ratio": (async_steps / async_wall) / (sync_steps / sync_wall),
+    }
 
 
 def _default_pool() -> int:
@@ -326,36 +345,71 @@ def _default_pool() -> int:
 def _conc_rows(c: dict, label: str) -> list[tuple[str, str, str, str]]:
     share = c["achieved_steps_per_s"] / c["ideal_steps_per_s"]
     return [
-        (f"{c['episodes']} episodes, {label}", f"{c['achieved_steps_per_s']:.0f} steps/s", "",
-         f"ideal {c['ideal_steps_per_s']:.0f} steps/s ({share:.0%} of ideal)"),
-        ("  event-loop lag p50 / p99", f"{c['lag_p50_ms']:.1f} / {c['lag_p99_ms']:.1f} ms",
-         "p99 <= 50 ms", ""),
+        (
+            f"{c['episodes']} episodes, {label}",
+            f"{c['achieved_steps_per_s']:.0f} steps/s",
+            "",
+            f"ideal {c['ideal_steps_per_s']:.0f} steps/s ({share:.0%} of ideal)",
+        ),
+        (
+            "  event-loop lag p50 / p99",
+            f"{c['lag_p50_ms']:.1f} / {c['lag_p99_ms']:.1f} ms",
+            "p99 <= 50 ms",
+            "",
+        ),
         ("  memory per episode (RSS growth)", f"{c['rss_per_episode_kb']:.1f} KiB", "", ""),
         ("  farm CPU per step at this load", f"{c['cpu_us_per_step']:.0f} us", "", ""),
-    ]  # fmt: skip
+    ]
 
 
 def _table(cpu: dict, loop: str, capped: dict, conc: dict, cmp: dict) -> str:
     main = cpu[loop]
     other = [name for name in cpu if name != loop]
     rows = [
-        (f"farm CPU per env step ({loop} loop)", f"{main['cpu_us_per_step']:.0f} us", "<= 150 us",
-         f"bare aiohttp POST: {main['bare_post_cpu_us']:.0f} us "
-         f"(ratio {main['cpu_us_per_step'] / main['bare_post_cpu_us']:.2f}x)"),
-        *((f"  on the {name} loop", f"{cpu[name]['cpu_us_per_step']:.0f} us", "",
-           f"bare aiohttp POST: {cpu[name]['bare_post_cpu_us']:.0f} us") for name in other),
-        ("agent endpoint CPU per chat call", f"{main['endpoint_cpu_us_per_call']:.0f} us",
-         "<= 1.5x generate", f"direct generate: {main['generate_cpu_us_per_call']:.0f} us (ratio "
-         f"{main['endpoint_cpu_us_per_call'] / main['generate_cpu_us_per_call']:.2f}x)"),
-        ("  of which the episode loop alone", f"{main['loop_only_cpu_us']:.0f} us", "",
-         "codec, env API, bookkeeping, metrics; no HTTP (instant in-process generator)"),
+        (
+            f"farm CPU per env step ({loop} loop)",
+            f"{main['cpu_us_per_step']:.0f} us",
+            "<= 150 us",
+            f"bare aiohttp POST: {main['bare_post_cpu_us']:.0f} us "
+            f"(ratio {main['cpu_us_per_step'] / main['bare_post_cpu_us']:.2f}x)",
+        ),
+        *(
+            (
+                f"  on the {name} loop",
+                f"{cpu[name]['cpu_us_per_step']:.0f} us",
+                "",
+                f"bare aiohttp POST: {cpu[name]['bare_post_cpu_us']:.0f} us",
+            )
+            for name in other
+        ),
+        (
+            "agent endpoint CPU per chat call",
+            f"{main['endpoint_cpu_us_per_call']:.0f} us",
+            "<= 1.5x generate",
+            f"direct generate: {main['generate_cpu_us_per_call']:.0f} us (ratio "
+            f"{main['endpoint_cpu_us_per_call'] / main['generate_cpu_us_per_call']:.2f}x)",
+        ),
+        (
+            "  of which the episode loop alone",
+            f"{main['loop_only_cpu_us']:.0f} us",
+            "",
+            "codec, env API, bookkeeping, metrics; no HTTP (instant in-process generator)",
+        ),
         *_conc_rows(capped, f"client default pool ({capped['pool']} conns)"),
         *_conc_rows(conc, f"client pool {conc['pool']} (one per episode)"),
-        (f"sync batch-barrier loop ({cmp['episodes']} episodes, batch {cmp['concurrency']})",
-         f"{cmp['sync_steps_per_s']:.0f} steps/s", "", "GEM / AgentGym-RL style"),
-        ("this farm (same episodes, same concurrency)", f"{cmp['async_steps_per_s']:.0f} steps/s",
-         ">= 2.5x sync", f"ratio {cmp['ratio']:.2f}x"),
-    ]  # fmt: skip
+        (
+            f"sync batch-barrier loop ({cmp['episodes']} episodes, batch {cmp['concurrency']})",
+            f"{cmp['sync_steps_per_s']:.0f} steps/s",
+            "",
+            "GEM / AgentGym-RL style",
+        ),
+        (
+            "this farm (same episodes, same concurrency)",
+            f"{cmp['async_steps_per_s']:.0f} steps/s",
+            ">= 2.5x sync",
+            f"ratio {cmp['ratio']:.2f}x",
+        ),
+    ]
     width = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["inference: latency-simulating server (workers.loadgen, a load generator)"]
     for r in (("measure", "value", "target", "baseline / note"), *rows):
@@ -390,9 +444,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")
     parser.add_argument("--episodes", type=int, default=None, help="concurrent episodes (phase 2)")
     parser.add_argument(
-        "--loop", choices=("uvloop", "asyncio"), default="uvloop",
+        "--loop",
+        choices=("uvloop", "asyncio"),
+        default="uvloop",
         help="event loop of the farm (the worker's --event-loop; default uvloop)",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     run = report.start("workers", argv)
     size = SIZES["smoke" if args.smoke else "quick" if args.quick else "full"]
@@ -419,6 +475,11 @@ def main(argv: list[str]) -> int:
     result = {"load_generator": "workers.loadgen (latency-simulating server)", "loop": args.loop}
     result["cpu"] = {name: on_loop(name, cpu_phase) for name in loops}
     result |= on_loop(args.loop, scale_phase)
-    text = _table(result["cpu"], args.loop, result["concurrency_client_default"],
-                  result["concurrency"], result["sync_vs_async"])  # fmt: skip
+    text = _table(
+        result["cpu"],
+        args.loop,
+        result["concurrency_client_default"],
+        result["concurrency"],
+        result["sync_vs_async"],
+    )
     return report.emit(run, result, text, args.json)

@@ -103,8 +103,13 @@ def _sampling_from(v: list[Any] | None) -> Sampling:
     if v is None:
         return DEFAULT_SAMPLING
     temperature, top_k, top_p, min_p, ids = v
-    key = (float(temperature), int(top_k), float(top_p), float(min_p),
-           None if ids is None else bytes(ids))  # fmt: skip
+    key = (
+        float(temperature),
+        int(top_k),
+        float(top_p),
+        float(min_p),
+        None if ids is None else bytes(ids),
+    )
     found = _SAMPLINGS.get(key)
     if found is None:
         allowed = None if ids is None else np.frombuffer(ids, dtype="<i4")

@@ -343,9 +343,12 @@ class Consumer:
     ) -> list[str]:
         cfg = self._config
         streams, args = commit_args(
-            cfg.group, cfg.seen_ttl_s, cfg.publish_maxlen, acks,
+            cfg.group,
+            cfg.seen_ttl_s,
+            cfg.publish_maxlen,
+            acks,
             [(stream, message_id(m), encode(m)) for stream, m in publish],
-        )  # fmt: skip
+        )
         keys = [self._seen_key(streams[0]), *streams]
         with redis_errors("commit"):
             result = await self._eval_commit(keys, args)

@@ -139,5 +139,10 @@ class RunKeys:
 
     @property
     def streams(self) -> tuple[str, ...]:
-        return (*self.all_tasks, *self.all_trajectories, *self.all_evals, *self.all_deadletters,
-                self.policy_events)  # fmt: skip
+        return (
+            *self.all_tasks,
+            *self.all_trajectories,
+            *self.all_evals,
+            *self.all_deadletters,
+            self.policy_events,
+        )

@@ -188,8 +188,13 @@ class Sampling:
     def key(self) -> tuple[float, int, float, float, bytes | None]:
         """A hashable identity (equal keys, equal distributions)."""
         ids = self.allowed_token_ids
-        return (self.temperature, self.top_k, self.top_p, self.min_p,
-                None if ids is None else ids.tobytes())  # fmt: skip
+        return (
+            self.temperature,
+            self.top_k,
+            self.top_p,
+            self.min_p,
+            None if ids is None else ids.tobytes(),
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sampling):

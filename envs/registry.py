@@ -176,8 +176,11 @@ def _accepted(factory: Factory) -> str:
     else:
         sig = _signature(factory)
         params = sig.parameters.values() if sig is not None else ()
-        fields = [(p.name, p.default is p.empty) for p in params
-                  if p.name != "sandbox" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]  # fmt: skip
+        fields = [
+            (p.name, p.default is p.empty)
+            for p in params
+            if p.name != "sandbox" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ]
     return ", ".join(f"{n} (required)" if req else n for n, req in fields) or "none"
 
 

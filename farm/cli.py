@@ -53,15 +53,21 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument("--partitions", type=int, default=1, help="the run's stream partitions")
     status.add_argument("--watch", type=float, default=0.0, help="repeat every N seconds")
     for name, what in (("eval", "evaluate"), ("filter", "filter")):
-        one = sub.add_parser(name, help=f"bring the stack up without a learner and run "
-                             f"`python -m learner {what}` (its flags pass through)")  # fmt: skip
+        one = sub.add_parser(
+            name,
+            help=f"bring the stack up without a learner and run "
+            f"`python -m learner {what}` (its flags pass through)",
+        )
         _config_flags(one, _ONESHOT)
         one.add_argument("--verbose", action="store_true", help="show the children's logs")
     images = sub.add_parser("images", help="build the compose stack's images offline")
     images_sub = images.add_subparsers(dest="images_command", required=True)
     build = images_sub.add_parser("build", help="build what is missing (cached by content tag)")
-    build.add_argument("--env-file", type=Path, help="where to write the tags (default: "
-                       "deploy/compose/.env, which docker-compose reads)")  # fmt: skip
+    build.add_argument(
+        "--env-file",
+        type=Path,
+        help="where to write the tags (default: deploy/compose/.env, which docker-compose reads)",
+    )
     build.add_argument("--quiet", action="store_true", help="print only errors")
     build.add_argument("--force", action="store_true", help="rebuild even if tagged")
     images_sub.add_parser("tags", help="print the content tags a build produces")

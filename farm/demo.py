@@ -45,9 +45,17 @@ DEMO_LEARNER_ARGS = [
 # (in-process, seeds 0-2: last 10-step mean 0.94, 0.92, 0.69 after 250 steps; see
 # tests/learner/test_learning.py).
 ENV_LEARNER_ARGS = {
-    "lookup": ["--entropy-coef", "0.03", "--lr-schedule", "cosine", "--lr-decay-steps", "250",
-               "--min-lr-ratio", "0.1"],
-}  # fmt: skip
+    "lookup": [
+        "--entropy-coef",
+        "0.03",
+        "--lr-schedule",
+        "cosine",
+        "--lr-decay-steps",
+        "250",
+        "--min-lr-ratio",
+        "0.1",
+    ],
+}
 DEMO_MAX_STEPS, DEMO_TIME_LIMIT_S = 500, 270.0
 # The demo's goal: the mean reward of 10 consecutive steps reaching this (its summary says when).
 TARGET_REWARD = 0.6

@@ -81,8 +81,9 @@ class SamplingParams:
         """The distribution these settings sample from, as recorded on a turn."""
         if self.temperature < GREEDY_EPS:  # greedy: vLLM resets the truncation
             return Sampling(self.temperature, allowed_token_ids=self.allowed_token_ids)
-        return Sampling(self.temperature, self.top_k, self.top_p, self.min_p,
-                        self.allowed_token_ids)  # fmt: skip
+        return Sampling(
+            self.temperature, self.top_k, self.top_p, self.min_p, self.allowed_token_ids
+        )
 
 
 @dataclass(frozen=True)

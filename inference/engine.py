@@ -71,8 +71,9 @@ class Engine:
         self.model = model.eval()
         self.lora = lora  # None: LoRA not enabled
         # transformers 5.24 renamed forward's `past_key_values` to `cache` (the old name warns)
-        self._cache_arg = ("cache" if "cache" in inspect.signature(model.forward).parameters
-                           else "past_key_values")  # fmt: skip
+        self._cache_arg = (
+            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        )
         self.prefix_cache = prefix_cache or PrefixCache(0)
         self.eos_ids = eos_ids
         self.pad_id = pad_id

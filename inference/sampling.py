@@ -52,13 +52,14 @@ class RowSampling:
                     allowed[i] = False
                     allowed[i, torch.as_tensor(s.allowed_token_ids, dtype=torch.long)] = True
         return cls(
-            temperature=torch.tensor([s.temperature for s in specs], dtype=torch.float32,
-                                     device=device),
+            temperature=torch.tensor(
+                [s.temperature for s in specs], dtype=torch.float32, device=device
+            ),
             top_k=torch.tensor([s.top_k for s in specs], dtype=torch.long, device=device),
             top_p=torch.tensor([s.top_p for s in specs], dtype=torch.float32, device=device),
             min_p=torch.tensor([s.min_p for s in specs], dtype=torch.float32, device=device),
             allowed=allowed,
-        )  # fmt: skip
+        )
 
     @property
     def greedy(self) -> torch.Tensor:

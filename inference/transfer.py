@@ -39,9 +39,18 @@ if TYPE_CHECKING:
     from inference.engine import Engine
 
 # vLLM 0.33's NCCLWeightTransferInitInfo and NCCLWeightTransferUpdateInfo fields.
-INIT_FIELDS = frozenset({"master_address", "master_port", "rank_offset", "world_size",
-                         "nccl_unique_id_b64", "packed", "packed_buffer_size_bytes",
-                         "packed_num_buffers"})  # fmt: skip
+INIT_FIELDS = frozenset(
+    {
+        "master_address",
+        "master_port",
+        "rank_offset",
+        "world_size",
+        "nccl_unique_id_b64",
+        "packed",
+        "packed_buffer_size_bytes",
+        "packed_num_buffers",
+    }
+)
 UPDATE_FIELDS = frozenset({"names", "dtype_names", "shapes"})
 
 
@@ -146,9 +155,12 @@ def parse_update_info(info: Any, model_state: dict[str, torch.Tensor]) -> Update
 
 
 def receive(
-    group: GlooCommunicator, names: list[str], dtypes: list[torch.dtype], shapes: list[list[int]],
+    group: GlooCommunicator,
+    names: list[str],
+    dtypes: list[torch.dtype],
+    shapes: list[list[int]],
     into: dict[str, torch.Tensor],
-) -> None:  # fmt: skip
+) -> None:
     """vLLM's unpacked receive: one broadcast from rank 0 per name, in `names` order."""
     for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
         tensor = torch.empty(shape, dtype=dtype)

@@ -94,7 +94,9 @@ def _group_episode_advantages(rules: AdvantageRules, returns: np.ndarray) -> np.
     raise ValueError(f"{rules.algorithm} is not an episode-level estimator")
 
 
-def _token_whitened(returns: list[list[np.ndarray]], tokens: list[list[np.ndarray]]) -> list[list[np.ndarray]]:  # fmt: skip
+def _token_whitened(
+    returns: list[list[np.ndarray]], tokens: list[list[np.ndarray]]
+) -> list[list[np.ndarray]]:
     """``(G - mean) / (std + eps)`` with every turn weighted by its completion tokens."""
     flat = np.concatenate([t for g in returns for t in g] or [np.zeros(0)])
     weight = np.concatenate([w for g in tokens for w in g] or [np.zeros(0)]).astype(np.float64)

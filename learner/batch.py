@@ -155,13 +155,22 @@ def shaped_rewards(
             rewards[-1] -= rules.overlong_penalty
         else:
             length = sum(len(t.completion_ids) for t in trajectory.turns)
-            rewards[-1] += overlong_penalty(length, rules.overlong_max_tokens or 0,
-                                            rules.overlong_buffer, rules.overlong_penalty)  # fmt: skip
+            rewards[-1] += overlong_penalty(
+                length,
+                rules.overlong_max_tokens or 0,
+                rules.overlong_buffer,
+                rules.overlong_penalty,
+            )
     return rewards
 
 
-def _screen(groups: Sequence[TrajectoryGroup], rules: BatchRules, version: int,
-            out: PreparedBatch, judge_staleness: bool) -> list[tuple[TrajectoryGroup, bool]]:  # fmt: skip
+def _screen(
+    groups: Sequence[TrajectoryGroup],
+    rules: BatchRules,
+    version: int,
+    out: PreparedBatch,
+    judge_staleness: bool,
+) -> list[tuple[TrajectoryGroup, bool]]:
     """Groups that may train, each with its stale flag; the others are counted in `out`."""
     candidates: list[tuple[TrajectoryGroup, bool]] = []
     for group in groups:
@@ -173,8 +182,9 @@ def _screen(groups: Sequence[TrajectoryGroup], rules: BatchRules, version: int,
             continue
         staleness = version - group.min_weight_version
         out.staleness.append(staleness)
-        out.episode_returns += [episode_return([t.reward for t in tr.turns], rules.gamma)
-                                for tr in group.trajectories]  # fmt: skip
+        out.episode_returns += [
+            episode_return([t.reward for t in tr.turns], rules.gamma) for tr in group.trajectories
+        ]
         action = _stale_action(staleness, rules) if judge_staleness else "fresh"
         if action == "drop":
             out.dropped_stale.append(group.group_id)
@@ -201,11 +211,15 @@ def prepare_batch(
     candidates = _screen(groups, rules, version, out, judge_staleness)
     penalties = penalties or {}
     rewards = [
-        [shaped_rewards(tr, rules, penalties.get((g.group_id, tr.sample_index))) for tr in g.trajectories]
+        [
+            shaped_rewards(tr, rules, penalties.get((g.group_id, tr.sample_index)))
+            for tr in g.trajectories
+        ]
         for g, _ in candidates
-    ]  # fmt: skip
-    tokens = [[[len(t.completion_ids) for t in tr.turns] for tr in g.trajectories]
-              for g, _ in candidates]  # fmt: skip
+    ]
+    tokens = [
+        [[len(t.completion_ids) for t in tr.turns] for tr in g.trajectories] for g, _ in candidates
+    ]
     advs = compute_advantages(rewards, advantage_rules(rules), tokens)
     for (group, stale), group_rewards, group_adv, zero_var in zip(
         candidates, rewards, advs.values, advs.zero_variance, strict=True
@@ -227,8 +241,16 @@ def prepare_batch(
     return out
 
 
-def _samples(trajectory: Trajectory, turn_rewards: np.ndarray, turn_adv: np.ndarray, stale: bool,
-             group_id: str, *, rules: BatchRules, out: PreparedBatch) -> list[Sample]:  # fmt: skip
+def _samples(
+    trajectory: Trajectory,
+    turn_rewards: np.ndarray,
+    turn_adv: np.ndarray,
+    stale: bool,
+    group_id: str,
+    *,
+    rules: BatchRules,
+    out: PreparedBatch,
+) -> list[Sample]:
     if not trajectory.turns:
         return []
     if overlong(trajectory):
@@ -289,8 +311,10 @@ def filter_reason(group: TrajectoryGroup, rules: BatchRules) -> str | None:
     if any(no_action_timeout(t) for t in group.trajectories):
         return "no_action"
     if rules.algorithm.group_relative and rules.skip_zero_variance:
-        returns = {episode_return(shaped_rewards(t, rules).tolist(), rules.gamma)
-                   for t in group.trajectories}  # fmt: skip
+        returns = {
+            episode_return(shaped_rewards(t, rules).tolist(), rules.gamma)
+            for t in group.trajectories
+        }
         if len(returns) <= 1:
             return "zero_variance"
     return None

@@ -152,8 +152,11 @@ def save_checkpoint(
             tmp.mkdir()
         dist.barrier()
         with _quiet_single_process():
-            dcp.save(_training_state(policy, optimizer), checkpoint_id=tmp / SHARDS,
-                     no_dist=not dist.enabled)  # fmt: skip
+            dcp.save(
+                _training_state(policy, optimizer),
+                checkpoint_id=tmp / SHARDS,
+                no_dist=not dist.enabled,
+            )
         if is_lora(policy.lm):  # type: ignore[arg-type]
             save_adapter(policy.lm, tmp / ADAPTER_DIR, dist.is_main)  # type: ignore[arg-type]
         else:
@@ -184,8 +187,13 @@ def load_training_state(
         target = _training_state(policy, optimizer)
         with _quiet_single_process():
             dcp.load(target, checkpoint_id=path / SHARDS, no_dist=not tdist.is_initialized())
-        set_state_dict(policy, optimizer, model_state_dict=target["model"],
-                       optim_state_dict=target["optim"], options=_options(policy))  # fmt: skip
+        set_state_dict(
+            policy,
+            optimizer,
+            model_state_dict=target["model"],
+            optim_state_dict=target["optim"],
+            options=_options(policy),
+        )
     except (OSError, RuntimeError, ValueError) as exc:
         raise CheckpointError(f"cannot load training state from {path}: {exc}") from exc
 

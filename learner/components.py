@@ -23,8 +23,12 @@ def dynamic_sampling(cfg: LearnerConfig) -> DynamicSampling | None:
     rules = cfg.batch
     if not rules.dynamic_sampling:
         return None
-    return DynamicSampling(lambda g: filter_reason(g, rules), cfg.groups_per_batch,
-                           rules.dynamic_sampling_max_factor, cfg.admission_steps)  # fmt: skip
+    return DynamicSampling(
+        lambda g: filter_reason(g, rules),
+        cfg.groups_per_batch,
+        rules.dynamic_sampling_max_factor,
+        cfg.admission_steps,
+    )
 
 
 def reference_for(
@@ -44,6 +48,10 @@ def critic_for(cfg: LearnerConfig, device: torch.device, dist: DistContext) -> C
     if cfg.batch.algorithm is not Algorithm.PPO:
         return None
     loss = cfg.loss
-    critic_cfg = CriticConfig(learning_rate=loss.critic_learning_rate, value_clip=loss.value_clip,
-                              gamma=cfg.batch.gamma, lam=loss.gae_lambda)  # fmt: skip
+    critic_cfg = CriticConfig(
+        learning_rate=loss.critic_learning_rate,
+        value_clip=loss.value_clip,
+        gamma=cfg.batch.gamma,
+        lam=loss.gae_lambda,
+    )
     return load_critic(cfg.model, critic_cfg, cfg.optim, device, dist)

@@ -76,12 +76,16 @@ class Core:
             return prepare_batch(groups, rules, version, judge_staleness=judge)
         # every episode's sequences: the penalty may give a zero-variance group variance, and
         # an overlong-masked episode's return enters its group's baseline penalised like any
-        every = prepare_batch(groups, dataclasses.replace(rules, skip_zero_variance=False,
-                                                          overlong=Overlong.NONE),
-                              version, judge_staleness=judge)  # fmt: skip
+        every = prepare_batch(
+            groups,
+            dataclasses.replace(rules, skip_zero_variance=False, overlong=Overlong.NONE),
+            version,
+            judge_staleness=judge,
+        )
         coef = self.trainer.kl_coef
-        penalties = kl_turn_penalties(self.reference, every.samples, self.trainer.scoring,
-                                      self.cfg.loss.kl_estimator, coef)  # fmt: skip
+        penalties = kl_turn_penalties(
+            self.reference, every.samples, self.trainer.scoring, self.cfg.loss.kl_estimator, coef
+        )
         prepared = prepare_batch(groups, rules, version, penalties, judge_staleness=judge)
         tokens = max(every.num_tokens, 1)
         prepared.reward_kl = float(sum(p.sum() for p in penalties.values())) / coef / tokens
@@ -138,8 +142,9 @@ class Core:
         loss = self.cfg.loss
         if loss.kl_target is None:
             return
-        coef = adaptive_kl(self.trainer.kl_coef, stats.kl, loss.kl_target, stats.sequences,
-                           loss.kl_horizon)  # fmt: skip
+        coef = adaptive_kl(
+            self.trainer.kl_coef, stats.kl, loss.kl_target, stats.sequences, loss.kl_horizon
+        )
         self.trainer.kl_coef = self.state.kl_coef = coef
 
     def save(self) -> Path | None:
@@ -147,14 +152,20 @@ class Core:
         if self.cfg.checkpoint_dir is None:
             return None
         if self.critic is not None and self.dist.is_main:  # first: no checkpoint without it
-            save_critic(self.critic, self.cfg.checkpoint_dir, self.state.step,
-                        self.cfg.keep_checkpoints)  # fmt: skip
+            save_critic(
+                self.critic, self.cfg.checkpoint_dir, self.state.step, self.cfg.keep_checkpoints
+            )
         if self.dist.is_main:
             self.dist.broadcast_command(SAVE)
-        return save_checkpoint(self.cfg.checkpoint_dir, self.trainer.policy,
-                               self.trainer.optimizer, self.state, self.dist,
-                               tokenizer_dir=self.cfg.model,
-                               keep=self.cfg.keep_checkpoints)  # fmt: skip
+        return save_checkpoint(
+            self.cfg.checkpoint_dir,
+            self.trainer.policy,
+            self.trainer.optimizer,
+            self.state,
+            self.dist,
+            tokenizer_dir=self.cfg.model,
+            keep=self.cfg.keep_checkpoints,
+        )
 
     def export(self, out_dir: Path) -> int:
         """Stream the full weights into a servable directory (collective, as `save`); a
@@ -198,10 +209,21 @@ def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> C
             raise ConfigError(f"--lora-target-modules: {exc}") from exc
     reference = reference_for(cfg, device, model, dist)
     kl_loss = cfg.loss.kl_mode is KLMode.LOSS
-    trainer = Trainer(model, cfg.optim, device, dist, scale=cfg.scale, loss=cfg.loss,
-                      reference=reference if kl_loss else None)  # fmt: skip
-    log.info("training on %s, world %d (%s)", device, dist.world,
-             "FSDP2" if dist.enabled else "one process")  # fmt: skip
+    trainer = Trainer(
+        model,
+        cfg.optim,
+        device,
+        dist,
+        scale=cfg.scale,
+        loss=cfg.loss,
+        reference=reference if kl_loss else None,
+    )
+    log.info(
+        "training on %s, world %d (%s)",
+        device,
+        dist.world,
+        "FSDP2" if dist.enabled else "one process",
+    )
     critic = critic_for(cfg, device, dist)
     state = LearnerState()
     if checkpoint is not None:

@@ -62,8 +62,9 @@ def token_rewards(sample: Sample) -> np.ndarray:
     return out
 
 
-def episode_gae(samples: Sequence[Sample], values: Sequence[np.ndarray], gamma: float,
-                lam: float) -> list[tuple[np.ndarray, np.ndarray]]:  # fmt: skip
+def episode_gae(
+    samples: Sequence[Sample], values: Sequence[np.ndarray], gamma: float, lam: float
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """(advantages, returns) of each sample, GAE run over whole episodes: the segments of one
     trajectory (consecutive samples of the same group and episode, in order) are joined, so a
     later segment's reward reaches an earlier one, which bootstraps from the next segment's
@@ -76,9 +77,13 @@ def episode_gae(samples: Sequence[Sample], values: Sequence[np.ndarray], gamma: 
         while stop < len(samples) and (samples[stop].group_id, samples[stop].episode) == key:
             stop += 1
         part = range(start, stop)
-        adv, ret = gae(np.concatenate([token_rewards(samples[i]) for i in part]),
-                       np.concatenate([values[i] for i in part]),
-                       np.concatenate([samples[i].loss_mask for i in part]), gamma, lam)  # fmt: skip
+        adv, ret = gae(
+            np.concatenate([token_rewards(samples[i]) for i in part]),
+            np.concatenate([values[i] for i in part]),
+            np.concatenate([samples[i].loss_mask for i in part]),
+            gamma,
+            lam,
+        )
         cuts = np.cumsum([len(samples[i].input_ids) for i in part])[:-1]
         out += zip(np.split(adv, cuts), np.split(ret, cuts), strict=True)
         start = stop
@@ -91,14 +96,23 @@ def whiten(advantages: Sequence[np.ndarray], masks: Sequence[np.ndarray]) -> lis
     if not len(flat):
         return list(advantages)
     mean, std = flat.mean(), flat.std()
-    return [np.where(m > 0, (a - mean) / (std + 1e-8), 0.0) for a, m in zip(advantages, masks, strict=True)]  # fmt: skip
+    return [
+        np.where(m > 0, (a - mean) / (std + 1e-8), 0.0)
+        for a, m in zip(advantages, masks, strict=True)
+    ]
 
 
 class Critic:
     """Value model, its optimizer, GAE annotation and the clipped value loss."""
 
-    def __init__(self, backbone: torch.nn.Module, cfg: CriticConfig, optim: OptimConfig,
-                 device: torch.device, dist: DistContext) -> None:  # fmt: skip
+    def __init__(
+        self,
+        backbone: torch.nn.Module,
+        cfg: CriticConfig,
+        optim: OptimConfig,
+        device: torch.device,
+        dist: DistContext,
+    ) -> None:
         self.backbone = backbone.to(device).eval()
         hidden = int(backbone.config.hidden_size)  # type: ignore[union-attr]
         self.head = torch.nn.Linear(hidden, 1).to(device)
@@ -149,8 +163,13 @@ class Critic:
             with autocast_context(self.device, self.bf16):
                 v = self.values(batch)
             loss = clipped_value_loss(v, old, ret, self.cfg.value_clip)
-            share = aggregate(loss, batch["mask"][:, 1:], self.optim.aggregation,
-                              total_tokens=tokens, total_sequences=sequences)  # fmt: skip
+            share = aggregate(
+                loss,
+                batch["mask"][:, 1:],
+                self.optim.aggregation,
+                total_tokens=tokens,
+                total_sequences=sequences,
+            )
             share.backward()
             total[0] += float(share.detach())
         self.dist.all_reduce_grads(self.modules)
@@ -158,7 +177,9 @@ class Critic:
         self.optimizer.step()
         return float(self.dist.reduce_sums(total)[0])
 
-    def _padded(self, chunk: Sequence[Sample], name: str, batch: dict[str, torch.Tensor]) -> torch.Tensor:  # fmt: skip
+    def _padded(
+        self, chunk: Sequence[Sample], name: str, batch: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
         """A per-sample array as ``[B, T-1]`` aligned with `values` (target coordinates)."""
         out = torch.zeros_like(batch["mask"])
         for i, s in enumerate(chunk):
@@ -166,13 +187,15 @@ class Critic:
         return out[:, 1:]
 
 
-def load_critic(model_dir: Path, cfg: CriticConfig, optim: OptimConfig, device: torch.device,
-                dist: DistContext) -> Critic:  # fmt: skip
+def load_critic(
+    model_dir: Path, cfg: CriticConfig, optim: OptimConfig, device: torch.device, dist: DistContext
+) -> Critic:
     """A critic on the initial backbone of `model_dir` (every rank the same: seeded head)."""
     from transformers import AutoModel
 
-    return Critic(AutoModel.from_pretrained(model_dir, dtype=torch.float32), cfg, optim, device,
-                  dist)  # fmt: skip
+    return Critic(
+        AutoModel.from_pretrained(model_dir, dtype=torch.float32), cfg, optim, device, dist
+    )
 
 
 log = logging.getLogger(__name__)
@@ -184,8 +207,9 @@ def save_critic(critic: Critic, checkpoint_dir: Path, step: int, keep: int) -> P
     folder = checkpoint_dir / CRITIC_DIR
     final = folder / f"step-{step:08d}.pt"
     buffer = io.BytesIO()
-    torch.save({"modules": critic.modules.state_dict(),
-                "optimizer": critic.optimizer.state_dict()}, buffer)  # fmt: skip
+    torch.save(
+        {"modules": critic.modules.state_dict(), "optimizer": critic.optimizer.state_dict()}, buffer
+    )
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tmp = final.with_name(f".{final.name}.tmp")

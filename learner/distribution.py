@@ -81,8 +81,9 @@ class TokenSampling:
         table = self._tables.get(vocab)
         if table is None:
             device = self.temperature.device
-            table = torch.zeros((len(self.allowed_sets) + 1, vocab), dtype=torch.bool,
-                                device=device)  # fmt: skip
+            table = torch.zeros(
+                (len(self.allowed_sets) + 1, vocab), dtype=torch.bool, device=device
+            )
             table[0] = True
             for k, ids in enumerate(self.allowed_sets):
                 table[k + 1, ids] = True
@@ -95,8 +96,13 @@ class TokenSampling:
         allowed = None
         if self.allowed_sets and bool((index >= 0).any()):
             allowed = self._table(vocab)[index + 1]
-        return RowSampling(self.temperature[start:stop], self.top_k[start:stop],
-                           self.top_p[start:stop], self.min_p[start:stop], allowed)  # fmt: skip
+        return RowSampling(
+            self.temperature[start:stop],
+            self.top_k[start:stop],
+            self.top_p[start:stop],
+            self.min_p[start:stop],
+            allowed,
+        )
 
 
 def merged(parts: Sequence[tuple[Sequence[Sampling], np.ndarray]]) -> TokenSampling:

@@ -70,9 +70,11 @@ def table(result: object, k: int) -> str:
     for key, figures in result.sets.items():
         cells = [f"{figures.get(c, 0.0):>17.4g}" for c in cols]
         lines.append(f"{key:<{width}}  " + "  ".join(cells))
-    lines.append(f"tasks {result.tasks}, missing {result.missing_rows}, weight versions "
-                 f"{result.weight_versions[0]}..{result.weight_versions[1]}, "
-                 f"{result.seconds:.1f}s")  # fmt: skip
+    lines.append(
+        f"tasks {result.tasks}, missing {result.missing_rows}, weight versions "
+        f"{result.weight_versions[0]}..{result.weight_versions[1]}, "
+        f"{result.seconds:.1f}s"
+    )
     return "\n".join(lines)
 
 
@@ -144,8 +146,9 @@ class FilterConfig(_RunConfig):
         return lo, hi
 
 
-def kept_rows(rows: list[Any], groups: dict[int, Any], band: tuple[float, float],
-              threshold: float) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
+def kept_rows(
+    rows: list[Any], groups: dict[int, Any], band: tuple[float, float], threshold: float
+) -> tuple[list[dict[str, Any]], int]:
     """The rows whose pass rate lies in `band` (each with ``meta.pass_rate``), and how many
     rows the infrastructure spoiled or never answered (left out, not scored)."""
     kept: list[dict[str, Any]] = []
@@ -181,9 +184,13 @@ async def _filter(ctx: RoleContext[FilterConfig]) -> int:
     except (ConfigError, TaskSourceError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    spec = EvalConfig(eval_tasks=[f"filter={cfg.tasks}"], eval_samples=cfg.samples,
-                      eval_temperature=cfg.temperature, eval_max_tokens=cfg.max_tokens,
-                      eval_timeout_s=cfg.timeout_s)  # fmt: skip
+    spec = EvalConfig(
+        eval_tasks=[f"filter={cfg.tasks}"],
+        eval_samples=cfg.samples,
+        eval_temperature=cfg.temperature,
+        eval_max_tokens=cfg.max_tokens,
+        eval_timeout_s=cfg.timeout_s,
+    )
     redis = await connect(RedisSettings.from_url(cfg.redis_url))
     keys = RunKeys(cfg.run, cfg.partitions)
     evaluator = Evaluator(redis, keys, {"filter": rows}, spec, f"filter-{uuid.uuid4().hex[:8]}")
@@ -197,8 +204,10 @@ async def _filter(ctx: RoleContext[FilterConfig]) -> int:
     by_row = {g.task.eval.row: g for g in current.groups.values()}  # type: ignore[union-attr]
     kept, unscored = kept_rows(rows, by_row, band, cfg.success_threshold)
     cfg.out.write_text("".join(json.dumps(line) + "\n" for line in kept))
-    print(f"kept {len(kept)} of {len(rows)} tasks with pass rate in [{band[0]}, {band[1]}] "
-          f"({cfg.samples} samples each); {unscored} unscored (infrastructure) -> {cfg.out}")  # fmt: skip
+    print(
+        f"kept {len(kept)} of {len(rows)} tasks with pass rate in [{band[0]}, {band[1]}] "
+        f"({cfg.samples} samples each); {unscored} unscored (infrastructure) -> {cfg.out}"
+    )
     return 3 if unscored else 0
 
 

@@ -75,10 +75,16 @@ class EvalResult:
     sets: dict[str, dict[str, float]]  # set (and set/env) -> figures
 
     def as_json(self) -> dict[str, Any]:
-        return {"event": "eval", "step": self.step, "version": self.version,
-                "seconds": round(self.seconds, 3), "tasks": self.tasks,
-                "missing_rows": self.missing_rows,
-                "weight_versions": list(self.weight_versions), "sets": self.sets}  # fmt: skip
+        return {
+            "event": "eval",
+            "step": self.step,
+            "version": self.version,
+            "seconds": round(self.seconds, 3),
+            "tasks": self.tasks,
+            "missing_rows": self.missing_rows,
+            "weight_versions": list(self.weight_versions),
+            "sets": self.sets,
+        }
 
 
 class Evaluator:
@@ -98,8 +104,9 @@ class Evaluator:
         self.sets = sets
         self.cfg = cfg
         self.producer = Producer(redis)
-        config = ConsumerConfig.of(EVAL_GROUP_PREFIX + name, name, settings or ConsumerSettings(),
-                                   block_ms=500)  # fmt: skip
+        config = ConsumerConfig.of(
+            EVAL_GROUP_PREFIX + name, name, settings or ConsumerSettings(), block_ms=500
+        )
         self.consumer = Consumer(redis, keys, keys.all_evals, config, expect=TrajectoryGroup)
         self.current: Round | None = None
         self._partition = 0
@@ -116,13 +123,20 @@ class Evaluator:
             for index, row in enumerate(rows):
                 meta = dict(row.meta or {})
                 meta["difficulty"] = row.difficulty
-                tasks.append(Task(
-                    task_id=f"{self.keys.run}-eval-{round_id}-{name}-{index}",
-                    env_spec=row.env_spec, group_size=self.cfg.eval_samples,
-                    seed=index, policy_version=version, max_turns=row.max_turns, meta=meta,
-                    eval=EvalMark(name, round_id, index),
-                    temperature=self.cfg.eval_temperature, max_tokens=self.cfg.eval_max_tokens,
-                ))  # fmt: skip
+                tasks.append(
+                    Task(
+                        task_id=f"{self.keys.run}-eval-{round_id}-{name}-{index}",
+                        env_spec=row.env_spec,
+                        group_size=self.cfg.eval_samples,
+                        seed=index,
+                        policy_version=version,
+                        max_turns=row.max_turns,
+                        meta=meta,
+                        eval=EvalMark(name, round_id, index),
+                        temperature=self.cfg.eval_temperature,
+                        max_tokens=self.cfg.eval_max_tokens,
+                    )
+                )
         by_partition: dict[int, list[Task]] = {}
         for task in tasks:
             by_partition.setdefault(self._partition, []).append(task)

@@ -31,10 +31,23 @@ from torch.distributed.tensor import DTensor, Shard
 
 WEIGHTS = "model.safetensors"
 BUCKET_BYTES = 64 * 2**20  # the most any rank holds at once while streaming
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "chat_template.jinja", "vocab.json", "merges.txt")  # fmt: skip
-_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
-           torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8", torch.bool: "BOOL"}  # fmt: skip
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+)
+_DTYPES = {
+    torch.float32: "F32",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
 
 
 Weights = Mapping[str, torch.Tensor]  # name -> tensor, in file order (a model's state dict)
@@ -56,8 +69,11 @@ def _header(entries: list[tuple[str, torch.Tensor]]) -> bytes:
     offset = 0
     for name, t in entries:
         size = t.numel() * t.element_size()
-        meta[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape),
-                      "data_offsets": [offset, offset + size]}  # fmt: skip
+        meta[name] = {
+            "dtype": _DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + size],
+        }
         offset += size
     raw = json.dumps(meta, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned
@@ -100,8 +116,12 @@ def _stream_sharded(
 
 
 def _is_row_sharded(tensor: torch.Tensor) -> bool:
-    return (isinstance(tensor, DTensor) and tensor.ndim > 0 and tensor.device_mesh.ndim == 1
-            and tensor.placements == (Shard(0),))  # fmt: skip
+    return (
+        isinstance(tensor, DTensor)
+        and tensor.ndim > 0
+        and tensor.device_mesh.ndim == 1
+        and tensor.placements == (Shard(0),)
+    )
 
 
 def write_safetensors(

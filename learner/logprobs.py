@@ -277,8 +277,17 @@ class _HeadLogprobs(torch.autograd.Function):
                 g = (grad_target[a:b], grad_entropy[a:b])
                 rows_out = None if grad_hidden is None else grad_hidden[a:b]
                 if threshold is None:
-                    _tiled_grad(h, weight, bias, y, rows, saved=(lse[a:b], entropy[a:b]), grads=g,
-                                out=(rows_out, grad_weight, grad_bias), tile=ctx.tile)  # fmt: skip
+                    _tiled_grad(
+                        h,
+                        weight,
+                        bias,
+                        y,
+                        rows,
+                        saved=(lse[a:b], entropy[a:b]),
+                        grads=g,
+                        out=(rows_out, grad_weight, grad_bias),
+                        tile=ctx.tile,
+                    )
                     continue
                 saved = (lse[a:b], entropy[a:b], threshold)
                 grad = _chunk_grad(

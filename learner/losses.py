@@ -54,10 +54,16 @@ class PolicyLossConfig:
     @classmethod
     def of(cls, optim: OptimConfig, loss: LossConfig) -> PolicyLossConfig:
         """The loss knobs, from the two config sections that hold them."""
-        return cls(clip_low=optim.clip_low, clip_high=optim.clip_high, dual_clip=loss.dual_clip,
-                   correction=loss.correction, cap=optim.tis_cap,
-                   log_ratio_clamp=loss.log_ratio_clamp, level=loss.correction_level,
-                   ratio=loss.policy_ratio)  # fmt: skip
+        return cls(
+            clip_low=optim.clip_low,
+            clip_high=optim.clip_high,
+            dual_clip=loss.dual_clip,
+            correction=loss.correction,
+            cap=optim.tis_cap,
+            log_ratio_clamp=loss.log_ratio_clamp,
+            level=loss.correction_level,
+            ratio=loss.policy_ratio,
+        )
 
 
 @dataclass(frozen=True)
@@ -105,8 +111,9 @@ def behaviour_weight(
     return torch.where(keep, w, torch.zeros_like(w)), ~keep
 
 
-def _policy_ratio(logp: torch.Tensor, prox_logp: torch.Tensor, mask: torch.Tensor,
-                  cfg: PolicyLossConfig) -> torch.Tensor:  # fmt: skip
+def _policy_ratio(
+    logp: torch.Tensor, prox_logp: torch.Tensor, mask: torch.Tensor, cfg: PolicyLossConfig
+) -> torch.Tensor:
     """pi_theta/pi_prox per token, or GSPO's: ``exp(sg[mean_seq log r] + log pi - sg[log pi])``."""
     log_r = logp - prox_logp.detach()
     if cfg.ratio is PolicyRatio.SEQUENCE:
@@ -130,8 +137,9 @@ def decoupled_ppo_loss(
     dual = torch.minimum(clip_loss, -advantages * cfg.dual_clip)
     negative = advantages < 0
     ppo = torch.where(negative, dual, clip_loss)
-    log_w = torch.clamp(prox_logp.detach() - behaviour_logp, -cfg.log_ratio_clamp,
-                        cfg.log_ratio_clamp)  # fmt: skip
+    log_w = torch.clamp(
+        prox_logp.detach() - behaviour_logp, -cfg.log_ratio_clamp, cfg.log_ratio_clamp
+    )
     weight, corrected = behaviour_weight(log_w, mask, cfg)
     r = ratio.detach()
     positive = advantages > 0

@@ -23,11 +23,27 @@ from learner.trainer import StepStats
 
 log = logging.getLogger("learner")
 
-LOSS_FIELDS = ("loss", "clip_fraction", "entropy", "ratio_mean", "ratio_max", "grad_norm",
-               "dual_clip_fraction", "correction_fraction", "kl", "behaviour_ratio_mean",
-               "behaviour_ratio_max", "behaviour_ratio_min", "behaviour_log_ratio_std",
-               "outside_mass", "rejected_fraction", "optimizer_steps", "value_loss",
-               "learning_rate", "kl_coef")  # fmt: skip
+LOSS_FIELDS = (
+    "loss",
+    "clip_fraction",
+    "entropy",
+    "ratio_mean",
+    "ratio_max",
+    "grad_norm",
+    "dual_clip_fraction",
+    "correction_fraction",
+    "kl",
+    "behaviour_ratio_mean",
+    "behaviour_ratio_max",
+    "behaviour_ratio_min",
+    "behaviour_log_ratio_std",
+    "outside_mass",
+    "rejected_fraction",
+    "optimizer_steps",
+    "value_loss",
+    "learning_rate",
+    "kl_coef",
+)
 
 
 @dataclass(frozen=True)

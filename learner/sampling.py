@@ -28,8 +28,14 @@ from learner.metrics import FILTER_RATE, FILTERED_GROUPS
 class DynamicSampling:
     """Which groups count toward a batch, and how many are filtered."""
 
-    def __init__(self, reason: Callable[[TrajectoryGroup], str | None], groups_per_batch: int,
-                 max_factor: float, steps: int, window: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        reason: Callable[[TrajectoryGroup], str | None],
+        groups_per_batch: int,
+        max_factor: float,
+        steps: int,
+        window: int | None = None,
+    ) -> None:
         self.reason = reason
         self.groups_per_batch = groups_per_batch
         self.steps = steps  # steps of groups the staleness budget admits (admission_steps)

@@ -64,9 +64,14 @@ def collate(samples: Sequence[Sample], pad_id: int, device: torch.device) -> dic
         padded = np.full(length - 1, -1, np.int32)
         padded[: n - 1] = s.sampling_index[1:]
         targets.append((s.samplings, padded))
-    tensors = {"input_ids": ids, "attention_mask": attn, "mask": rows["loss_mask"],
-               "behaviour_logp": rows["behaviour_logp"], "advantages": rows["advantages"],
-               "sampling": merged(targets)}  # fmt: skip
+    tensors = {
+        "input_ids": ids,
+        "attention_mask": attn,
+        "mask": rows["loss_mask"],
+        "behaviour_logp": rows["behaviour_logp"],
+        "advantages": rows["advantages"],
+        "sampling": merged(targets),
+    }
     return {k: v.to(device) for k, v in tensors.items()}
 
 

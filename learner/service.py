@@ -146,8 +146,14 @@ async def _make_evals(core: Core, redis: aioredis.Redis, keys: RunKeys) -> EvalS
     cfg = core.cfg
     if not cfg.evaluation.eval_tasks:
         return None
-    evaluator = Evaluator(redis, keys, load_sets(cfg.evaluation), cfg.evaluation,
-                          cfg.consumer_name, settings=cfg.consumer)  # fmt: skip
+    evaluator = Evaluator(
+        redis,
+        keys,
+        load_sets(cfg.evaluation),
+        cfg.evaluation,
+        cfg.consumer_name,
+        settings=cfg.consumer,
+    )
     await evaluator.start()
     out_dir = cfg.evaluation.eval_dir or cfg.checkpoint_dir
     return EvalSchedule(evaluator, out_dir, core.tracker.evaluation)
@@ -187,8 +193,16 @@ async def _make_source(
     consumer = LiveSource.consumer_config(cfg.consumer_name, cfg.consumer)
     dead = DeadLetterWatch(redis, keys, cfg.max_failed_batches * cfg.groups_per_batch)
     await retry_while_unavailable(dead.start, "reading the dead letters", stop)
-    source = LiveSource(redis, keys, consumer, feeder, vocab, already_trained=recent,
-                        sampling=dynamic_sampling(cfg), dead_letters=dead)  # fmt: skip
+    source = LiveSource(
+        redis,
+        keys,
+        consumer,
+        feeder,
+        vocab,
+        already_trained=recent,
+        sampling=dynamic_sampling(cfg),
+        dead_letters=dead,
+    )
     await retry_while_unavailable(source.start, "creating the learner group", stop)
     return source
 
@@ -203,8 +217,16 @@ async def _make_feeder(core: Core, redis: aioredis.Redis, keys: RunKeys) -> Task
     wait = (cfg.consumer.wait_replicas, cfg.consumer.wait_timeout_ms)
     producer = Producer(redis, None, *wait)
     budget = AdmissionBudget(redis, keys, *wait)
-    feeder = TaskFeeder(redis, keys, sampler, cfg.horizon, cfg.group_size,
-                        limit=cfg.admission_limit, producer=producer, budget=budget)  # fmt: skip
+    feeder = TaskFeeder(
+        redis,
+        keys,
+        sampler,
+        cfg.horizon,
+        cfg.group_size,
+        limit=cfg.admission_limit,
+        producer=producer,
+        budget=budget,
+    )
     await feeder.start(await count_in_flight(redis, keys, WORKERS_GROUP, LEARNER_GROUP))
     return feeder
 

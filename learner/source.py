@@ -137,8 +137,11 @@ class LiveSource:
             self.sampling.observe([d.message for d in batch])  # type: ignore[misc]
             if self.feeder is not None:
                 limit = self.sampling.admission_limit()
-                await retry_while_unavailable(lambda: self.feeder.set_limit(limit),  # type: ignore[union-attr]
-                                              "moving the admission limit", stop)  # fmt: skip
+                await retry_while_unavailable(
+                    lambda: self.feeder.set_limit(limit),  # type: ignore[union-attr]
+                    "moving the admission limit",
+                    stop,
+                )
         await retry_while_unavailable(lambda: self.top_up(version, step), "issuing tasks", stop)
         return Batch(batch, wait_s)
 

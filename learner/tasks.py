@@ -127,8 +127,11 @@ class TaskSampler:
 
     def draw_index(self) -> int:
         """The index of the next row drawn (a deferred row only when every row is)."""
-        pool = [i for i, r in enumerate(self.rows)
-                if not self.rules.curriculum or r.difficulty == self.level]  # fmt: skip
+        pool = [
+            i
+            for i, r in enumerate(self.rows)
+            if not self.rules.curriculum or r.difficulty == self.level
+        ]
         live = [i for i in pool if self.deferred.get(i, 0) <= self.step]
         pool = live or pool
         return pool[int(self.rng.integers(len(pool)))]

@@ -85,8 +85,9 @@ class StepStats:
 def _filler(pad_id: int) -> Sample:
     """A zero-loss micro-batch for a rank with fewer real ones (collectives need every rank)."""
     zeros = np.zeros(2, np.float32)
-    return Sample(np.full(2, pad_id, np.int64), zeros, zeros, zeros, np.full(2, -1, np.int32),
-                  False, "")  # fmt: skip
+    return Sample(
+        np.full(2, pad_id, np.int64), zeros, zeros, zeros, np.full(2, -1, np.int32), False, ""
+    )
 
 
 def split(samples: Sequence[Sample], parts: int) -> list[list[Sample]]:
@@ -146,13 +147,18 @@ class Trainer:
     def my_micro_batches(self, samples: Sequence[Sample]) -> list[list[Sample]]:
         """This rank's micro-batches of the whole batch `samples` (same count on every rank)."""
         lengths = [len(s.input_ids) for s in samples]
-        plan = plan_micro_batches(lengths, self.scale.max_tokens_per_micro_batch,
-                                  self.cfg.micro_batch_size, self.scale.packing)  # fmt: skip
+        plan = plan_micro_batches(
+            lengths,
+            self.scale.max_tokens_per_micro_batch,
+            self.cfg.micro_batch_size,
+            self.scale.packing,
+        )
         mine = assign_ranks(plan, lengths, self.dist.world, self.scale.packing)[self.dist.rank]
         return [[samples[i] for i in mb] or [_filler(self.pad_id)] for mb in mine]
 
-    def forward(self, samples: Sequence[Sample]) -> tuple[dict[str, Any], torch.Tensor,
-                                                          torch.Tensor, torch.Tensor]:  # fmt: skip
+    def forward(
+        self, samples: Sequence[Sample]
+    ) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor, torch.Tensor]:
         """(collated batch, logprobs, entropy, outside mass), each [B, T-1], of one micro-batch."""
         batch = microbatch.collate(samples, self.pad_id, self.device, packed=self.scale.packing)
         with self._autocast():
@@ -220,8 +226,14 @@ class Trainer:
         """Per-token loss of one micro-batch ([B, T-1]): policy, KL and entropy terms."""
         terms = self.loss
         prox = batch["prox_logp"] if "prox_logp" in batch else logp.detach()
-        policy = decoupled_ppo_loss(logp, prox, batch["behaviour_logp"], batch["advantages"],
-                                    batch["mask"], cfg=self.policy_loss)  # fmt: skip
+        policy = decoupled_ppo_loss(
+            logp,
+            prox,
+            batch["behaviour_logp"],
+            batch["advantages"],
+            batch["mask"],
+            cfg=self.policy_loss,
+        )
         loss = policy.loss
         kl = None
         if "ref_logp" in batch:
@@ -240,9 +252,14 @@ class Trainer:
             batch, logp, entropy, outside = self.forward(chunk)
             token_loss, out, kl = self._token_loss(batch, logp, entropy)
             kept = batch["mask"] * (~out.rejected)  # MIS-rejected tokens leave the loss
-            share = aggregate(token_loss, kept, self.cfg.aggregation,
-                              total_tokens=total_tokens, total_sequences=total_sequences,
-                              norm_tokens=self.cfg.norm_tokens)  # fmt: skip
+            share = aggregate(
+                token_loss,
+                kept,
+                self.cfg.aggregation,
+                total_tokens=total_tokens,
+                total_sequences=total_sequences,
+                norm_tokens=self.cfg.norm_tokens,
+            )
             share.backward()
             tally.add(batch["mask"] > 0, share, out, entropy, kl=kl, outside=outside)
         sums, mins = self.dist.reduce_sums(tally.sums), self.dist.reduce_mins(tally.mins)
@@ -256,50 +273,100 @@ class Trainer:
                     param.grad.mul_(scale)
         grad_norm = clip_grad_norm(params, self.cfg.max_grad_norm)
         self.optimizer.step()
-        return tally.stats(sums, mins, total_tokens, total_sequences, grad_norm=float(grad_norm),
-                           compute_s=time.perf_counter() - started, scale=scale)  # fmt: skip
+        return tally.stats(
+            sums,
+            mins,
+            total_tokens,
+            total_sequences,
+            grad_norm=float(grad_norm),
+            compute_s=time.perf_counter() - started,
+            scale=scale,
+        )
 
 
 class _Tally:
     """One step's token statistics on this rank: sums, and minimums (maxima stored negated)."""
 
-    SUMS = ("loss", "clipped", "entropy", "ratio", "dual_clipped", "corrected", "kl",
-            "behaviour_ratio", "log_behaviour", "log_behaviour_sq", "outside",
-            "rejected", "rejected_sequences")  # fmt: skip
+    SUMS = (
+        "loss",
+        "clipped",
+        "entropy",
+        "ratio",
+        "dual_clipped",
+        "corrected",
+        "kl",
+        "behaviour_ratio",
+        "log_behaviour",
+        "log_behaviour_sq",
+        "outside",
+        "rejected",
+        "rejected_sequences",
+    )
     MINS = ("ratio_min", "-ratio_max", "behaviour_min", "-behaviour_max")
 
     def __init__(self) -> None:
         self.sums = torch.zeros(len(self.SUMS), dtype=torch.float64)
         self.mins = torch.full((len(self.MINS),), float("inf"), dtype=torch.float64)
 
-    def add(self, on: torch.Tensor, share: torch.Tensor, out: PolicyTerms, entropy: torch.Tensor,
-            *, kl: torch.Tensor | None, outside: torch.Tensor) -> None:  # fmt: skip
+    def add(
+        self,
+        on: torch.Tensor,
+        share: torch.Tensor,
+        out: PolicyTerms,
+        entropy: torch.Tensor,
+        *,
+        kl: torch.Tensor | None,
+        outside: torch.Tensor,
+    ) -> None:
         """Add one micro-batch (`on`: its loss tokens)."""
         behaviour = out.behaviour_ratio[on]
         log_b = torch.log(behaviour.clamp(min=1e-30))
-        values = (share.detach().sum(), out.clipped[on].sum(), entropy.detach()[on].sum(),
-                  out.ratio[on].sum(), out.dual_clipped[on].sum(), out.corrected[on].sum(),
-                  kl.detach()[on].sum() if kl is not None else torch.zeros(()),
-                  behaviour.sum(), log_b.sum(), log_b.square().sum(), outside[on].sum(),
-                  (out.rejected & on).sum(), _fully(out.rejected, on).sum())  # fmt: skip
+        values = (
+            share.detach().sum(),
+            out.clipped[on].sum(),
+            entropy.detach()[on].sum(),
+            out.ratio[on].sum(),
+            out.dual_clipped[on].sum(),
+            out.corrected[on].sum(),
+            kl.detach()[on].sum() if kl is not None else torch.zeros(()),
+            behaviour.sum(),
+            log_b.sum(),
+            log_b.square().sum(),
+            outside[on].sum(),
+            (out.rejected & on).sum(),
+            _fully(out.rejected, on).sum(),
+        )
         self.sums += torch.stack([v.double() for v in values])
         if bool(on.any()):
             ratio = out.ratio[on]
             found = torch.stack([ratio.min(), -ratio.max(), behaviour.min(), -behaviour.max()])
             self.mins = torch.minimum(self.mins, found.double())
 
-    def rejection_scale(self, sums: torch.Tensor, mode: Aggregation, tokens: int,
-                        sequences: int) -> float:  # fmt: skip
+    def rejection_scale(
+        self, sums: torch.Tensor, mode: Aggregation, tokens: int, sequences: int
+    ) -> float:
         """What turns shares over every token (or sequence) into shares over the kept ones."""
         s = dict(zip(self.SUMS, sums.tolist(), strict=True))
-        total, rejected = (tokens, s["rejected"]) if mode is Aggregation.TOKEN_MEAN else (
-            sequences, s["rejected_sequences"])  # fmt: skip
+        total, rejected = (
+            (tokens, s["rejected"])
+            if mode is Aggregation.TOKEN_MEAN
+            else (sequences, s["rejected_sequences"])
+        )
         if not rejected:
             return 1.0
         return total / (total - rejected) if rejected < total else 0.0
 
-    def stats(self, sums: torch.Tensor, mins: torch.Tensor, tokens: int, sequences: int,
-              *, grad_norm: float, compute_s: float, scale: float) -> StepStats:  # fmt: skip
+    def stats(
+        self,
+        sums: torch.Tensor,
+        mins: torch.Tensor,
+        tokens: int,
+        sequences: int,
+        *,
+        grad_norm: float,
+        compute_s: float,
+        scale: float,
+    ) -> StepStats:
         """The step's statistics from the rank-reduced sums and minimums."""
         s = dict(zip(self.SUMS, sums.tolist(), strict=True))
         m = dict(zip(self.MINS, mins.tolist(), strict=True))

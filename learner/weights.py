@@ -148,8 +148,9 @@ class WeightPusher:
         # unloaded adapters stay on disk a while: vLLM may read one again for a queued request
         keep = max(self._sync_config.keep_versions, 3)
         await asyncio.to_thread(_prune_adapters, self.weights_dir, self.run, version - keep)
-        return PushResult(servers=self.urls, weights_path=str(final),
-                          largest_tensor_bytes=written, adapter=name)  # fmt: skip
+        return PushResult(
+            servers=self.urls, weights_path=str(final), largest_tensor_bytes=written, adapter=name
+        )
 
     async def close(self) -> None:
         """Leave the transfer group (the file path holds nothing between pushes)."""

@@ -160,13 +160,16 @@ class _ProcessBackend:
         try:
             with open(log_path, "wb") as log_file:  # noqa: ASYNC230 (local file, instant)
                 proc = await asyncio.create_subprocess_exec(
-                    *prefix, *self.argv(uid, socket_dir), "--lifeline-fd", str(life_r),
+                    *prefix,
+                    *self.argv(uid, socket_dir),
+                    "--lifeline-fd",
+                    str(life_r),
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.DEVNULL,
                     stderr=log_file,
                     start_new_session=True,
                     pass_fds=(life_r,),
-                )  # fmt: skip
+                )
         except BaseException:
             os.close(life_w)
             raise
@@ -261,8 +264,15 @@ class UnsafeBackend(_ProcessBackend):
     def argv(self, uid: int, socket_dir: Path) -> list[str]:
         work = socket_dir.with_name(socket_dir.name + "-work")
         python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
-        return [python, "-I", str(socket_dir.parent / "lib" / "agent"),
-                "--socket-dir", str(socket_dir), "--work-dir", str(work)]  # fmt: skip
+        return [
+            python,
+            "-I",
+            str(socket_dir.parent / "lib" / "agent"),
+            "--socket-dir",
+            str(socket_dir),
+            "--work-dir",
+            str(work),
+        ]
 
     def _prepare_dirs(self, uid: int, socket_dir: Path) -> None:
         super()._prepare_dirs(uid, socket_dir)

@@ -24,20 +24,26 @@ class Limits(BaseModel):
         10.0, gt=0, le=3600, description="Default wall-clock timeout of a call."
     )
     cpu_s: int = Field(
-        0, ge=0, le=3600,
+        0,
+        ge=0,
+        le=3600,
         description="RLIMIT_CPU in seconds; 0 means ceil(timeout) + 1 of the call.",
-    )  # fmt: skip
+    )
     memory_mb: int = Field(512, ge=16, le=1 << 20, description="RLIMIT_AS of each call, MiB.")
     processes: int = Field(
-        64, ge=4, le=100_000,
+        64,
+        ge=4,
+        le=100_000,
         description="Processes a call may add (RLIMIT_NPROC, on top of the sandbox's own).",
-    )  # fmt: skip
+    )
     file_size_mb: int = Field(64, ge=1, le=1 << 20, description="RLIMIT_FSIZE of each call, MiB.")
     open_files: int = Field(256, ge=16, le=1 << 20, description="RLIMIT_NOFILE of each call.")
     output_kb: int = Field(
-        64, ge=1, le=64 * 1024,
+        64,
+        ge=1,
+        le=64 * 1024,
         description="Cap on captured stdout and on stderr, KiB each; past it the call is killed.",
-    )  # fmt: skip
+    )
     collect_kb: int = Field(4096, ge=1, le=1 << 20, description="Cap on each collected file, KiB.")
 
     def wire(self, timeout_s: float, baseline_processes: int = 0) -> dict[str, int]:
@@ -83,10 +89,12 @@ class SandboxConfig(BaseModel):
         256, ge=1, le=1 << 20, description="Size of the tmpfs work directory, MiB."
     )
     sessions_per_sandbox: int = Field(
-        16, ge=1, le=4096,
+        16,
+        ge=1,
+        le=4096,
         description="Sessions sharing one sandbox (each its own process and work dir); "
         "1 is strict isolation.",
-    )  # fmt: skip
+    )
     warm: int = Field(1, ge=0, le=4096, description="Sandboxes kept started ahead of demand.")
     max_sandboxes: int = Field(16, ge=1, le=100_000, description="Most sandboxes alive at once.")
     acquire_timeout_s: float = Field(
@@ -96,9 +104,11 @@ class SandboxConfig(BaseModel):
         30.0, gt=0, le=600, description="How long a sandbox may take to answer its first ping."
     )
     recycle_after: int = Field(
-        100, ge=1, le=1_000_000,
+        100,
+        ge=1,
+        le=1_000_000,
         description="Replace a sandbox after it has served this many sessions.",
-    )  # fmt: skip
+    )
     health_interval_s: float = Field(
         10.0, gt=0, le=3600, description="Period of the ping health check of idle sandboxes."
     )
@@ -108,11 +118,13 @@ class SandboxConfig(BaseModel):
         "unix socket paths are limited to 108 bytes).",
     )
     uid_base: int = Field(
-        200_000, ge=1000, le=2**31 - 2_000_000,
+        200_000,
+        ge=1000,
+        le=2**31 - 2_000_000,
         description="Sandboxes run as distinct uids in [uid_base, uid_base + 1e6), so "
         "RLIMIT_NPROC and signals do not span two sandboxes; keep the range free of "
         "real users.",
-    )  # fmt: skip
+    )
     python_mode: Literal["persistent", "fork"] = Field(
         "persistent",
         description="How run_python executes: 'persistent' reuses one interpreter per "

@@ -66,18 +66,48 @@ class LocalCluster:
         node_dir.mkdir(parents=True, exist_ok=True)
         if self.tls:
             cert, key = (str(p) for p in self.tls)
-            listen = ["--port", "0", "--tls-port", str(port), "--tls-cluster", "yes",
-                      "--tls-replication", "yes", "--tls-cert-file", cert, "--tls-key-file", key,
-                      "--tls-ca-cert-file", cert, "--tls-auth-clients", "no"]  # fmt: skip
+            listen = [
+                "--port",
+                "0",
+                "--tls-port",
+                str(port),
+                "--tls-cluster",
+                "yes",
+                "--tls-replication",
+                "yes",
+                "--tls-cert-file",
+                cert,
+                "--tls-key-file",
+                key,
+                "--tls-ca-cert-file",
+                cert,
+                "--tls-auth-clients",
+                "no",
+            ]
         else:
             listen = ["--port", str(port)]
         args = [
-            "redis-server", *listen, "--bind", "127.0.0.1", "--dir", str(node_dir),
-            "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-            "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
-            "--cluster-replica-validity-factor", "0",  # a replica may always take over
-            "--save", "", "--appendonly", "no", "--protected-mode", "no",
-        ]  # fmt: skip
+            "redis-server",
+            *listen,
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(node_dir),
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            str(NODE_TIMEOUT_MS),
+            "--cluster-replica-validity-factor",
+            "0",  # a replica may always take over
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+        ]
         self.processes[port] = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )

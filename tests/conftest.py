@@ -56,11 +56,22 @@ class RedisServer:
 
     def start(self) -> None:
         args = [
-            "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-            "--dir", str(self.directory), "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "always", "--protected-mode", "no",
-        ]  # fmt: skip
+            "redis-server",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.directory),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "always",
+            "--protected-mode",
+            "no",
+        ]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

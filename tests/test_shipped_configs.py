@@ -19,8 +19,11 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "deploy" / "config"
 
 def test_every_shipped_toml_has_a_loader():
     assert sorted(p.name for p in CONFIG_DIR.glob("*.toml")) == [
-        "farm.toml", "inference.toml", "learner.toml", "worker.toml",
-    ]  # fmt: skip
+        "farm.toml",
+        "inference.toml",
+        "learner.toml",
+        "worker.toml",
+    ]
 
 
 def test_learner_toml(monkeypatch: pytest.MonkeyPatch):

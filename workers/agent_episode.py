@@ -61,8 +61,9 @@ async def run_agent_episode(
     record = EpisodeRecord(limits, task.policy_version)
     session = f"{task.task_id}/{index}"
     seed_base = task.sampling_seed(index, 0) if cfg.sampling_seeds else None
-    defaults = SamplingDefaults(cfg.temperature, cfg.top_p, cfg.max_tokens, cfg.top_k, cfg.min_p,
-                                seed_base)  # fmt: skip
+    defaults = SamplingDefaults(
+        cfg.temperature, cfg.top_p, cfg.max_tokens, cfg.top_k, cfg.min_p, seed_base
+    )
     key = endpoint.open_episode(record, session, defaults)
     # The group's one seed: it picks the problem, so every episode of the group gets the same.
     openai = OpenAIConfig(endpoint.base_url, key, endpoint.model_name, task.seed)

@@ -290,13 +290,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--socket-dir", required=True)
     parser.add_argument("--work-dir", required=True)
     parser.add_argument(
-        "--lifeline-fd", type=int, default=-1,
+        "--lifeline-fd",
+        type=int,
+        default=-1,
         help="exit when this pipe closes: the pool that started us is gone",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--session-uids", default="",
+        "--session-uids",
+        default="",
         help="FIRST:COUNT: session slot i runs as uid FIRST+i (needs root in the sandbox)",
-    )  # fmt: skip
+    )
     parser.add_argument("--host-gid", type=int, default=0, help="group of the host's pool")
     args = parser.parse_args(argv)
     os.makedirs(args.work_dir, exist_ok=True)

@@ -16,8 +16,9 @@ def task_consumer(redis, keys: RunKeys, name: str, **config) -> Consumer:
 
 
 def make_task(task_id: str, group_size: int = 2, version: int = 0) -> Task:
-    return Task(task_id=task_id, env_spec="toy@{}", group_size=group_size, seed=7,
-                policy_version=version)  # fmt: skip
+    return Task(
+        task_id=task_id, env_spec="toy@{}", group_size=group_size, seed=7, policy_version=version
+    )
 
 
 def make_group(

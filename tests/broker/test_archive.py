@@ -79,8 +79,11 @@ async def test_replay_bodies_are_bit_identical(redis, tmp_path):
 async def test_cli_archive_then_replay(redis, redis_server, tmp_path):
     await fill(redis, 12)
     env = {**os.environ, "FARM_REDIS_URL": redis_server.url, "FARM_RUN": "arc"}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "broker", *a], env=env,  # noqa: E731
-                                    capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    def run(*a: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "broker", *a]
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+
     r = run("archive", "trajectories", "--out", str(tmp_path), "--segment-entries", "5")
     assert r.returncode == 0, r.stderr
     assert "archived 12 entries" in r.stdout

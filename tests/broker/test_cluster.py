@@ -47,8 +47,13 @@ async def redis(broker_url):
 
 def commit_keys(keys: RunKeys, p: int) -> list[str]:
     """Every key the worker's and the learner's commit touch in partition `p`."""
-    return [keys.task_stream(p), keys.trajectories(p), keys.deadletter_of(p),
-            keys.seen(WORKERS_GROUP, p), keys.seen(LEARNER_GROUP, p)]  # fmt: skip
+    return [
+        keys.task_stream(p),
+        keys.trajectories(p),
+        keys.deadletter_of(p),
+        keys.seen(WORKERS_GROUP, p),
+        keys.seen(LEARNER_GROUP, p),
+    ]
 
 
 def test_partitions_and_runs_spread_over_the_cluster(redis_cluster: LocalCluster) -> None:
@@ -68,7 +73,10 @@ def test_partitions_and_runs_spread_over_the_cluster(redis_cluster: LocalCluster
     assert len(firsts) >= 2  # several runs land on different nodes
     # partition 0 keeps the names a single-partition run always had
     assert (KEYS.tasks, KEYS.trajectories(0), KEYS.deadletter) == (
-        "{cl}:tasks", "{cl}:trajectories", "{cl}:deadletter")  # fmt: skip
+        "{cl}:tasks",
+        "{cl}:trajectories",
+        "{cl}:deadletter",
+    )
     assert KEYS.trajectories(2) == "{cl:2}:trajectories"
     with pytest.raises(ValueError):
         KEYS.partition_of("{other:1}:tasks")
@@ -107,9 +115,13 @@ async def test_worker_and_learner_consumers_over_partitions(redis) -> None:
     # a redelivered task that was committed is dropped through its partition's seen set
     await producer.publish(KEYS.task_stream(part["t0"]), [make_task("t0")])
     assert await worker.read(count=5) == []
-    learner = Consumer(redis, KEYS, KEYS.all_trajectories,
-                       ConsumerConfig(group=LEARNER_GROUP, consumer="l", block_ms=50),
-                       expect=TrajectoryGroup)  # fmt: skip
+    learner = Consumer(
+        redis,
+        KEYS,
+        KEYS.all_trajectories,
+        ConsumerConfig(group=LEARNER_GROUP, consumer="l", block_ms=50),
+        expect=TrajectoryGroup,
+    )
     await learner.ensure_groups()
     groups = []
     while batch := await learner.read(count=100):
@@ -141,8 +153,9 @@ async def test_broker_cli_covers_every_partition(redis, broker_url) -> None:
     for p in range(3):
         await Producer(redis).publish(KEYS.task_stream(p), [make_task(f"c{p}")])
     base = [sys.executable, "-m", "broker", "--redis-url", broker_url, "--run", KEYS.run]
-    status = subprocess.run([*base, "--partitions", "3", "status"],
-                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    status = subprocess.run(
+        [*base, "--partitions", "3", "status"], capture_output=True, text=True, timeout=60
+    )
     assert status.returncode == 0, status.stderr
     for p in range(3):
         assert f"  stream {KEYS.task_stream(p)}: 1 entries" in status.stdout
@@ -156,9 +169,12 @@ async def test_acl_user_on_the_cluster(redis_cluster: LocalCluster) -> None:
     redis_cluster.flush()
     for port in redis_cluster.live_ports():  # ACLs are per node
         redis_cluster.node(port).acl_setuser(
-            "farm", enabled=True, passwords=["+s3cret"], keys=["{cl}:*", "{cl:*}:*"],
+            "farm",
+            enabled=True,
+            passwords=["+s3cret"],
+            keys=["{cl}:*", "{cl:*}:*"],
             commands=["+@all"],
-        )  # fmt: skip
+        )
     port = redis_cluster.ports[0]
     client = await connect(RedisSettings.from_url(f"redis+cluster://farm:s3cret@127.0.0.1:{port}"))
     try:
@@ -179,9 +195,28 @@ async def test_tls_cluster(tmp_path) -> None:
     """rediss+cluster:// with a CA file: TLS to every node the client discovers."""
     require(shutil.which("openssl") is not None, "openssl")
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
     cluster = LocalCluster(tmp_path / "tls", tls=(cert, key))
     try:
         cluster.start()
@@ -215,8 +250,9 @@ async def test_wait_replicas_on_the_cluster_and_without_replicas(redis_cluster, 
         redis = await connect(RedisSettings.from_url(url))
         try:
             await Producer(redis).publish(KEYS.tasks, [make_task("w0")])
-            cfg = ConsumerConfig(group=WORKERS_GROUP, consumer="w", block_ms=50,
-                                 wait_replicas=1, wait_timeout_ms=300)  # fmt: skip
+            cfg = ConsumerConfig(
+                group=WORKERS_GROUP, consumer="w", block_ms=50, wait_replicas=1, wait_timeout_ms=300
+            )
             c = Consumer(redis, KEYS, KEYS.all_tasks, cfg, expect=Task)
             await c.ensure_groups()
             [d] = await c.read()

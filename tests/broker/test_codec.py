@@ -105,15 +105,24 @@ groups = st.builds(
     created_at=floats,
 )
 policies = st.builds(
-    PolicyVersion, version=st.integers(0, 2**40), step=st.integers(0, 2**40),
-    servers=st.lists(text, max_size=3).map(tuple), weights_path=text, created_at=floats,
+    PolicyVersion,
+    version=st.integers(0, 2**40),
+    step=st.integers(0, 2**40),
+    servers=st.lists(text, max_size=3).map(tuple),
+    weights_path=text,
+    created_at=floats,
     adapter=text,
-)  # fmt: skip
+)
 letters = st.builds(
-    DeadLetter, source_stream=text, entry_id=text, reason=text,
+    DeadLetter,
+    source_stream=text,
+    entry_id=text,
+    reason=text,
     fields=st.dictionaries(st.binary(max_size=4), st.binary(max_size=16), max_size=3),
-    deliveries=st.integers(0, 100), consumer=text, created_at=floats,
-)  # fmt: skip
+    deliveries=st.integers(0, 100),
+    consumer=text,
+    created_at=floats,
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -137,8 +146,13 @@ def test_arrays_decode_as_zero_copy_views():
 def test_strided_and_big_endian_arrays_round_trip():
     ids = np.arange(12, dtype="<i4")[::3]  # a strided view: not contiguous
     turn = Turn([7], ids, np.full(4, -0.25, dtype=">f4"), 0, 0.0, True, False)
-    out = decode(encode(TrajectoryGroup("g", Task("g", "toy@{}", 1, 0, 0),
-                                        (Trajectory((turn,), "terminated"),), "w")))  # fmt: skip
+    out = decode(
+        encode(
+            TrajectoryGroup(
+                "g", Task("g", "toy@{}", 1, 0, 0), (Trajectory((turn,), "terminated"),), "w"
+            )
+        )
+    )
     got = out.trajectories[0].turns[0]
     assert got.completion_ids.tolist() == [0, 3, 6, 9]
     assert got.logprobs.tolist() == [-0.25] * 4

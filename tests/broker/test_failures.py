@@ -63,8 +63,9 @@ async def test_sigkilled_consumer_entries_are_reclaimed_and_processed_once(redis
         victim.stdout.close()
 
     async def survivor(name: str) -> None:
-        c = task_consumer(redis, KEYS, name, block_ms=50, reclaim_idle_ms=200,
-                          reclaim_interval_s=0.1)  # fmt: skip
+        c = task_consumer(
+            redis, KEYS, name, block_ms=50, reclaim_idle_ms=200, reclaim_interval_s=0.1
+        )
         idle_rounds = 0
         while idle_rounds < 10:
             batch = await c.read(count=3)
@@ -163,8 +164,21 @@ async def test_unreachable_redis_is_one_clear_error():
     settings = RedisSettings(url="redis://127.0.0.1:1/0", retry_budget_s=0.5)
     with pytest.raises(RedisUnavailable, match="unreachable"):
         await connect(settings)
-    r = subprocess.run([sys.executable, "-m", "broker", "--redis-url", "redis://u:secret@127.0.0.1:1/0",
-                        "--redis-wait", "0.3", "status"], capture_output=True, text=True, timeout=30)  # fmt: skip
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "broker",
+            "--redis-url",
+            "redis://u:secret@127.0.0.1:1/0",
+            "--redis-wait",
+            "0.3",
+            "status",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 1
     assert r.stderr.count("Traceback") == 0
     assert "error: Redis at redis://u:***@127.0.0.1:1/0 unreachable" in r.stderr
@@ -210,9 +224,12 @@ async def test_status_shows_the_dead_letter_count_and_the_latest_reason(redis, b
     await c.dead_letter(first, "task t-bad: unknown environment 'nope'")
     await c.dead_letter(second, "task t-worse: bad kwargs for 'toy': difficulty: too high")
     assert await c.read() == []  # acked with the dead letter: never delivered again
-    out = subprocess.run([sys.executable, "-m", "broker", "--redis-url", broker_url,
-                          "--run", KEYS.run, "status"], capture_output=True, text=True,
-                         timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "broker", "--redis-url", broker_url, "--run", KEYS.run, "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     at = lines.index("  dead letters 2")

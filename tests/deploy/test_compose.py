@@ -27,8 +27,11 @@ def _services() -> dict:
 def test_compose_config_resolves(profile: str) -> None:
     result = subprocess.run(
         [*compose_cli(), "-f", str(COMPOSE), "--profile", profile, "config"],
-        capture_output=True, text=True, timeout=60, cwd=COMPOSE.parent,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=COMPOSE.parent,
+    )
     assert result.returncode == 0, result.stderr
     resolved = yaml.safe_load(result.stdout)["services"]
     assert {"redis", "worker", "prometheus", "grafana"} <= set(resolved)
@@ -136,6 +139,7 @@ def test_the_offline_images_pull_nothing_and_hash_what_they_copy() -> None:
         froms = [line.split()[1] for line in lines if line.startswith("FROM ")]
         assert froms and all(f in ("${BASE}", "${PYTHON_IMAGE}") for f in froms), image
     text = (DEPLOY / "docker" / WORKER.dockerfile).read_text()
-    copied = {src for line in text.splitlines() if line.startswith("COPY ")
-              for src in line.split()[1:-1]}  # fmt: skip
+    copied = {
+        src for line in text.splitlines() if line.startswith("COPY ") for src in line.split()[1:-1]
+    }
     assert copied == set(SOURCES)

@@ -54,8 +54,10 @@ def _render(overlay: str) -> list[dict[str, Any]]:
     require(shutil.which("kubectl") is not None, "kubectl (for kustomize rendering)")
     result = subprocess.run(
         ["kubectl", "kustomize", str(K8S / "overlays" / overlay)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     return [d for d in yaml.safe_load_all(result.stdout) if d]
 

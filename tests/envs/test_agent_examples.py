@@ -34,9 +34,11 @@ async def test_run_python_tool_runs_in_the_sandbox(bwrap_pool: Any) -> None:
 
 async def test_code_tool_agent_runs_as_an_episode(bwrap_pool: Any, tiny_model_dir: Path) -> None:
     task = _task(
-        "examples.code_tool_agent:solve", 1, use_sandbox=True,
+        "examples.code_tool_agent:solve",
+        1,
+        use_sandbox=True,
         task={"problem_id": "sum-two", "max_rounds": 2},
-    )  # fmt: skip
+    )
     async with serving(tiny_model_dir) as endpoint:
         ctx = EpisodeContext(endpoint.codec, endpoint.client, SamplingParams, bwrap_pool, endpoint)
         group = await run_group(ctx, CFG, task, max_turns=8, retries=0, worker_id="w")

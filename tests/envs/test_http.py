@@ -67,8 +67,13 @@ class GuessServer:
             return {}
         state["tries"] += 1
         right = body["action"].strip() == str(state["target"])
-        return {"observation": "right" if right else "wrong", "reward": float(right), "done": right,
-                "truncated": not right and state["tries"] >= 3, "info": {"tries": state["tries"]}}  # fmt: skip
+        return {
+            "observation": "right" if right else "wrong",
+            "reward": float(right),
+            "done": right,
+            "truncated": not right and state["tries"] >= 3,
+            "info": {"tries": state["tries"]},
+        }
 
 
 @pytest.fixture

@@ -73,9 +73,26 @@ json_values = st.recursive(
     max_leaves=10,
 )
 fragments = st.sampled_from(
-    ["<tool_call>", "</tool_call>", "<|FunctionCallBegin|>", "<|FunctionCallEnd|>", "{", "}", "[", "]",
-     '"name"', '"arguments"', '"parameters"', ":", ",", '"', "```", "json", "\\"]
-)  # fmt: skip
+    [
+        "<tool_call>",
+        "</tool_call>",
+        "<|FunctionCallBegin|>",
+        "<|FunctionCallEnd|>",
+        "{",
+        "}",
+        "[",
+        "]",
+        '"name"',
+        '"arguments"',
+        '"parameters"',
+        ":",
+        ",",
+        '"',
+        "```",
+        "json",
+        "\\",
+    ]
+)
 
 
 @pytest.mark.slow

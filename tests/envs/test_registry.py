@@ -99,13 +99,15 @@ def test_spec_without_kwargs_and_sandbox_ignored_when_not_taken() -> None:
         ("nope", ["unknown environment 'nope'", "registered: agent, arith, code, codegym"]),
         ("toy@{bad json", ["not valid JSON"]),
         ("codegym", ["missing a required argument: 'env'", "accepted kwargs: env (required)"]),
-        ('codegym@{"env": "max_subarray", "tool_timeout_s": 0}',
-         ["tool_timeout_s: Input should be greater than 0", "max_output_chars"]),
+        (
+            'codegym@{"env": "max_subarray", "tool_timeout_s": 0}',
+            ["tool_timeout_s: Input should be greater than 0", "max_output_chars"],
+        ),
         ('codegym@{"env": "x", "colour": 1}', ["colour: Extra inputs", "config_index"]),
         ('toy@{"difficulty": 9}', ["difficulty: Input should be less than or equal to 3"]),
         ('http@{"timeout_s": 1}', ["missing a required argument: 'url'", "url (required)"]),
     ],
-)  # fmt: skip
+)
 def test_check_spec_names_the_problem_and_accepted_kwargs_in_one_line(
     spec: str, fragments: list[str]
 ) -> None:

@@ -79,10 +79,18 @@ async def test_partial_credit_and_truncation(bwrap_pool: Any) -> None:
 
 def _scenario(tmp_path: Path, checks: list[dict[str, str]]) -> str:
     path = tmp_path / "s.json"
-    path.write_text(json.dumps({
-        "name": "custom", "env": "Bank", "task": "Deposit 1 into a.", "max_turns": 3,
-        "initial_state": {"accounts": {"a": 0}, "log": []}, "checks": checks,
-    }))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "name": "custom",
+                "env": "Bank",
+                "task": "Deposit 1 into a.",
+                "max_turns": 3,
+                "initial_state": {"accounts": {"a": 0}, "log": []},
+                "checks": checks,
+            }
+        )
+    )
     return json.dumps({"scenario_file": str(path), "check_timeout_s": 2})
 
 

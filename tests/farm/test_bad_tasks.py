@@ -21,12 +21,26 @@ def test_a_bad_env_spec_stops_the_farm_with_the_learners_line(
     work = tmp_path / "farm"
     result = subprocess.run(
         [
-            sys.executable, "-m", "farm", command, "--work-dir", str(work), "--workers", "1",
-            "--env-spec", "codegym", "--metrics-port", "0", "--model", str(tiny_model),
+            sys.executable,
+            "-m",
+            "farm",
+            command,
+            "--work-dir",
+            str(work),
+            "--workers",
+            "1",
+            "--env-spec",
+            "codegym",
+            "--metrics-port",
+            "0",
+            "--model",
+            str(tiny_model),
             *(["--time-limit-s", "200"] if command == "demo" else ["--quiet"]),
         ],
-        capture_output=True, text=True, timeout=280,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     farm_errors = [line for line in result.stderr.splitlines() if line.startswith("farm: ")]
     assert len(farm_errors) == 1, result.stderr[-3000:]

@@ -111,11 +111,21 @@ async def test_view_of_a_lost_redis_reports_unknowns() -> None:
 
 def test_status_line_shows_every_field() -> None:
     status = FarmStatus(
-        elapsed_s=12, learner_step=5, reward=0.25, episodes_per_s=3.5, tokens_per_s=100,
-        staleness_mean=0.5, policy_version=5, served_versions=(4, 5),
-        sandbox={"idle": 2, "busy": 1}, tasks_lag=3, tasks_pending=2, trajectories_lag=1,
-        dead_letters=0, admission=(6, 8),
-    )  # fmt: skip
+        elapsed_s=12,
+        learner_step=5,
+        reward=0.25,
+        episodes_per_s=3.5,
+        tokens_per_s=100,
+        staleness_mean=0.5,
+        policy_version=5,
+        served_versions=(4, 5),
+        sandbox={"idle": 2, "busy": 1},
+        tasks_lag=3,
+        tasks_pending=2,
+        trajectories_lag=1,
+        dead_letters=0,
+        admission=(6, 8),
+    )
     assert status.line() == (
         "t=   12s | step 5 | reward 0.250 | eps/s 3.50 | tok/s 100 | lag tasks 3/traj 1 | "
         "pending 2 | stale 0.50 | version 5 (served 4,5) | sandbox busy=1 idle=2 | "
@@ -142,8 +152,9 @@ async def test_view_sums_lag_and_pending_over_every_partition(redis_server) -> N
     view = FarmView({}, redis, keys)
     try:
         for p, stream in enumerate(keys.all_tasks):  # partition p: p + 1 tasks, one delivered
-            await Producer(redis).publish(stream, [Task(f"t{p}{i}", "toy@{}", 2, i, 0)
-                                                   for i in range(p + 1)])  # fmt: skip
+            await Producer(redis).publish(
+                stream, [Task(f"t{p}{i}", "toy@{}", 2, i, 0) for i in range(p + 1)]
+            )
             await redis.xgroup_create(stream, WORKERS_GROUP, id="0")
             await redis.xreadgroup(WORKERS_GROUP, "w", {stream: ">"}, count=1)
         for stream in keys.all_trajectories:

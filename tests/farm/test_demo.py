@@ -117,11 +117,31 @@ def test_demo_on_a_redis_cluster_with_three_partitions(
     redis_cluster.flush()
     out = tmp_path / "demo"
     argv = [
-        sys.executable, "-m", "farm", "demo", "--work-dir", str(out), "--workers", "2",
-        "--max-steps", "2", "--time-limit-s", "200", "--metrics-port", "0",
-        "--model", str(tiny_model), "--sandbox-backend", "bwrap", "--run", "cdemo",
-        "--redis-url", redis_cluster.url, "--partitions", "3",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "farm",
+        "demo",
+        "--work-dir",
+        str(out),
+        "--workers",
+        "2",
+        "--max-steps",
+        "2",
+        "--time-limit-s",
+        "200",
+        "--metrics-port",
+        "0",
+        "--model",
+        str(tiny_model),
+        "--sandbox-backend",
+        "bwrap",
+        "--run",
+        "cdemo",
+        "--redis-url",
+        redis_cluster.url,
+        "--partitions",
+        "3",
+    ]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=280)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())

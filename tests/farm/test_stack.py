@@ -43,9 +43,13 @@ def test_local_stack_starts_redis_and_the_policy_server_first(tmp_path: Path) ->
 
 def test_given_redis_and_servers_are_used_not_started(tmp_path: Path) -> None:
     cfg = load_config(
-        None, work_dir=tmp_path, workers=1, redis_url="redis://10.0.0.1:6379/2",
-        inference_urls="http://a:8000,http://b:8000", learner_args=["--learning-rate", "1e-4"],
-    )  # fmt: skip
+        None,
+        work_dir=tmp_path,
+        workers=1,
+        redis_url="redis://10.0.0.1:6379/2",
+        inference_urls="http://a:8000,http://b:8000",
+        learner_args=["--learning-rate", "1e-4"],
+    )
     stack = build_stack(cfg, tmp_path / "model", tmp_path / "tasks.jsonl")
     assert [s.name for s in stack.specs] == ["learner", "worker-0"]
     learner = stack.specs[0].argv
@@ -57,8 +61,13 @@ def test_given_redis_and_servers_are_used_not_started(tmp_path: Path) -> None:
 
 
 def test_partitions_reach_the_learner_and_every_worker(tmp_path: Path) -> None:
-    cfg = load_config(None, work_dir=tmp_path, workers=2, partitions=3,
-                      redis_url="redis+cluster://10.0.0.1:7000/0")  # fmt: skip
+    cfg = load_config(
+        None,
+        work_dir=tmp_path,
+        workers=2,
+        partitions=3,
+        redis_url="redis+cluster://10.0.0.1:7000/0",
+    )
     stack = build_stack(cfg, tmp_path / "model", tmp_path / "tasks.jsonl")
     assert [s.name for s in stack.specs] == ["inference", "learner", "worker-0", "worker-1"]
     assert [_flag(s.argv, "--partitions") for s in stack.specs[1:]] == ["3", "3", "3"]
@@ -74,8 +83,11 @@ async def test_prepare_writes_the_task_file_and_rejects_missing_inputs(tmp_path:
     _, tasks = await prepare(cfg, lambda name, line: None)
     assert tasks.read_text() == '{"env_spec": "toy@{\\"difficulty\\": 2}"}\n'
     with pytest.raises(StartupError, match="does not exist"):
-        await prepare(load_config(None, work_dir=tmp_path, model=model, tasks=tmp_path / "no.jsonl"),
-                      lambda name, line: None)  # fmt: skip
+        await prepare(
+            load_config(None, work_dir=tmp_path, model=model, tasks=tmp_path / "no.jsonl"),
+            lambda name, line: None,
+        )
     with pytest.raises(StartupError, match="no model"):
-        await prepare(load_config(None, work_dir=tmp_path, model=tmp_path / "empty"),
-                      lambda name, line: None)  # fmt: skip
+        await prepare(
+            load_config(None, work_dir=tmp_path, model=tmp_path / "empty"), lambda name, line: None
+        )

@@ -123,10 +123,25 @@ async def test_farm_up_restarts_a_killed_worker_and_stops_cleanly_on_sigint(
     require(_docker_ready(), "Docker engine with the sandbox image (python -m sandbox.image build)")
     metrics_port = free_port()
     argv = [
-        sys.executable, "-m", "farm", "up", "--workers", "1", "--work-dir", str(tmp_path),
-        "--metrics-port", str(metrics_port), "--status-interval-s", "1", "--run", "uptest",
-        "--sandbox-backend", "docker", "--model", str(tiny_model),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "farm",
+        "up",
+        "--workers",
+        "1",
+        "--work-dir",
+        str(tmp_path),
+        "--metrics-port",
+        str(metrics_port),
+        "--status-interval-s",
+        "1",
+        "--run",
+        "uptest",
+        "--sandbox-backend",
+        "docker",
+        "--model",
+        str(tiny_model),
+    ]
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )

@@ -113,8 +113,12 @@ async def test_a_trainer_that_never_comes_times_out_the_join(
     server_factory, other_model_dir: Path
 ) -> None:
     server = await server_factory(weight_transfer_timeout_s=3.0)
-    info = {"master_address": "127.0.0.1", "master_port": free_port(), "rank_offset": 1,
-            "world_size": 2}  # fmt: skip
+    info = {
+        "master_address": "127.0.0.1",
+        "master_port": free_port(),
+        "rank_offset": 1,
+        "world_size": 2,
+    }
     joining = asyncio.create_task(
         post(server.url + "/init_weight_transfer_engine", {"init_info": info})
     )

@@ -219,8 +219,13 @@ async def test_queued_requests_are_served_before_newer_ones() -> None:
             await asyncio.sleep(0)  # eager0 takes the only connection
             await asyncio.gather(first, *(once(i) for i in range(3)))
         assert server.bodies == [
-            b"eager0", b"queued0", b"queued1", b"queued2", b"eager1", b"eager2"
-        ]  # fmt: skip
+            b"eager0",
+            b"queued0",
+            b"queued1",
+            b"queued2",
+            b"eager1",
+            b"eager2",
+        ]
     finally:
         await http.close()
 

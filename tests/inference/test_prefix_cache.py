@@ -21,8 +21,15 @@ SYSTEM = [(7 * i) % 200 + 30 for i in range(3 * BLOCK + 5)]  # a shared "system 
 
 
 def body(prompt: list[int], seed: int, max_tokens: int = 12) -> dict[str, Any]:
-    return {"prompt": prompt, "max_tokens": max_tokens, "seed": seed, "temperature": 1.0,
-            "ignore_eos": True, "logprobs": 0, "return_token_ids": True}  # fmt: skip
+    return {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "seed": seed,
+        "temperature": 1.0,
+        "ignore_eos": True,
+        "logprobs": 0,
+        "return_token_ids": True,
+    }
 
 
 async def complete(url: str, prompt: list[int], seed: int) -> tuple[list[int], list[float]]:

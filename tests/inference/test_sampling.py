@@ -11,8 +11,15 @@ from broker.messages import Sampling
 from inference.sampling import RowSampling, SampleSpec, keep_threshold, sample_rows
 
 
-def spec(temperature: float = 1.0, *, top_p: float = 1.0, allowed: list[int] | None = None,
-         k: int = 0, top_k: int = 0, min_p: float = 0.0) -> SampleSpec:  # fmt: skip
+def spec(
+    temperature: float = 1.0,
+    *,
+    top_p: float = 1.0,
+    allowed: list[int] | None = None,
+    k: int = 0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+) -> SampleSpec:
     return SampleSpec(Sampling(temperature, top_k, top_p, min_p, allowed), k)
 
 
@@ -45,14 +52,25 @@ def test_logprobs_are_at_the_sampling_temperature_within_the_nucleus() -> None:
 
 
 def test_min_p_and_top_k_thresholds() -> None:
-    rows = RowSampling.of([Sampling(min_p=0.25), Sampling(top_k=3), Sampling(top_k=2, min_p=0.5),
-                           Sampling(0.0, top_k=1)], 4)  # fmt: skip
+    rows = RowSampling.of(
+        [
+            Sampling(min_p=0.25),
+            Sampling(top_k=3),
+            Sampling(top_k=2, min_p=0.5),
+            Sampling(0.0, top_k=1),
+        ],
+        4,
+    )
     z = LOGITS.repeat(4, 1)
     kept = z >= keep_threshold(z, rows).unsqueeze(1)
     # min_p 0.25: p >= 0.125 keeps {0.5, 0.3, 0.15}; top_k 3 the same three; top_k 2 with
     # min_p 0.5 keeps p >= 0.25 and the top two: {0.5, 0.3}; a greedy row is never truncated.
-    assert kept.tolist() == [[True, True, True, False], [True, True, True, False],
-                             [True, True, False, False], [True, True, True, True]]  # fmt: skip
+    assert kept.tolist() == [
+        [True, True, True, False],
+        [True, True, True, False],
+        [True, True, False, False],
+        [True, True, True, True],
+    ]
 
 
 def test_top_p_keeps_only_the_nucleus() -> None:

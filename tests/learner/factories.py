@@ -33,8 +33,14 @@ def make_group(
     rewards = [0.0, 1.0, 0.0, 1.0] if rewards is None else rewards
     seed = int.from_bytes(hashlib.sha256(group_id.encode()).digest()[:4], "little")
     rng = np.random.default_rng(seed)
-    task = Task(task_id=group_id, env_spec="toy@{}", group_size=len(rewards), seed=seed,
-                policy_version=version, issued_at=0.0)  # fmt: skip
+    task = Task(
+        task_id=group_id,
+        env_spec="toy@{}",
+        group_size=len(rewards),
+        seed=seed,
+        policy_version=version,
+        issued_at=0.0,
+    )
     trajectories = []
     for i, reward in enumerate(rewards):
         episode = tuple(
@@ -50,8 +56,18 @@ def make_group(
             )
             for t in range(turns)
         )
-        trajectories.append(Trajectory(turns=episode, finish_reason="terminated",
-                                       error=error if i == 0 else ErrorCategory.NONE,
-                                       sample_index=i))  # fmt: skip
-    return TrajectoryGroup(group_id=group_id, task=task, trajectories=tuple(trajectories),
-                           worker_id="w-test", created_at=0.0)  # fmt: skip
+        trajectories.append(
+            Trajectory(
+                turns=episode,
+                finish_reason="terminated",
+                error=error if i == 0 else ErrorCategory.NONE,
+                sample_index=i,
+            )
+        )
+    return TrajectoryGroup(
+        group_id=group_id,
+        task=task,
+        trajectories=tuple(trajectories),
+        worker_id="w-test",
+        created_at=0.0,
+    )

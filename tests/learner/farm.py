@@ -29,8 +29,9 @@ class Farm:
 
     def spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         with (self.logs / f"{name}.log").open("wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", *args], stdout=out,
-                                    stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
+            proc = subprocess.Popen(
+                [sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT
+            )
         self.procs.append(proc)
         return proc
 
@@ -40,8 +41,21 @@ class Farm:
     def server(self, name: str, model: Path, *extra: str) -> str:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        proc = self.spawn(name, ["inference", "--model", str(model), "--host", "127.0.0.1",
-                                 "--port", str(port), "--torch-threads", "1", *extra])  # fmt: skip
+        proc = self.spawn(
+            name,
+            [
+                "inference",
+                "--model",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--torch-threads",
+                "1",
+                *extra,
+            ],
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             assert proc.poll() is None, self.log(name)[-2000:]
@@ -52,11 +66,37 @@ class Farm:
                 time.sleep(0.2)
         raise AssertionError(f"{name} never became healthy")
 
-    def worker(self, name: str, redis_url: str, run: str, url: str, model: Path,
-               *, concurrency: int, max_tokens: int = 1) -> None:  # fmt: skip
-        self.spawn(name, ["workers", "--redis-url", redis_url, "--run", run, "--inference-urls", url,
-                          "--model", str(model), "--max-tokens", str(max_tokens), "--concurrency",
-                          str(concurrency), "--worker-id", name])  # fmt: skip
+    def worker(
+        self,
+        name: str,
+        redis_url: str,
+        run: str,
+        url: str,
+        model: Path,
+        *,
+        concurrency: int,
+        max_tokens: int = 1,
+    ) -> None:
+        self.spawn(
+            name,
+            [
+                "workers",
+                "--redis-url",
+                redis_url,
+                "--run",
+                run,
+                "--inference-urls",
+                url,
+                "--model",
+                str(model),
+                "--max-tokens",
+                str(max_tokens),
+                "--concurrency",
+                str(concurrency),
+                "--worker-id",
+                name,
+            ],
+        )
 
     def close(self) -> None:
         for proc in self.procs:
@@ -76,8 +116,11 @@ def farm(logs: Path) -> Iterator[Farm]:
 
 def step_records(log: str) -> list[dict[str, object]]:
     """The learner's per-step JSON log lines."""
-    return [json.loads(line.split(" learner ", 1)[1]) for line in log.splitlines()
-            if '"event": "step"' in line]  # fmt: skip
+    return [
+        json.loads(line.split(" learner ", 1)[1])
+        for line in log.splitlines()
+        if '"event": "step"' in line
+    ]
 
 
 def toy_tasks(path: Path) -> Path:

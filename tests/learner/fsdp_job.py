@@ -76,8 +76,14 @@ def main(model: Path, out: Path) -> None:
         core.stop_followers()
     else:
         run_follower(core)
-    save_checkpoint(out / "ckpt", trainer.policy, trainer.optimizer, LearnerState(step=1), dist,
-                    tokenizer_dir=model)  # fmt: skip
+    save_checkpoint(
+        out / "ckpt",
+        trainer.policy,
+        trainer.optimizer,
+        LearnerState(step=1),
+        dist,
+        tokenizer_dir=model,
+    )
     step(trainer, second)
     continued = gathered(trainer, grads=False)
     resumed = make_trainer(model, dist)

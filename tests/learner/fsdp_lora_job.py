@@ -28,8 +28,11 @@ from tests.learner.test_lora import lora_trainer, step
 
 
 def adapter(trainer: object, grads: bool) -> dict[str, torch.Tensor]:
-    return {n: full(p.grad if grads else p) for n, p in trainer.model.named_parameters()  # type: ignore[attr-defined]
-            if ".lora_" in n}  # fmt: skip
+    return {
+        n: full(p.grad if grads else p)
+        for n, p in trainer.model.named_parameters()  # type: ignore[attr-defined]
+        if ".lora_" in n
+    }
 
 
 def main(model: Path, out: Path) -> None:

@@ -92,8 +92,10 @@ class ModelGenerator:
         for i, r in enumerate(batch):
             feed[i, width - len(r.prompt) :] = torch.tensor(r.prompt)
             mask[i, width - len(r.prompt) :] = 1
-        gens = [None if r.params.seed is None else torch.Generator().manual_seed(r.params.seed)
-                for r in batch]  # fmt: skip
+        gens = [
+            None if r.params.seed is None else torch.Generator().manual_seed(r.params.seed)
+            for r in batch
+        ]
         specs = [SampleSpec(r.params.distribution(), 0) for r in batch]
         rows: list[tuple[list[int], list[float]]] = [([], []) for _ in batch]
         finish = ["length"] * len(batch)
@@ -102,8 +104,14 @@ class ModelGenerator:
         while any(live):
             positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -feed.shape[1] :]
             with torch.no_grad():
-                out = self.model(input_ids=feed, attention_mask=mask, position_ids=positions,
-                                 use_cache=True, logits_to_keep=1, **{self._cache_arg: cache})  # fmt: skip
+                out = self.model(
+                    input_ids=feed,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **{self._cache_arg: cache},
+                )
             tokens, logprobs, _ = sample_rows(out.logits[:, -1], specs, gens)
             for i, r in enumerate(batch):
                 if not live[i]:
@@ -116,8 +124,10 @@ class ModelGenerator:
                     live[i] = False
             feed = torch.tensor(tokens)[:, None]
             mask = torch.cat([mask, torch.ones((len(batch), 1), dtype=torch.long)], dim=1)
-        return [Generation(t, lp, [self.version] * len(t), f, "in-process")
-                for (t, lp), f in zip(rows, finish, strict=True)]  # fmt: skip
+        return [
+            Generation(t, lp, [self.version] * len(t), f, "in-process")
+            for (t, lp), f in zip(rows, finish, strict=True)
+        ]
 
     def end_session(self, session_id: str) -> None:
         """No sticky servers here."""
@@ -132,10 +142,20 @@ class Run:
     core: Core | None = None
 
 
-def train(model_dir: Path, env_spec: str, *, steps: int, seed: int, groups: int = 4,  # noqa: PLR0913
-          group_size: int = 8, flags: dict[str, object] | None = None,
-          settings: EpisodeSettings | None = None, push: bool = True,
-          threads: int | None = 1, until: float | None = None) -> Run:  # fmt: skip
+def train(  # noqa: PLR0913
+    model_dir: Path,
+    env_spec: str,
+    *,
+    steps: int,
+    seed: int,
+    groups: int = 4,
+    group_size: int = 8,
+    flags: dict[str, object] | None = None,
+    settings: EpisodeSettings | None = None,
+    push: bool = True,
+    threads: int | None = 1,
+    until: float | None = None,
+) -> Run:
     """`steps` synchronous steps of `groups` x `group_size` episodes of `env_spec`, trained by
     the learner's own `Core` (batch preparation, critic, schedules) built from `flags`, the
     learner's command-line settings.
@@ -154,22 +174,48 @@ def train(model_dir: Path, env_spec: str, *, steps: int, seed: int, groups: int 
     before = torch.get_num_threads()
     torch.set_num_threads(threads or before)
     try:
-        return _train(model_dir, env_spec, steps=steps, seed=seed, groups=groups,
-                      group_size=group_size, flags=flags, settings=settings, push=push,
-                      until=until)  # fmt: skip
+        return _train(
+            model_dir,
+            env_spec,
+            steps=steps,
+            seed=seed,
+            groups=groups,
+            group_size=group_size,
+            flags=flags,
+            settings=settings,
+            push=push,
+            until=until,
+        )
     finally:
         torch.set_num_threads(before)
 
 
-def _train(model_dir: Path, env_spec: str, *, steps: int, seed: int, groups: int,
-           group_size: int, flags: dict[str, object] | None, settings: EpisodeSettings | None,
-           push: bool, until: float | None) -> Run:  # fmt: skip
+def _train(
+    model_dir: Path,
+    env_spec: str,
+    *,
+    steps: int,
+    seed: int,
+    groups: int,
+    group_size: int,
+    flags: dict[str, object] | None,
+    settings: EpisodeSettings | None,
+    push: bool,
+    until: float | None,
+) -> Run:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LearnerConfig.load({"model": model_dir, "group_size": group_size,
-                              "groups_per_batch": groups, "max_steps": steps, **(flags or {})},
-                             environ={})  # fmt: skip
+    cfg = LearnerConfig.load(
+        {
+            "model": model_dir,
+            "group_size": group_size,
+            "groups_per_batch": groups,
+            "max_steps": steps,
+            **(flags or {}),
+        },
+        environ={},
+    )
     core = build_core(cfg, DistContext(), torch.device("cpu"))
     model = core.trainer.model
     sampler = model if push else AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -179,8 +225,10 @@ def _train(model_dir: Path, env_spec: str, *, steps: int, seed: int, groups: int
     rng = random.Random(seed)
     run = Run(core=core)
     for step in range(steps):
-        tasks = [Task(f"s{step}-g{g}", env_spec, group_size, rng.randrange(2**31), step)
-                 for g in range(groups)]  # fmt: skip
+        tasks = [
+            Task(f"s{step}-g{g}", env_spec, group_size, rng.randrange(2**31), step)
+            for g in range(groups)
+        ]
         batch = asyncio.run(_groups(ctx, episode, tasks))
         prepared, stats = core.train(batch, replay=False)
         run.rewards.append(sum(prepared.episode_returns) / max(len(prepared.episode_returns), 1))
@@ -192,10 +240,14 @@ def _train(model_dir: Path, env_spec: str, *, steps: int, seed: int, groups: int
     return run
 
 
-async def _groups(ctx: EpisodeContext, cfg: EpisodeSettings, tasks: list[Task]) -> list[TrajectoryGroup]:  # fmt: skip
-    return list(await asyncio.gather(*(
-        run_group(ctx, cfg, t, max_turns=8, retries=0, worker_id="in-process") for t in tasks
-    )))  # fmt: skip
+async def _groups(
+    ctx: EpisodeContext, cfg: EpisodeSettings, tasks: list[Task]
+) -> list[TrajectoryGroup]:
+    return list(
+        await asyncio.gather(
+            *(run_group(ctx, cfg, t, max_turns=8, retries=0, worker_id="in-process") for t in tasks)
+        )
+    )
 
 
 def window_mean(rewards: Sequence[float], window: int = 10) -> list[float]:
@@ -212,8 +264,15 @@ class Score:
     pass_at_k: float
 
 
-def evaluate(model: torch.nn.Module, model_dir: Path, env_spec: str, seeds: Sequence[int], *,
-             k: int, settings: EpisodeSettings) -> Score:  # fmt: skip
+def evaluate(
+    model: torch.nn.Module,
+    model_dir: Path,
+    env_spec: str,
+    seeds: Sequence[int],
+    *,
+    k: int,
+    settings: EpisodeSettings,
+) -> Score:
     """`k` samples of each reset seed's prompt from `model`, through the workers' episode code."""
     ctx = EpisodeContext(load_codec(str(model_dir)), ModelGenerator(model), SamplingParams)
     tasks = [Task(f"eval-{s}", env_spec, k, s, 0) for s in seeds]

@@ -30,8 +30,12 @@ SCALE = ScaleConfig(max_tokens_per_micro_batch=40, packing=True, logprob_chunk_t
 
 
 def batch_samples(name: str) -> list[Sample]:
-    groups = [make_group(f"{name}-{i}", [0.0, 1.0, 2.0, 0.5], turns=1 + i, vocab=256,
-                         sampling=SAMPLINGS[i]) for i in range(3)]  # fmt: skip
+    groups = [
+        make_group(
+            f"{name}-{i}", [0.0, 1.0, 2.0, 0.5], turns=1 + i, vocab=256, sampling=SAMPLINGS[i]
+        )
+        for i in range(3)
+    ]
     return prepare_batch(groups, RULES, version=0).samples
 
 
@@ -39,7 +43,14 @@ def make_trainer(model_dir: Path, dist: DistContext, scale: ScaleConfig = SCALE)
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    cfg = OptimConfig(learning_rate=1e-3, weight_decay=0.01, clip_low=0.2, clip_high=0.2,
-                      tis_cap=2.0, max_grad_norm=1.0, micro_batch_size=64,
-                      aggregation=Aggregation.TOKEN_MEAN)  # fmt: skip
+    cfg = OptimConfig(
+        learning_rate=1e-3,
+        weight_decay=0.01,
+        clip_low=0.2,
+        clip_high=0.2,
+        tis_cap=2.0,
+        max_grad_norm=1.0,
+        micro_batch_size=64,
+        aggregation=Aggregation.TOKEN_MEAN,
+    )
     return Trainer(model, cfg, torch.device("cpu"), dist, scale=scale)

@@ -94,8 +94,9 @@ def test_grpo_std_choices_and_the_switch_off() -> None:
     pop = [float(a[0]) for a in _adv(rewards, Algorithm.GRPO).values[0]]
     np.testing.assert_allclose(pop, np.array([-1, -1, 2]) / math.sqrt(6 / 3), rtol=1e-5)
     unbiased = _adv(rewards, Algorithm.GRPO, std=GroupStd.UNBIASED).values[0]
-    np.testing.assert_allclose([float(a[0]) for a in unbiased],
-                               np.array([-1, -1, 2]) / math.sqrt(6 / 2), rtol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        [float(a[0]) for a in unbiased], np.array([-1, -1, 2]) / math.sqrt(6 / 2), rtol=1e-5
+    )
     centred = _adv(rewards, Algorithm.GRPO, scale_by_std=False).values[0]
     assert [float(a[0]) for a in centred] == [-1.0, -1.0, 2.0]
     # one episode: no spread to divide by; advantage 0, not NaN
@@ -151,8 +152,7 @@ def test_reinforce_pp_whitens_returns_over_the_batchs_tokens() -> None:
     assert got == pytest.approx([(1 - 7 / 8) / std, (0 - 7 / 8) / std, (1 - 7 / 8) / std], rel=1e-5)
     # reinforce++-baseline subtracts each group's mean return first: [0.5, -0.5] and [0],
     # then whitens with the token weights: mean = (1.5 - 0.5) / 8 = 1/8
-    base = compute_advantages(rewards, AdvantageRules(Algorithm.REINFORCE_PP_BASELINE, 1.0),
-                              tokens)  # fmt: skip
+    base = compute_advantages(rewards, AdvantageRules(Algorithm.REINFORCE_PP_BASELINE, 1.0), tokens)
     centred = np.array([0.5, -0.5, 0.0])
     w = np.array([3.0, 1.0, 4.0])
     mean = np.average(centred, weights=w)

@@ -16,8 +16,13 @@ from tests.learner.factories import make_group
 
 
 def _rules(**kw: object) -> BatchRules:
-    base = {"algorithm": Algorithm.GRPO, "gamma": 1.0, "max_staleness": 1,
-            "stale_policy": StalePolicy.CORRECT, "skip_zero_variance": True}  # fmt: skip
+    base = {
+        "algorithm": Algorithm.GRPO,
+        "gamma": 1.0,
+        "max_staleness": 1,
+        "stale_policy": StalePolicy.CORRECT,
+        "skip_zero_variance": True,
+    }
     return BatchRules(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -84,10 +89,16 @@ def test_problem_with_catches_unusable_groups() -> None:
     assert "group_size" in str(problem_with(short, vocab_size=10))
 
 
-def _episode(rewards: list[float], finish: str = "terminated", tokens: int = 2,
-             truncation: str | None = None, cut: bool = False) -> Trajectory:  # fmt: skip
-    turns = tuple(Turn([1], [2] * tokens, [-1.0] * tokens, 0, r, False, False, cut=cut)
-                  for r in rewards)  # fmt: skip
+def _episode(
+    rewards: list[float],
+    finish: str = "terminated",
+    tokens: int = 2,
+    truncation: str | None = None,
+    cut: bool = False,
+) -> Trajectory:
+    turns = tuple(
+        Turn([1], [2] * tokens, [-1.0] * tokens, 0, r, False, False, cut=cut) for r in rewards
+    )
     return Trajectory(turns, finish, truncation=truncation)  # type: ignore[arg-type]
 
 
@@ -136,10 +147,16 @@ def test_overlong_mask_and_soft_punishment() -> None:
     masked = prepare_batch([group], _rules(overlong=Overlong.MASK), version=0)
     # overlong filtering: no loss on it, but its return stays in the baseline (mean 2/3)
     assert [s.episode for s in masked.samples] == [1, 2]
-    np.testing.assert_allclose(masked.samples[0].advantages[-1], (1 - 2 / 3) / np.std([1, 1, 0]),
-                               rtol=1e-5)  # fmt: skip
-    soft = prepare_batch([group], _rules(overlong=Overlong.SOFT, overlong_max_tokens=6,
-                                         overlong_buffer=2, overlong_penalty=1.0), version=0)  # fmt: skip
+    np.testing.assert_allclose(
+        masked.samples[0].advantages[-1], (1 - 2 / 3) / np.std([1, 1, 0]), rtol=1e-5
+    )
+    soft = prepare_batch(
+        [group],
+        _rules(
+            overlong=Overlong.SOFT, overlong_max_tokens=6, overlong_buffer=2, overlong_penalty=1.0
+        ),
+        version=0,
+    )
     # truncated by the context: -1 -> 0; 3 tokens <= 6 - 2: 1; 5 tokens: -(5 - 4)/2 -> -0.5
     assert [float(s.turn_rewards[0]) for s in soft.samples] == [0.0, 1.0, -0.5]
 
@@ -159,8 +176,11 @@ def test_kl_reward_penalty_is_subtracted_from_each_turn() -> None:
 def test_defect_d3_a_length_cut_completion_is_overlong(how: str) -> None:
     # a single-turn completion that stopped at --max-tokens (finish_reason "length"), or an
     # agent whose token budget ran out: both were trained as if they had ended on their own
-    cut = (_episode([1.0], cut=True) if how == "max-tokens"
-           else _episode([1.0], "truncated", truncation="tokens"))  # fmt: skip
+    cut = (
+        _episode([1.0], cut=True)
+        if how == "max-tokens"
+        else _episode([1.0], "truncated", truncation="tokens")
+    )
     group = _group("cut", [cut, _episode([1.0]), _episode([0.0])])
     masked = prepare_batch([group], _rules(overlong=Overlong.MASK), version=0)
     assert masked.overlong == 1 and [s.episode for s in masked.samples] == [1, 2]

@@ -60,8 +60,12 @@ def test_unknown_toml_key_is_rejected(tmp_path: Path) -> None:
 
 
 def test_cli_reports_bad_config_and_help_skips_torch() -> None:
-    bad = subprocess.run([sys.executable, "-m", "learner", "--model", "/m", "--clip-low", "2"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    bad = subprocess.run(
+        [sys.executable, "-m", "learner", "--model", "/m", "--clip-low", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2
     assert "clip_low: Input should be less than 1" in bad.stderr
     code = "import sys, learner.cli as c\ntry:\n  c.load_config(['--help'])\nexcept SystemExit:\n  pass\nprint('torch' in sys.modules)"

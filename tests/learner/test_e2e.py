@@ -77,31 +77,73 @@ async def group_producers(url: str, keys: RunKeys) -> set[str]:
     return out
 
 
-def run_farm(redis_url: str, run: str, model: Path, logs: Path, *, push_interval: int, steps: int,
-             workers: int, ranks: int = 1) -> tuple[list[dict[str, object]], list[int]]:  # fmt: skip
+def run_farm(
+    redis_url: str,
+    run: str,
+    model: Path,
+    logs: Path,
+    *,
+    push_interval: int,
+    steps: int,
+    workers: int,
+    ranks: int = 1,
+) -> tuple[list[dict[str, object]], list[int]]:
     """The whole loop; returns the learner's step records and the in-flight samples taken
     while it ran. `ranks` > 1 runs the learner under torchrun (FSDP2 over gloo), with the run
     named by FARM_RUN (torchrun's parser would take `--run` for its `--run-path`)."""
     logs.mkdir()
     launcher = ["learner", "--run", run]
     if ranks > 1:
-        launcher = ["torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-                    "-m", "learner"]  # fmt: skip
+        launcher = [
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(ranks),
+            "-m",
+            "learner",
+        ]
     with farm(logs) as f:
         url = f.server("server", model)
         for i in range(workers):
             f.worker(f"{run}-worker-{i}", redis_url, run, url, model, concurrency=64)
-        learner = f.spawn("learner", [
-            *launcher, "--redis-url", redis_url, "--inference-urls", url,
-            "--model", str(model), "--tasks", str(toy_tasks(logs / "tasks.jsonl")),
-            "--group-size", "8", "--groups-per-batch", str(GROUPS_PER_BATCH),
-            "--max-staleness", str(MAX_STALENESS), "--learning-rate", LR, "--lr-warmup-steps", WARMUP,
-            "--micro-batch-size", "64", "--max-steps", str(steps),
-            "--push-interval", str(push_interval), "--weights-dir", str(logs / "weights"),
-        ])  # fmt: skip
+        learner = f.spawn(
+            "learner",
+            [
+                *launcher,
+                "--redis-url",
+                redis_url,
+                "--inference-urls",
+                url,
+                "--model",
+                str(model),
+                "--tasks",
+                str(toy_tasks(logs / "tasks.jsonl")),
+                "--group-size",
+                "8",
+                "--groups-per-batch",
+                str(GROUPS_PER_BATCH),
+                "--max-staleness",
+                str(MAX_STALENESS),
+                "--learning-rate",
+                LR,
+                "--lr-warmup-steps",
+                WARMUP,
+                "--micro-batch-size",
+                "64",
+                "--max-steps",
+                str(steps),
+                "--push-interval",
+                str(push_interval),
+                "--weights-dir",
+                str(logs / "weights"),
+            ],
+        )
         samples: list[int] = []
-        sampler = threading.Thread(target=lambda: samples.extend(
-            asyncio.run(sample_in_flight(redis_url, RunKeys(run), learner))))  # fmt: skip
+        sampler = threading.Thread(
+            target=lambda: samples.extend(
+                asyncio.run(sample_in_flight(redis_url, RunKeys(run), learner))
+            )
+        )
         sampler.start()
         try:
             assert learner.wait(300 * ranks) == 0, f.log("learner")[-3000:]
@@ -136,8 +178,15 @@ def rise(records: list[dict[str, object]]) -> float:
 def test_reward_rises_with_weight_push_and_not_without(
     redis_server: RedisServer, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    learning, in_flight = run_farm(redis_server.url, "learn", tiny_model_dir, tmp_path / "learn",
-                                   push_interval=1, steps=STEPS, workers=3)  # fmt: skip
+    learning, in_flight = run_farm(
+        redis_server.url,
+        "learn",
+        tiny_model_dir,
+        tmp_path / "learn",
+        push_interval=1,
+        steps=STEPS,
+        workers=3,
+    )
     assert last(learning) >= GOAL, (
         f"no learning: {[r['reward_mean'] for r in learning]}\n" + _tails(tmp_path / "learn")
     )
@@ -149,8 +198,15 @@ def test_reward_rises_with_weight_push_and_not_without(
     assert all(int(r["staleness_max"]) <= MAX_STALENESS for r in learning)  # type: ignore[arg-type]
     assert sum(int(r["stale_corrected"]) + int(r["stale_dropped"]) for r in learning) == 0  # type: ignore[arg-type]
 
-    control, _ = run_farm(redis_server.url, "control", tiny_model_dir, tmp_path / "control",
-                          push_interval=0, steps=CONTROL_STEPS, workers=1)  # fmt: skip
+    control, _ = run_farm(
+        redis_server.url,
+        "control",
+        tiny_model_dir,
+        tmp_path / "control",
+        push_interval=0,
+        steps=CONTROL_STEPS,
+        workers=1,
+    )
     assert rise(control) < RISE, f"reward rose without push: {[r['reward_mean'] for r in control]}"
     # without pushes every group is a straggler: counted and corrected, never silent
     assert sum(int(r["stale_corrected"]) for r in control) > 0  # type: ignore[arg-type]
@@ -162,8 +218,16 @@ def test_a_two_rank_fsdp_learner_learns_through_the_farm(
     redis_server: RedisServer, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FARM_RUN", "ranks")
-    records, _ = run_farm(redis_server.url, "ranks", tiny_model_dir, tmp_path / "ranks",
-                          push_interval=1, steps=RANK_STEPS, workers=1, ranks=2)  # fmt: skip
+    records, _ = run_farm(
+        redis_server.url,
+        "ranks",
+        tiny_model_dir,
+        tmp_path / "ranks",
+        push_interval=1,
+        steps=RANK_STEPS,
+        workers=1,
+        ranks=2,
+    )
     assert last(records) >= RANK_GOAL, f"no learning: {rewards(records)}\n" + _tails(
         tmp_path / "ranks"
     )

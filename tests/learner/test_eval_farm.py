@@ -35,23 +35,65 @@ RATES = [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]
 
 
 def worker(f: Farm, name: str, redis_url: str, run: str, url: str, *, model: Path) -> int:
-    proc = f.spawn(name, ["workers", "--redis-url", redis_url, "--run", run, "--inference-urls",
-                          url, "--model", str(model), "--max-tokens", "1", "--concurrency", "8",
-                          "--worker-id", name, "--env-modules", ENVS,
-                          "--reclaim-idle-s", "2"])  # fmt: skip
+    proc = f.spawn(
+        name,
+        [
+            "workers",
+            "--redis-url",
+            redis_url,
+            "--run",
+            run,
+            "--inference-urls",
+            url,
+            "--model",
+            str(model),
+            "--max-tokens",
+            "1",
+            "--concurrency",
+            "8",
+            "--worker-id",
+            name,
+            "--env-modules",
+            ENVS,
+            "--reclaim-idle-s",
+            "2",
+        ],
+    )
     return proc.pid
 
 
 def learner(command: str, redis_url: str, run: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "learner", command, "--redis-url", redis_url,
-                             "--run", run, "--env-modules", ENVS, *args], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "learner",
+            command,
+            "--redis-url",
+            redis_url,
+            "--run",
+            run,
+            "--env-modules",
+            ENVS,
+            *args,
+        ],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def rows(path: Path, step_s: float = 0.0) -> Path:
-    path.write_text("".join(
-        json.dumps({"env_spec": "ev-rate@" + json.dumps({"passes": p, "of": n, "step_s": step_s})})
-        + "\n" for p, n in RATES))  # fmt: skip
+    path.write_text(
+        "".join(
+            json.dumps(
+                {"env_spec": "ev-rate@" + json.dumps({"passes": p, "of": n, "step_s": step_s})}
+            )
+            + "\n"
+            for p, n in RATES
+        )
+    )
     return path
 
 
@@ -69,14 +111,30 @@ def eval_farm(
     ("keep", "kept"), [("0.1:0.9", [1, 2, 3]), ("0:0", [0]), ("0.5:1", [2, 3, 4])]
 )
 def test_filter_keeps_the_band(
-    eval_farm: tuple[Farm, str], redis_server: RedisServer, tiny_model_dir: Path,
-    tmp_path: Path, *, keep: str, kept: list[int],
-) -> None:  # fmt: skip
+    eval_farm: tuple[Farm, str],
+    redis_server: RedisServer,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    *,
+    keep: str,
+    kept: list[int],
+) -> None:
     f, url = eval_farm
     worker(f, "w0", redis_server.url, "filt", url, model=tiny_model_dir)
     out = tmp_path / "kept.jsonl"
-    proc = learner("filter", redis_server.url, "filt", "--tasks", str(rows(tmp_path / "in.jsonl")),
-                   "--out", str(out), "--samples", "4", "--keep", keep)  # fmt: skip
+    proc = learner(
+        "filter",
+        redis_server.url,
+        "filt",
+        "--tasks",
+        str(rows(tmp_path / "in.jsonl")),
+        "--out",
+        str(out),
+        "--samples",
+        "4",
+        "--keep",
+        keep,
+    )
     stdout, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 0, stderr[-3000:]
     lines = [json.loads(line) for line in out.read_text().splitlines()]
@@ -89,9 +147,17 @@ def test_filter_keeps_the_band(
 
 
 def test_filter_refuses_a_bad_band(tmp_path: Path) -> None:
-    proc = learner("filter", "redis://127.0.0.1:1/0", "filt", "--tasks",
-                   str(rows(tmp_path / "in.jsonl")), "--out", str(tmp_path / "o"),
-                   "--keep", "0.9:0.1")  # fmt: skip
+    proc = learner(
+        "filter",
+        "redis://127.0.0.1:1/0",
+        "filt",
+        "--tasks",
+        str(rows(tmp_path / "in.jsonl")),
+        "--out",
+        str(tmp_path / "o"),
+        "--keep",
+        "0.9:0.1",
+    )
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "LO <= HI" in stderr, stderr[-2000:]
 
@@ -123,9 +189,17 @@ def test_eval_survives_a_worker_sigkill_and_counts_each_task_once(
     keys = RunKeys("kill")
     victim = worker(f, "w-victim", redis_server.url, "kill", url, model=tiny_model_dir)
     time.sleep(3)  # the victim reads first: it takes tasks of the round
-    proc = learner("evaluate", redis_server.url, "kill", "--eval-tasks",
-                   f"rate={rows(tmp_path / 'held.jsonl', step_s=3.0)}", "--eval-samples", "4",
-                   "--eval-timeout-s", "180")  # fmt: skip
+    proc = learner(
+        "evaluate",
+        redis_server.url,
+        "kill",
+        "--eval-tasks",
+        f"rate={rows(tmp_path / 'held.jsonl', step_s=3.0)}",
+        "--eval-samples",
+        "4",
+        "--eval-timeout-s",
+        "180",
+    )
     deadline = time.monotonic() + 60
     while asyncio.run(_pending_on(redis_server.url, keys, "w-victim")) == 0:
         assert time.monotonic() < deadline and proc.poll() is None, "the victim took no task"

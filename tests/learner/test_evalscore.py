@@ -65,8 +65,15 @@ def test_report_writes_the_log_line_the_gauges_and_the_json(tmp_path, caplog) ->
 
     from learner.evaluation import EvalResult, report, tracker_scalars
 
-    result = EvalResult(step=6, version=5, seconds=1.5, tasks=2, missing_rows=0,
-                        weight_versions=(4, 5), sets={"held": {"pass_at_1": 0.25}})  # fmt: skip
+    result = EvalResult(
+        step=6,
+        version=5,
+        seconds=1.5,
+        tasks=2,
+        missing_rows=0,
+        weight_versions=(4, 5),
+        sets={"held": {"pass_at_1": 0.25}},
+    )
     with caplog.at_level("INFO", logger="learner"):
         report(result, tmp_path)
     assert any('"event": "eval"' in r.getMessage() for r in caplog.records)

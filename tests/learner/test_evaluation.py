@@ -29,8 +29,11 @@ RUN = "evals"
 
 
 def eval_lines(log: str) -> list[dict]:
-    return [json.loads(line.split(" learner ", 1)[1]) for line in log.splitlines()
-            if '"event": "eval"' in line]  # fmt: skip
+    return [
+        json.loads(line.split(" learner ", 1)[1])
+        for line in log.splitlines()
+        if '"event": "eval"' in line
+    ]
 
 
 async def stream_groups(url: str, stream: str) -> list[TrajectoryGroup]:
@@ -49,27 +52,78 @@ def test_eval_runs_through_the_farm_and_is_never_trained(
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     held = tmp_path / "held.jsonl"
-    held.write_text("".join(json.dumps({"env_spec": f'toy@{{"difficulty": {d}}}'}) + "\n"
-                            for d in (0, 0, 1)))  # fmt: skip
+    held.write_text(
+        "".join(json.dumps({"env_spec": f'toy@{{"difficulty": {d}}}'}) + "\n" for d in (0, 0, 1))
+    )
     with farm(tmp_path) as f:
         url = f.server("server", tiny_model_dir)
         f.worker("w0", redis_server.url, RUN, url, tiny_model_dir, concurrency=64)
-        learner = f.spawn("learner", [
-            "learner", "--run", RUN, "--redis-url", redis_server.url, "--inference-urls", url,
-            "--model", str(tiny_model_dir), "--tasks", str(toy_tasks(tmp_path / "tasks.jsonl")),
-            "--group-size", "4", "--groups-per-batch", "2", "--max-steps", "4",
-            "--weights-dir", str(tmp_path / "weights"), "--checkpoint-dir", str(tmp_path / "ck"),
-            "--eval-tasks", f"held={held}", "--eval-before-train", "--eval-interval", "2",
-            "--eval-samples", "3", "--eval-temperature", "1.0", "--eval-max-tokens", "1",
-            "--tracker", "tensorboard", "--tracker-dir", str(tmp_path / "runs"),
-        ])  # fmt: skip
+        learner = f.spawn(
+            "learner",
+            [
+                "learner",
+                "--run",
+                RUN,
+                "--redis-url",
+                redis_server.url,
+                "--inference-urls",
+                url,
+                "--model",
+                str(tiny_model_dir),
+                "--tasks",
+                str(toy_tasks(tmp_path / "tasks.jsonl")),
+                "--group-size",
+                "4",
+                "--groups-per-batch",
+                "2",
+                "--max-steps",
+                "4",
+                "--weights-dir",
+                str(tmp_path / "weights"),
+                "--checkpoint-dir",
+                str(tmp_path / "ck"),
+                "--eval-tasks",
+                f"held={held}",
+                "--eval-before-train",
+                "--eval-interval",
+                "2",
+                "--eval-samples",
+                "3",
+                "--eval-temperature",
+                "1.0",
+                "--eval-max-tokens",
+                "1",
+                "--tracker",
+                "tensorboard",
+                "--tracker-dir",
+                str(tmp_path / "runs"),
+            ],
+        )
         assert learner.wait(300) == 0, f.log("learner")[-3000:]
         log = f.log("learner")
         # one evaluation without training, through the same workers, printed as a table
-        once = subprocess.run([sys.executable, "-m", "learner", "evaluate", "--run", RUN,
-                               "--redis-url", redis_server.url, "--eval-tasks", f"held={held}",
-                               "--eval-samples", "2", "--eval-timeout-s", "120"],
-                              capture_output=True, text=True, cwd=ROOT, timeout=180)  # fmt: skip
+        once = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "learner",
+                "evaluate",
+                "--run",
+                RUN,
+                "--redis-url",
+                redis_server.url,
+                "--eval-tasks",
+                f"held={held}",
+                "--eval-samples",
+                "2",
+                "--eval-timeout-s",
+                "120",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=180,
+        )
         assert once.returncode == 0, once.stderr[-3000:]
         header, *rows = once.stdout.splitlines()
         assert header.split()[:2] == ["set", "rows"] and "pass_at_2" in header
@@ -101,8 +155,14 @@ def test_eval_runs_through_the_farm_and_is_never_trained(
     tags = acc.Tags()
     found = tags.get("scalars", []) + tags.get("tensors", [])
     assert "eval/held/pass_at_1" in found, found
-    steps = [e.step for e in (acc.Scalars("eval/held/pass_at_1") if "eval/held/pass_at_1"
-             in tags.get("scalars", []) else acc.Tensors("eval/held/pass_at_1"))]  # fmt: skip
+    steps = [
+        e.step
+        for e in (
+            acc.Scalars("eval/held/pass_at_1")
+            if "eval/held/pass_at_1" in tags.get("scalars", [])
+            else acc.Tensors("eval/held/pass_at_1")
+        )
+    ]
     assert steps == [0, 2, 4]
 
 
@@ -119,9 +179,13 @@ def test_a_bad_eval_spec_fails_fast(tmp_path: Path, spec: str, reason: str) -> N
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"env_spec": "no-such-env@{}"}) + "\n")
     arg = spec.format(file=bad, missing=tmp_path / "missing.jsonl")
-    done = subprocess.run([sys.executable, "-m", "learner", "--model", str(tmp_path),
-                           "--eval-tasks", arg], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "learner", "--model", str(tmp_path), "--eval-tasks", arg],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     assert reason in done.stderr, done.stderr[-2000:]
     assert "training on" not in done.stderr  # stopped before the model was built

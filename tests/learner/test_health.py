@@ -18,8 +18,9 @@ from tests.learner.factories import make_group
 
 def failed(group_id: str, category: ErrorCategory, detail: str) -> TrajectoryGroup:
     group = make_group(group_id, [0.0, 0.0])
-    broken = tuple(dataclasses.replace(t, error=category, error_detail=detail)
-                   for t in group.trajectories)  # fmt: skip
+    broken = tuple(
+        dataclasses.replace(t, error=category, error_detail=detail) for t in group.trajectories
+    )
     return dataclasses.replace(group, trajectories=broken)
 
 
@@ -70,9 +71,14 @@ async def test_dead_letter_watch_counts_new_task_letters_only(redis_server: Redi
         watch = DeadLetterWatch(redis, keys, limit=3)
         await watch.start()
         assert await watch.poll() == 0  # already there: not in the slots counted in flight
-        await producer.publish(keys.deadletter, [letter(keys.tasks, "task a: bad"),
-                                                 letter(keys.trajectories(), "group g: bad"),
-                                                 letter(keys.tasks, "task b: worse")])  # fmt: skip
+        await producer.publish(
+            keys.deadletter,
+            [
+                letter(keys.tasks, "task a: bad"),
+                letter(keys.trajectories(), "group g: bad"),
+                letter(keys.tasks, "task b: worse"),
+            ],
+        )
         await redis.xadd(keys.deadletter, {b"k": b"deadletter", b"v": b"1", b"b": b"\xc1"})
         assert await watch.poll() == 2 and watch.latest == "task b: worse"
         watch.check()  # 2 < 3

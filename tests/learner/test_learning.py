@@ -39,14 +39,26 @@ PPO = {"algorithm": "ppo", "critic_learning_rate": 3e-3}
 # learner's fused AdamW and vocabulary tiles; 0.94 on seed 0 before those). At a constant lr 3e-3 with a 0.01 bonus it was
 # 0.69, 0.82, 0.34 (seed 2 collapsed onto wrong digits); with turn 1 free to draw digits,
 # 0.36 and 0.40 (seeds 0, 2); with neither the bonus nor the narrowed turn 1, 0.38 (seed 0).
-LOOKUP = {**TOY, "entropy_coef": 0.03, "lr_schedule": "cosine", "lr_decay_steps": 250,
-          "min_lr_ratio": 0.1}  # fmt: skip
+LOOKUP = {
+    **TOY,
+    "entropy_coef": 0.03,
+    "lr_schedule": "cosine",
+    "lr_decay_steps": 250,
+    "min_lr_ratio": 0.1,
+}
 LOOKUP_STEPS = 250  # the schedule's length; the test stops at the first window at the goal
 
 
 def _toy(model: Path, **kw: object) -> Run:
-    return train(model, "toy", steps=kw.pop("steps", TOY_STEPS), seed=0, groups=16,  # type: ignore[arg-type]
-                 flags={**TOY, **kw.pop("flags", {})}, **kw)  # type: ignore[arg-type]  # fmt: skip
+    return train(
+        model,
+        "toy",
+        steps=kw.pop("steps", TOY_STEPS),
+        seed=0,
+        groups=16,  # type: ignore[arg-type]
+        flags={**TOY, **kw.pop("flags", {})},
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 @pytest.mark.slow
@@ -81,8 +93,9 @@ def test_ppo_with_gae_learns_the_toy(tiny_model_dir: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_lookup_is_learned_from_the_tools_observation(tiny_model_dir: Path) -> None:
-    run = train(tiny_model_dir, "lookup", steps=LOOKUP_STEPS, seed=0, groups=16, flags=LOOKUP,
-                until=GOAL)  # fmt: skip
+    run = train(
+        tiny_model_dir, "lookup", steps=LOOKUP_STEPS, seed=0, groups=16, flags=LOOKUP, until=GOAL
+    )
     windows = window_mean(run.rewards)
     assert windows[0] < 0.2, windows[0]  # chance: the first observation says nothing
     assert windows[-1] >= GOAL, f"lookup not learned: {[round(w, 2) for w in windows[::10]]}"

@@ -53,8 +53,17 @@ def test_smollm2_learns_to_answer_and_stop_on_held_out_problems(smollm2_dir: Pat
     from transformers import AutoModelForCausalLM
 
     base = _score(AutoModelForCausalLM.from_pretrained(smollm2_dir).eval(), smollm2_dir)
-    run = train(smollm2_dir, "arith", steps=STEPS, seed=0, groups=4, group_size=8,
-                flags=FLAGS, settings=SETTINGS, threads=None)  # fmt: skip
+    run = train(
+        smollm2_dir,
+        "arith",
+        steps=STEPS,
+        seed=0,
+        groups=4,
+        group_size=8,
+        flags=FLAGS,
+        settings=SETTINGS,
+        threads=None,
+    )
     assert run.core is not None
     after = _score(run.core.trainer.model.eval(), smollm2_dir)
     assert base.mean < BASE_BELOW, base

@@ -36,23 +36,42 @@ SAMPLINGS = (
 
 def sample(url: str, prompt: list[int], sampling: Sampling) -> Turn:
     allowed = sampling.allowed_token_ids
-    body = {"prompt": prompt, "max_tokens": 12, "temperature": sampling.temperature,
-            "top_p": sampling.top_p, "top_k": sampling.top_k, "min_p": sampling.min_p,
-            "allowed_token_ids": None if allowed is None else allowed.tolist(), "logprobs": 1,
-            "return_token_ids": True, "ignore_eos": True, "seed": 7}  # fmt: skip
-    request = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})  # fmt: skip
+    body = {
+        "prompt": prompt,
+        "max_tokens": 12,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "min_p": sampling.min_p,
+        "allowed_token_ids": None if allowed is None else allowed.tolist(),
+        "logprobs": 1,
+        "return_token_ids": True,
+        "ignore_eos": True,
+        "seed": 7,
+    }
+    request = urllib.request.Request(
+        url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=60) as reply:
         choice = json.loads(reply.read())["choices"][0]
-    return Turn(prompt, choice["token_ids"], choice["logprobs"]["token_logprobs"], 0, 0.0, True,
-                False, sampling=sampling)  # fmt: skip
+    return Turn(
+        prompt,
+        choice["token_ids"],
+        choice["logprobs"]["token_logprobs"],
+        0,
+        0.0,
+        True,
+        False,
+        sampling=sampling,
+    )
 
 
 def test_server_logprobs_equal_learner_recomputation(tiny_model_dir: Path, tmp_path: Path) -> None:
     with farm(tmp_path) as f:
         url = f.server("server", tiny_model_dir)
-        turns = [sample(url, list(range(40 + 3 * i, 50 + 3 * i)), s)
-                 for i, s in enumerate(SAMPLINGS)]  # fmt: skip
+        turns = [
+            sample(url, list(range(40 + 3 * i, 50 + 3 * i)), s) for i, s in enumerate(SAMPLINGS)
+        ]
     template = make_group("contract", [0.0, 1.0, 0.0, 1.0])
     trajectories = tuple(
         Trajectory((t,), "terminated", sample_index=i) for i, t in enumerate(turns)

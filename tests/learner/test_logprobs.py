@@ -127,11 +127,13 @@ def test_no_vocabulary_sized_block_beyond_the_chunk_is_kept_for_backward() -> No
         saved.append(t.numel())
         return t
 
-    truncating = _sampling([Sampling(0.9, top_p=0.8, allowed_token_ids=np.arange(0, vocab, 2))],
-                           [0] * tokens)  # fmt: skip
+    truncating = _sampling(
+        [Sampling(0.9, top_p=0.8, allowed_token_ids=np.arange(0, vocab, 2))], [0] * tokens
+    )
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logp, _, _ = chunked_logprobs(h, head, torch.zeros(tokens, dtype=torch.long),
-                                      truncating, chunk)  # fmt: skip
+        logp, _, _ = chunked_logprobs(
+            h, head, torch.zeros(tokens, dtype=torch.long), truncating, chunk
+        )
     assert max(saved) < chunk * vocab  # never [T, V] (1.28M), not even one [chunk, V] block
     logp.sum().backward()
     assert h.grad is not None and float(h.grad.abs().sum()) > 0

@@ -110,8 +110,9 @@ def test_exports_load_as_a_peft_adapter_and_as_merged_weights(
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     loaded = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
     torch.testing.assert_close(loaded(input_ids=ids).logits, want)
-    export_hf_dir(trainer.model, tmp_path / "merged", True, tiny_model_dir,
-                  merged_weights(trainer.model))  # fmt: skip
+    export_hf_dir(
+        trainer.model, tmp_path / "merged", True, tiny_model_dir, merged_weights(trainer.model)
+    )
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
     torch.testing.assert_close(merged(input_ids=ids).logits, want, atol=1e-5, rtol=1e-5)
 
@@ -144,8 +145,12 @@ def test_bad_lora_settings_are_clear_errors(tiny_model_dir: Path) -> None:
     bad = config(tiny_model_dir, lora=LoraSettings(rank=4, target_modules=["no_such_proj"]))
     with pytest.raises(ConfigError, match="lora-target-modules"):
         build_core(bad, ONE, torch.device("cpu"))
-    nccl = config(tiny_model_dir, lora=LORA, weight_transfer=WeightTransfer.NCCL,
-                  inference_urls=["http://127.0.0.1:1"])  # fmt: skip
+    nccl = config(
+        tiny_model_dir,
+        lora=LORA,
+        weight_transfer=WeightTransfer.NCCL,
+        inference_urls=["http://127.0.0.1:1"],
+    )
     with pytest.raises(ConfigError, match="--weight-transfer file"):
         WeightPusher(nccl)
 
@@ -153,8 +158,18 @@ def test_bad_lora_settings_are_clear_errors(tiny_model_dir: Path) -> None:
 def test_lora_flags_resolve(tiny_model_dir: Path) -> None:
     from learner.cli import load_config
 
-    cfg = load_config(["--model", str(tiny_model_dir), "--lora-rank", "8",
-                       "--lora-target-modules", "q_proj,v_proj", "--lora-export", "merged"])  # fmt: skip
+    cfg = load_config(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--lora-rank",
+            "8",
+            "--lora-target-modules",
+            "q_proj,v_proj",
+            "--lora-export",
+            "merged",
+        ]
+    )
     assert cfg.lora.rank == 8 and cfg.lora.target_modules == ["q_proj", "v_proj"]
     assert cfg.lora.export == "merged" and cfg.lora.alpha == 32.0
     assert not LearnerConfig(model=tiny_model_dir).lora.enabled
@@ -163,8 +178,12 @@ def test_lora_flags_resolve(tiny_model_dir: Path) -> None:
 # rank 16, alpha 32, lr 1e-2 on the tiny model built with initializer_range 0.1 (with the
 # LM head frozen, the usual 0.02 caps a logit's move at ~1.3 and LoRA stays at chance): the
 # 10-step mean reached 0.6 at steps 30, 30 and 42 on seeds 0, 1, 2 (0.88-0.90 by step 75)
-LORA_TOY = {"learning_rate": 1e-2, "lr_warmup_steps": 10, "micro_batch_size": 64,
-            "lora": {"rank": 16, "alpha": 32.0}}  # fmt: skip
+LORA_TOY = {
+    "learning_rate": 1e-2,
+    "lr_warmup_steps": 10,
+    "micro_batch_size": 64,
+    "lora": {"rank": 16, "alpha": 32.0},
+}
 
 
 def test_a_lora_run_learns_the_toy(tmp_path: Path) -> None:
@@ -179,8 +198,9 @@ def test_a_lora_run_learns_the_toy(tmp_path: Path) -> None:
 
 
 def test_the_kl_reference_of_a_lora_run_is_the_policy_itself(tiny_model_dir: Path) -> None:
-    cfg = LearnerConfig.load({"model": tiny_model_dir, "kl_coef": 0.1, "lora": {"rank": 4}},
-                             environ={})  # fmt: skip
+    cfg = LearnerConfig.load(
+        {"model": tiny_model_dir, "kl_coef": 0.1, "lora": {"rank": 4}}, environ={}
+    )
     core = build_core(cfg, ONE, torch.device("cpu"))
     reference = core.trainer.reference
     assert isinstance(reference, AdapterOffReference) and reference.model is core.trainer.model
@@ -204,8 +224,9 @@ def test_the_push_export_follows_lora_export(tiny_model_dir: Path, tmp_path: Pat
 
     ids = torch.tensor([[1, 5, 9, 42, 7, 3]])
     for export in ("adapter", "merged"):
-        cfg = LearnerConfig.load({"model": tiny_model_dir, "lora": {"rank": 4, "export": export}},
-                                 environ={})  # fmt: skip
+        cfg = LearnerConfig.load(
+            {"model": tiny_model_dir, "lora": {"rank": 4, "export": export}}, environ={}
+        )
         core = build_core(cfg, ONE, torch.device("cpu"))
         for p in core.trainer.model.parameters():  # a trained-looking adapter (B is 0 at first)
             if p.requires_grad:

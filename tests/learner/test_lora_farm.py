@@ -41,13 +41,46 @@ RUN, STEPS, KILL_AFTER, WINDOW, GOAL = "lora", 50, 24, 10, 0.3
 
 
 def learner_args(redis_url: str, url: str, model: Path, logs: Path, *extra: str) -> list[str]:
-    return ["learner", "--run", RUN, "--redis-url", redis_url, "--inference-urls", url,
-            "--model", str(model), "--tasks", str(toy_tasks(logs / "tasks.jsonl")),
-            "--group-size", "8", "--groups-per-batch", "16", "--max-staleness", "0",
-            "--learning-rate", "1e-2", "--lr-warmup-steps", "10", "--micro-batch-size", "64",
-            "--max-steps", str(STEPS), "--checkpoint-dir", str(logs / "ckpt"),
-            "--checkpoint-interval", "10", "--weights-dir", str(logs / "weights"),
-            "--lora-rank", "16", "--lora-alpha", "32", "--seed", "0", *extra]  # fmt: skip
+    return [
+        "learner",
+        "--run",
+        RUN,
+        "--redis-url",
+        redis_url,
+        "--inference-urls",
+        url,
+        "--model",
+        str(model),
+        "--tasks",
+        str(toy_tasks(logs / "tasks.jsonl")),
+        "--group-size",
+        "8",
+        "--groups-per-batch",
+        "16",
+        "--max-staleness",
+        "0",
+        "--learning-rate",
+        "1e-2",
+        "--lr-warmup-steps",
+        "10",
+        "--micro-batch-size",
+        "64",
+        "--max-steps",
+        str(STEPS),
+        "--checkpoint-dir",
+        str(logs / "ckpt"),
+        "--checkpoint-interval",
+        "10",
+        "--weights-dir",
+        str(logs / "weights"),
+        "--lora-rank",
+        "16",
+        "--lora-alpha",
+        "32",
+        "--seed",
+        "0",
+        *extra,
+    ]
 
 
 def wait_step(f: object, step: int, proc: object, timeout: float) -> None:

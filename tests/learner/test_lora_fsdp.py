@@ -24,8 +24,18 @@ from tests.learner.test_lora import lora_trainer, step
 @pytest.fixture(scope="module")
 def lora_fsdp_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("lora-fsdp")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           "2", "-m", "tests.learner.fsdp_lora_job", str(tiny_model_dir), str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "tests.learner.fsdp_lora_job",
+        str(tiny_model_dir),
+        str(out),
+    ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     return out

@@ -29,8 +29,10 @@ def _on_policy(trainer: Trainer, group: TrajectoryGroup, rules: BatchRules = RUL
     """The group's samples with behaviour logprobs replaced by the model's own."""
     samples = prepare_batch([group], rules, version=0).samples
     own = sequence_logprobs(trainer.model, samples, trainer.scoring)
-    return [dataclasses.replace(s, behaviour_logp=(p * s.loss_mask).astype(np.float32))
-            for s, p in zip(samples, own, strict=True)]  # fmt: skip
+    return [
+        dataclasses.replace(s, behaviour_logp=(p * s.loss_mask).astype(np.float32))
+        for s, p in zip(samples, own, strict=True)
+    ]
 
 
 def _tokens(samples: list[Sample]) -> int:
@@ -86,8 +88,9 @@ def test_reference_and_critic_are_built_only_when_asked(tiny_model_dir: Path) ->
     cpu, dist = torch.device("cpu"), DistContext()
 
     def core(**flags: object) -> Core:
-        return build_core(LearnerConfig.load({"model": tiny_model_dir, **flags}, environ={}), dist,
-                          cpu)  # fmt: skip
+        return build_core(
+            LearnerConfig.load({"model": tiny_model_dir, **flags}, environ={}), dist, cpu
+        )
 
     plain = core()
     assert plain.trainer.reference is None and plain.reference is None and plain.critic is None
@@ -102,10 +105,17 @@ def test_reference_and_critic_are_built_only_when_asked(tiny_model_dir: Path) ->
 def _three_turns(reward_turns: list[float], version: int = 0) -> Trajectory:
     rng = np.random.default_rng(len(reward_turns))
     turns = tuple(
-        Turn(rng.integers(0, 256, 3), rng.integers(0, 256, 2), [-2.0, -2.0], version, r, k == 2,
-             False)
+        Turn(
+            rng.integers(0, 256, 3),
+            rng.integers(0, 256, 2),
+            [-2.0, -2.0],
+            version,
+            r,
+            k == 2,
+            False,
+        )
         for k, r in enumerate(reward_turns)
-    )  # fmt: skip
+    )
     return Trajectory(turns, "terminated")
 
 
@@ -113,9 +123,15 @@ def test_critic_gae_on_a_three_turn_episode_and_value_learning(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     g = make_group("g-ppo", [0.0, 0.0])
-    group = TrajectoryGroup("g-ppo", g.task, (_three_turns([0.5, 0.0, 1.0]),
-                            dataclasses.replace(_three_turns([0.0, 0.0, 0.0]), sample_index=1)),
-                            "w")  # fmt: skip
+    group = TrajectoryGroup(
+        "g-ppo",
+        g.task,
+        (
+            _three_turns([0.5, 0.0, 1.0]),
+            dataclasses.replace(_three_turns([0.0, 0.0, 0.0]), sample_index=1),
+        ),
+        "w",
+    )
     samples = prepare_batch([group], dataclasses.replace(RULES, algorithm=Algorithm.PPO), 0).samples
     # turn rewards on each turn's last completion token: 3 prompt + 2 completion tokens a turn
     assert np.flatnonzero(token_rewards(samples[0])).tolist() == [4, 14]
@@ -149,9 +165,14 @@ def test_defect_d4_an_overlong_masked_episode_is_penalised_in_the_baseline(
 ) -> None:
     # KL as a reward penalty with DAPO's overlong mask: the masked episode trains nothing,
     # but its return enters the group baseline, so it must carry its KL penalty there too.
-    core = build_core(LearnerConfig.load({"model": tiny_model_dir, "kl_coef": 0.5,
-                                          "kl_mode": "reward", "overlong": "mask"}, environ={}),
-                      DistContext(), torch.device("cpu"))  # fmt: skip
+    core = build_core(
+        LearnerConfig.load(
+            {"model": tiny_model_dir, "kl_coef": 0.5, "kl_mode": "reward", "overlong": "mask"},
+            environ={},
+        ),
+        DistContext(),
+        torch.device("cpu"),
+    )
     assert core.reference is not None
 
     def episode(reward: float, tokens: int, truncation: str | None = None) -> Trajectory:
@@ -161,15 +182,21 @@ def test_defect_d4_an_overlong_masked_episode_is_penalised_in_the_baseline(
 
     task = make_group("d4", [0.0, 0.0, 0.0]).task
     episodes = (episode(1.0, 6, "context"), episode(1.0, 2), episode(0.0, 2))
-    group = TrajectoryGroup("d4", task, tuple(dataclasses.replace(e, sample_index=i)
-                                              for i, e in enumerate(episodes)), "w")  # fmt: skip
+    group = TrajectoryGroup(
+        "d4",
+        task,
+        tuple(dataclasses.replace(e, sample_index=i) for i, e in enumerate(episodes)),
+        "w",
+    )
     prepared = core.prepare([group], replay=False)
     assert [s.episode for s in prepared.samples] == [1, 2]
     rules = core.cfg.batch
-    every = prepare_batch([group], dataclasses.replace(rules, overlong=Overlong.NONE,
-                                                       skip_zero_variance=False), 0)  # fmt: skip
-    penalties = kl_turn_penalties(core.reference, every.samples, core.trainer.scoring,
-                                  core.cfg.loss.kl_estimator, 0.5)  # fmt: skip
+    every = prepare_batch(
+        [group], dataclasses.replace(rules, overlong=Overlong.NONE, skip_zero_variance=False), 0
+    )
+    penalties = kl_turn_penalties(
+        core.reference, every.samples, core.trainer.scoring, core.cfg.loss.kl_estimator, 0.5
+    )
     assert float(np.abs(penalties[("d4", 0)]).sum()) > 0.1
     unpenalised = {k: v for k, v in penalties.items() if k != ("d4", 0)}
     wrong = prepare_batch([group], rules, 0, unpenalised)
@@ -180,9 +207,13 @@ def test_defect_d4_an_overlong_masked_episode_is_penalised_in_the_baseline(
 
 
 def test_the_learning_rate_follows_the_schedule_step_by_step(tiny_model_dir: Path) -> None:
-    core = build_core(LearnerConfig.load({"model": tiny_model_dir, "learning_rate": 1e-3,
-                                          "lr_warmup_steps": 2}, environ={}),
-                      DistContext(), torch.device("cpu"))  # fmt: skip
+    core = build_core(
+        LearnerConfig.load(
+            {"model": tiny_model_dir, "learning_rate": 1e-3, "lr_warmup_steps": 2}, environ={}
+        ),
+        DistContext(),
+        torch.device("cpu"),
+    )
     seen = []
     for k in range(3):
         core.train([make_group(f"lr{k}")], replay=False)

@@ -17,12 +17,23 @@ from learner.losses import (
     kl_penalty,
 )
 
-CFG = PolicyLossConfig(clip_low=0.2, clip_high=0.2, dual_clip=3.0, correction=Correction.TIS,
-                       cap=2.0, log_ratio_clamp=20.0)  # fmt: skip
+CFG = PolicyLossConfig(
+    clip_low=0.2,
+    clip_high=0.2,
+    dual_clip=3.0,
+    correction=Correction.TIS,
+    cap=2.0,
+    log_ratio_clamp=20.0,
+)
 
 
-def _one(ratio: float, weight: float, advantage: float, cfg: PolicyLossConfig = CFG,
-         log_gap: float | None = None) -> tuple[PolicyTerms, float]:  # fmt: skip
+def _one(
+    ratio: float,
+    weight: float,
+    advantage: float,
+    cfg: PolicyLossConfig = CFG,
+    log_gap: float | None = None,
+) -> tuple[PolicyTerms, float]:
     """One token with pi_theta/pi_prox = ratio and pi_prox/mu = weight; (terms, dloss/dlogp)."""
     prox = torch.tensor([[math.log(0.5)]], dtype=torch.float64)
     gap = math.log(ratio) if log_gap is None else log_gap
@@ -148,17 +159,28 @@ def test_aggregation_modes() -> None:
 def test_dr_grpo_divides_by_a_constant_not_the_lengths() -> None:
     loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
-    got = aggregate(loss, mask, Aggregation.SEQ_MEAN_TOKEN_SUM_NORM, total_tokens=4,
-                    total_sequences=2, norm_tokens=8)  # fmt: skip
+    got = aggregate(
+        loss,
+        mask,
+        Aggregation.SEQ_MEAN_TOKEN_SUM_NORM,
+        total_tokens=4,
+        total_sequences=2,
+        norm_tokens=8,
+    )
     assert float(got) == pytest.approx((6 / 8 + 4 / 8) / 2)
 
 
-def _rows(cfg: PolicyLossConfig, log_w: list[list[float]], mask: list[list[float]],
-          log_r: list[list[float]] | None = None) -> tuple[PolicyTerms, torch.Tensor]:  # fmt: skip
+def _rows(
+    cfg: PolicyLossConfig,
+    log_w: list[list[float]],
+    mask: list[list[float]],
+    log_r: list[list[float]] | None = None,
+) -> tuple[PolicyTerms, torch.Tensor]:
     """Two-token rows with ``log pi_prox - log mu = log_w`` and A = 1; (terms, dloss/dlogp)."""
     prox = torch.full((len(log_w), 2), math.log(0.5), dtype=torch.float64)
-    gap = torch.tensor(log_r if log_r is not None else [[0.0, 0.0]] * len(log_w),
-                       dtype=torch.float64)  # fmt: skip
+    gap = torch.tensor(
+        log_r if log_r is not None else [[0.0, 0.0]] * len(log_w), dtype=torch.float64
+    )
     logp = (prox + gap).requires_grad_(True)
     mu = prox - torch.tensor(log_w, dtype=torch.float64)
     m = torch.tensor(mask, dtype=torch.float64)
@@ -184,8 +206,9 @@ def test_sequence_correction_weights_the_whole_sequence_by_the_product() -> None
 def test_geometric_mask_rejects_the_whole_sequence() -> None:
     # prime-rl's sequence mask: the geometric mean exp((0.1 + 1.5) / 2) = exp(0.8) > C = 2
     # rejects both tokens, though the first alone would pass; the other row is kept whole.
-    geo = PolicyLossConfig(**{**CFG.__dict__, "correction": Correction.MIS,
-                              "level": CorrectionLevel.GEOMETRIC})  # fmt: skip
+    geo = PolicyLossConfig(
+        **{**CFG.__dict__, "correction": Correction.MIS, "level": CorrectionLevel.GEOMETRIC}
+    )
     terms, grad = _rows(geo, [[0.1, 1.5], [0.1, 0.5]], [[1, 1], [1, 1]])
     assert terms.rejected[0].tolist() == [True, True] and terms.rejected[1].tolist() == [False] * 2
     assert grad[0].tolist() == [0.0, 0.0]
@@ -197,8 +220,9 @@ def test_gspo_clips_the_sequence_ratio_and_keeps_each_tokens_gradient() -> None:
     # sequence is clipped and has no gradient. In a row with s = exp(0.05), inside the band,
     # each token's loss -A s carries its own gradient -A s (straight through).
     gspo = PolicyLossConfig(**{**CFG.__dict__, "ratio": PolicyRatio.SEQUENCE})
-    terms, grad = _rows(gspo, [[0.0, 0.0], [0.0, 0.0]], [[1, 1], [1, 1]],
-                        log_r=[[0.1, 0.3], [0.0, 0.1]])  # fmt: skip
+    terms, grad = _rows(
+        gspo, [[0.0, 0.0], [0.0, 0.0]], [[1, 1], [1, 1]], log_r=[[0.1, 0.3], [0.0, 0.1]]
+    )
     assert terms.ratio[0].tolist() == pytest.approx([math.exp(0.2)] * 2)
     assert terms.clipped[0].tolist() == [True, True] and grad[0].tolist() == [0.0, 0.0]
     assert terms.ratio[1].tolist() == pytest.approx([math.exp(0.05)] * 2)

@@ -30,8 +30,9 @@ STEPS = 2
 
 
 async def served_logprobs(url: str, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
-    status, out = await post(url + "/v1/completions", completion(prompt, max_tokens=6,
-                                                                 ignore_eos=True, seed=3))  # fmt: skip
+    status, out = await post(
+        url + "/v1/completions", completion(prompt, max_tokens=6, ignore_eos=True, seed=3)
+    )
     assert status == 200, out
     choice = out["choices"][0]
     return choice["token_ids"], torch.tensor(choice["logprobs"]["token_logprobs"])
@@ -45,17 +46,45 @@ def test_learner_pushes_over_the_nccl_routes(
     with farm(tmp_path) as f:
         urls = [f.server(f"server-{i}", tiny_model_dir) for i in range(2)]
         f.worker("worker", redis_server.url, run, urls[0], tiny_model_dir, concurrency=16)
-        learner = f.spawn("learner", [
-            "learner", "--run", run, "--redis-url", redis_server.url, "--model",
-            str(tiny_model_dir), "--inference-urls", ",".join(urls),
-            "--tasks", str(toy_tasks(work / "tasks.jsonl")), "--group-size", "4",
-            "--groups-per-batch", "2", "--no-skip-zero-variance", "--learning-rate", "1e-2",
-            "--entropy-coef", "0.1",  # moves the weights even if every reward is equal
-            "--max-steps", str(STEPS), "--push-interval", "1",
-            "--checkpoint-dir", str(work / "ckpt"), "--weights-dir", str(work / "weights"),
-            "--weight-transfer", "nccl", "--weight-transfer-backend", "gloo",
-            "--weight-transfer-master-port", str(free_port()),
-        ])  # fmt: skip
+        learner = f.spawn(
+            "learner",
+            [
+                "learner",
+                "--run",
+                run,
+                "--redis-url",
+                redis_server.url,
+                "--model",
+                str(tiny_model_dir),
+                "--inference-urls",
+                ",".join(urls),
+                "--tasks",
+                str(toy_tasks(work / "tasks.jsonl")),
+                "--group-size",
+                "4",
+                "--groups-per-batch",
+                "2",
+                "--no-skip-zero-variance",
+                "--learning-rate",
+                "1e-2",
+                "--entropy-coef",
+                "0.1",  # moves the weights even if every reward is equal
+                "--max-steps",
+                str(STEPS),
+                "--push-interval",
+                "1",
+                "--checkpoint-dir",
+                str(work / "ckpt"),
+                "--weights-dir",
+                str(work / "weights"),
+                "--weight-transfer",
+                "nccl",
+                "--weight-transfer-backend",
+                "gloo",
+                "--weight-transfer-master-port",
+                str(free_port()),
+            ],
+        )
         assert learner.wait(240) == 0, f.log("learner")[-3000:]
         assert len(step_records(f.log("learner"))) == STEPS
         assert not (work / "weights").exists()  # nothing went through files

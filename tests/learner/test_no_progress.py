@@ -42,11 +42,34 @@ Script = Callable[[int, Task], TrajectoryGroup | str]  # n-th task -> its group,
 
 
 def learner_args(model: Path, url: str, run: str, work: Path, *extra: str) -> list[str]:
-    return ["learner", "--model", str(model), "--redis-url", url, "--run", run,
-            "--tasks", str(toy_tasks(work / "tasks.jsonl")), "--groups-per-batch", str(GPB),
-            "--group-size", str(GROUP_SIZE), "--max-staleness", "1", "--max-steps", "1",
-            "--checkpoint-dir", str(work / "ckpt"), "--weights-dir", str(work / "weights"),
-            "--max-failed-batches", "2", "--learning-rate", "1e-3", *extra]  # fmt: skip
+    return [
+        "learner",
+        "--model",
+        str(model),
+        "--redis-url",
+        url,
+        "--run",
+        run,
+        "--tasks",
+        str(toy_tasks(work / "tasks.jsonl")),
+        "--groups-per-batch",
+        str(GPB),
+        "--group-size",
+        str(GROUP_SIZE),
+        "--max-staleness",
+        "1",
+        "--max-steps",
+        "1",
+        "--checkpoint-dir",
+        str(work / "ckpt"),
+        "--weights-dir",
+        str(work / "weights"),
+        "--max-failed-batches",
+        "2",
+        "--learning-rate",
+        "1e-3",
+        *extra,
+    ]
 
 
 def zero(_: int, task: Task) -> TrajectoryGroup:
@@ -74,13 +97,18 @@ def _answer(task: Task, rewards: list[float]) -> TrajectoryGroup:
     return dataclasses.replace(made, task=task)
 
 
-async def play_workers(url: str, keys: RunKeys, script: Script, tasks: int,
-                       proc: subprocess.Popen[bytes]) -> list[Task]:  # fmt: skip
+async def play_workers(
+    url: str, keys: RunKeys, script: Script, tasks: int, proc: subprocess.Popen[bytes]
+) -> list[Task]:
     """Answer `tasks` tasks as a worker would; return them. Checks the budget each time."""
     redis = await connect(RedisSettings.from_url(url))
-    consumer = Consumer(redis, keys, [keys.tasks], expect=Task,
-                        config=ConsumerConfig(group=WORKERS_GROUP, consumer="test-worker",
-                                              block_ms=200))  # fmt: skip
+    consumer = Consumer(
+        redis,
+        keys,
+        [keys.tasks],
+        expect=Task,
+        config=ConsumerConfig(group=WORKERS_GROUP, consumer="test-worker", block_ms=200),
+    )
     budget = AdmissionBudget(redis, keys)
     seen: list[Task] = []
     try:
@@ -105,8 +133,11 @@ async def play_workers(url: str, keys: RunKeys, script: Script, tasks: int,
 
 
 def events(log: str, kind: str) -> list[dict[str, object]]:
-    return [json.loads(line.split(" learner ", 1)[1]) for line in log.splitlines()
-            if f'"event": "{kind}"' in line]  # fmt: skip
+    return [
+        json.loads(line.split(" learner ", 1)[1])
+        for line in log.splitlines()
+        if f'"event": "{kind}"' in line
+    ]
 
 
 def wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int:
@@ -138,8 +169,12 @@ async def test_zero_score_everywhere_keeps_running_and_is_not_a_step(
     keys = RunKeys("zeros")
     with farm(tmp_path) as f:
         server = f.server("server", tiny_model_dir)
-        proc = f.spawn("learner", learner_args(tiny_model_dir, redis_server.url, keys.run,
-                                               tmp_path, "--inference-urls", server))  # fmt: skip
+        proc = f.spawn(
+            "learner",
+            learner_args(
+                tiny_model_dir, redis_server.url, keys.run, tmp_path, "--inference-urls", server
+            ),
+        )
         zeros = await play_workers(redis_server.url, keys, zero, 12, proc)  # six batches
         await wait_for(lambda: f.log("learner"), '"event": "skipped"', 6, 60)
         assert proc.poll() is None, "a run where the model scores 0 must keep running"
@@ -172,8 +207,9 @@ async def test_every_episode_failing_stops_the_learner_naming_the_error(
     # batches: spoiled, zero-score (resets the streak), spoiled, spoiled -> stop at the 4th
     plan = [sandbox_failed] * 2 + [zero] * 2 + [sandbox_failed] * 4
     with farm(tmp_path) as f:
-        proc = f.spawn("learner", learner_args(tiny_model_dir, redis_server.url, keys.run,
-                                               tmp_path))  # fmt: skip
+        proc = f.spawn(
+            "learner", learner_args(tiny_model_dir, redis_server.url, keys.run, tmp_path)
+        )
         await play_workers(redis_server.url, keys, lambda n, t: plan[n](n, t), len(plan), proc)
         assert wait_exit(proc, 90) == 3, f.log("learner")[-3000:]
         log = f.log("learner")
@@ -193,8 +229,12 @@ async def test_tasks_all_dead_lettered_free_their_slots_then_stop_the_learner(
     keys = RunKeys("deadtasks")
     reason = "task x: unknown codegym environment 'nope'"
     with farm(tmp_path) as f:
-        proc = f.spawn("learner", learner_args(tiny_model_dir, redis_server.url, keys.run,
-                                               tmp_path, "--max-failed-batches", "3"))  # fmt: skip
+        proc = f.spawn(
+            "learner",
+            learner_args(
+                tiny_model_dir, redis_server.url, keys.run, tmp_path, "--max-failed-batches", "3"
+            ),
+        )
         # 3 x 2 = 6 dead letters in a row stop it: more than the budget of 4, so only if the
         # dead-lettered tasks gave their slots back
         dead = await play_workers(redis_server.url, keys, lambda n, t: reason, 10, proc)

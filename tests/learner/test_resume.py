@@ -33,10 +33,30 @@ KEYS = RunKeys(RUN)
 
 
 def learner_cmd(model: Path, redis_url: str, ckpt: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "learner", "--model", str(model), "--redis-url", redis_url,
-            "--run", RUN, "--groups-per-batch", "4", "--checkpoint-interval", "3",
-            "--max-steps", "10", "--checkpoint-dir", str(ckpt), "--learning-rate", "1e-3",
-            "--seed", "1", *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "learner",
+        "--model",
+        str(model),
+        "--redis-url",
+        redis_url,
+        "--run",
+        RUN,
+        "--groups-per-batch",
+        "4",
+        "--checkpoint-interval",
+        "3",
+        "--max-steps",
+        "10",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--learning-rate",
+        "1e-3",
+        "--seed",
+        "1",
+        *extra,
+    ]
 
 
 async def publish(url: str, items: list[object]) -> None:
@@ -79,8 +99,11 @@ def test_sigkill_then_resume_trains_every_group_exactly_once(
     asyncio.run(publish(redis_server.url, groups[:20]))
     ckpt, log = tmp_path / "ckpt", tmp_path / "first.log"
     with open(log, "wb") as out:
-        first = subprocess.Popen(learner_cmd(tiny_model_dir, redis_server.url, ckpt),
-                                 stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        first = subprocess.Popen(
+            learner_cmd(tiny_model_dir, redis_server.url, ckpt),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
         try:
             # only 20 groups exist: after step 5 the learner blocks waiting for more
             wait_for_line(log, '"step": 5,', first, timeout=90)
@@ -93,10 +116,15 @@ def test_sigkill_then_resume_trains_every_group_exactly_once(
 
     garbage = {b"k": b"group", b"v": b"1", b"b": b"\xc1not msgpack"}
     too_big = make_group("grp-out-of-vocab", [0.0, 1.0], vocab=10_000)
-    asyncio.run(publish(redis_server.url, [*groups[20:25], garbage, *groups[25:30], too_big,
-                                           *groups[30:]]))  # fmt: skip
-    resumed = subprocess.run(learner_cmd(tiny_model_dir, redis_server.url, ckpt, "--resume"),
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    asyncio.run(
+        publish(redis_server.url, [*groups[20:25], garbage, *groups[25:30], too_big, *groups[30:]])
+    )
+    resumed = subprocess.run(
+        learner_cmd(tiny_model_dir, redis_server.url, ckpt, "--resume"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr
 
@@ -108,8 +136,11 @@ def test_sigkill_then_resume_trains_every_group_exactly_once(
     assert state.trained[:3] == before.trained  # history up to the checkpoint is kept as is
     pending, dead = asyncio.run(pending_and_dead(redis_server.url))
     assert pending == 0 and dead == 2  # everything acked; garbage + out-of-vocab dead-lettered
-    done = [json.loads(line.split(" learner ", 1)[1]) for line in resumed.stderr.splitlines()
-            if '"event": "done"' in line]  # fmt: skip
+    done = [
+        json.loads(line.split(" learner ", 1)[1])
+        for line in resumed.stderr.splitlines()
+        if '"event": "done"' in line
+    ]
     assert done and done[0]["counters"]["groups"] == 40
 
 

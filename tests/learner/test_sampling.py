@@ -32,8 +32,9 @@ def test_filter_reasons() -> None:
 
 def test_batch_length_rate_and_over_issue_by_hand() -> None:
     flat, ok = make_group("flat", [1.0, 1.0]), make_group("ok", [0.0, 1.0])
-    ds = DynamicSampling(lambda g: filter_reason(g, RULES), groups_per_batch=2, max_factor=4.0,
-                         steps=2)  # fmt: skip
+    ds = DynamicSampling(
+        lambda g: filter_reason(g, RULES), groups_per_batch=2, max_factor=4.0, steps=2
+    )
     assert ds.batch_length([flat, ok, flat], 2) is None  # one group counts: keep reading
     assert ds.batch_length([flat, ok, flat, ok, ok], 2) == 4  # up to the second that counts
     assert ds.batch_length([flat] * 9, 2) == 8  # at most 4 x 2 groups, however few count
@@ -62,8 +63,10 @@ async def test_live_batches_are_filled_with_informative_groups(redis_server: Red
     keys = RunKeys("dyn")
     redis = await connect(RedisSettings.from_url(redis_server.url))
     try:
-        groups = [make_group(f"d-{i}", [1.0, 1.0] if i % 2 == 0 else [0.0, 1.0], vocab=256)
-                  for i in range(6)]  # fmt: skip
+        groups = [
+            make_group(f"d-{i}", [1.0, 1.0] if i % 2 == 0 else [0.0, 1.0], vocab=256)
+            for i in range(6)
+        ]
         await Producer(redis).publish(keys.trajectories(), groups)
         ds = DynamicSampling(lambda g: filter_reason(g, RULES), 2, 4.0, steps=2)
         sampler = TaskSampler([TaskRow("toy@{}")], 0, CurriculumRules())

@@ -54,15 +54,47 @@ def test_smollm2_trains_through_the_farm_and_the_pushed_weights_load_back(
     with farm(logs) as f:
         url = f.server("server", smollm2_dir)
         base = asyncio.run(_greedy(url, smollm2_dir))
-        f.worker("worker", redis_server.url, "smol", url, smollm2_dir, concurrency=16,
-                 max_tokens=MAX_TOKENS)  # fmt: skip
-        learner = f.spawn("learner", [
-            "learner", "--run", "smol", "--redis-url", redis_server.url, "--inference-urls", url,
-            "--model", str(smollm2_dir), "--tasks", str(tasks), "--group-size", str(GROUP_SIZE),
-            "--groups-per-batch", str(GROUPS), "--max-staleness", "0", "--learning-rate", "2e-5",
-            "--micro-batch-size", "8", "--max-steps", str(STEPS), "--push-interval", "1",
-            "--weights-dir", str(weights),
-        ])  # fmt: skip
+        f.worker(
+            "worker",
+            redis_server.url,
+            "smol",
+            url,
+            smollm2_dir,
+            concurrency=16,
+            max_tokens=MAX_TOKENS,
+        )
+        learner = f.spawn(
+            "learner",
+            [
+                "learner",
+                "--run",
+                "smol",
+                "--redis-url",
+                redis_server.url,
+                "--inference-urls",
+                url,
+                "--model",
+                str(smollm2_dir),
+                "--tasks",
+                str(tasks),
+                "--group-size",
+                str(GROUP_SIZE),
+                "--groups-per-batch",
+                str(GROUPS),
+                "--max-staleness",
+                "0",
+                "--learning-rate",
+                "2e-5",
+                "--micro-batch-size",
+                "8",
+                "--max-steps",
+                str(STEPS),
+                "--push-interval",
+                "1",
+                "--weights-dir",
+                str(weights),
+            ],
+        )
         assert learner.wait(600) == 0, f.log("learner")[-3000:]
         records = step_records(f.log("learner"))
         trained = asyncio.run(_greedy(url, smollm2_dir))

@@ -56,12 +56,19 @@ GOOD = '{"env_spec": "toy@{\\"difficulty\\": 1}"}\n'
     [
         ("nope@{}", ["unknown environment 'nope'", "registered: agent, arith, code, codegym"]),
         ("toy@{bad", ["not valid JSON"]),
-        ("codegym", ["missing a required argument: 'env'",
-                     "accepted kwargs: env (required), config_index"]),
-        ('toy@{\"difficulty\": 7}', ["difficulty: Input should be less than or equal to 3",
-                                      "accepted kwargs: difficulty, instructions"]),
+        (
+            "codegym",
+            ["missing a required argument: 'env'", "accepted kwargs: env (required), config_index"],
+        ),
+        (
+            'toy@{"difficulty": 7}',
+            [
+                "difficulty: Input should be less than or equal to 3",
+                "accepted kwargs: difficulty, instructions",
+            ],
+        ),
     ],
-)  # fmt: skip
+)
 def test_one_bad_spec_in_a_good_dataset_names_its_line(
     tmp_path: Path, spec: str, fragments: list[str]
 ) -> None:
@@ -80,8 +87,19 @@ def test_a_bad_dataset_stops_the_learner_before_any_task(
 ) -> None:
     path = tmp_path / "tasks.jsonl"
     path.write_text(GOOD + '{"env_spec": "codegym"}\n')
-    argv = [sys.executable, "-m", "learner", "--model", str(tmp_path / "no-model"),
-            "--redis-url", redis_server.url, "--run", "badset", "--tasks", str(path)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "learner",
+        "--model",
+        str(tmp_path / "no-model"),
+        "--redis-url",
+        redis_server.url,
+        "--run",
+        "badset",
+        "--tasks",
+        str(path),
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
@@ -198,8 +216,9 @@ async def test_in_flight_leaves_eval_tasks_out(redis_server: RedisServer) -> Non
     producer = Producer(redis)
     try:
         mark = lambda i: EvalMark("held", "r", i)  # noqa: E731
-        tasks = [Task(f"t{i}", "toy@{}", 2, i, 0, eval=mark(i) if i % 2 else None)
-                 for i in range(6)]  # fmt: skip
+        tasks = [
+            Task(f"t{i}", "toy@{}", 2, i, 0, eval=mark(i) if i % 2 else None) for i in range(6)
+        ]
         await producer.publish(keys.tasks, tasks)
         await redis.xgroup_create(keys.tasks, "workers", id="0")
         await redis.xreadgroup("workers", "w", {keys.tasks: ">"}, count=3)  # t0-t2 pending

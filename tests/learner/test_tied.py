@@ -43,12 +43,17 @@ def test_tied_embedding_gradient_equals_autograds(tiny_model_dir: Path) -> None:
     embed, head = lm.get_input_embeddings(), lm.get_output_embeddings()
     assert embed.weight is head.weight and embed.padding_idx is not None
     policy = PolicyModel(lm, chunk_tokens=5)
-    batch = collate(_samples(head.weight.shape[0], embed.padding_idx), embed.padding_idx,
-                    torch.device("cpu"))  # fmt: skip
+    batch = collate(
+        _samples(head.weight.shape[0], embed.padding_idx), embed.padding_idx, torch.device("cpu")
+    )
 
     def plain() -> tuple[torch.Tensor, ...]:  # nn.Embedding's own backward, autograd sums
-        out = lm.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                            position_ids=batch["position_ids"], use_cache=False)  # fmt: skip
+        out = lm.base_model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            use_cache=False,
+        )
         hidden = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
         scored = hidden.index_select(0, batch["src"])
         return chunked_logprobs(scored, head, batch["targets"], batch["sampling"], 5)

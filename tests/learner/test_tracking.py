@@ -36,20 +36,30 @@ def letters(ids: list[int]) -> str:
 
 
 def turn(prompt: list[int], completion: list[int], reward: float, version: int) -> Turn:
-    return Turn(prompt_ids=np.array(prompt, np.int32), completion_ids=np.array(completion, np.int32),
-                logprobs=np.zeros(len(completion), np.float32), weight_version=version,
-                reward=reward, terminated=False, truncated=False)  # fmt: skip
+    return Turn(
+        prompt_ids=np.array(prompt, np.int32),
+        completion_ids=np.array(completion, np.int32),
+        logprobs=np.zeros(len(completion), np.float32),
+        weight_version=version,
+        reward=reward,
+        terminated=False,
+        truncated=False,
+    )
 
 
 def test_render_marks_the_trained_spans_and_averages_their_advantage() -> None:
-    episode = Trajectory(turns=(turn([0, 1], [2, 3, 4], 0.0, 3), turn([5], [6, 7], 1.0, 4)),
-                         finish_reason="terminated")  # fmt: skip
+    episode = Trajectory(
+        turns=(turn([0, 1], [2, 3, 4], 0.0, 3), turn([5], [6, 7], 1.0, 4)),
+        finish_reason="terminated",
+    )
     masks = [np.array([0.0, 1.0, 1.0]), np.array([1.0, 0.0])]
     advantages = [np.array([9.0, 0.5, 0.25]), np.array([-1.0, 7.0])]
     turns = render_turns(episode, letters, masks, advantages)
     assert [(s.text, s.trained) for s in turns[0].prompt] == [("ab", False)]
     assert [(s.text, s.tokens, s.trained) for s in turns[0].completion] == [
-        ("c", 1, False), ("de", 2, True)]  # fmt: skip
+        ("c", 1, False),
+        ("de", 2, True),
+    ]
     assert turns[0].advantage == 0.375 and turns[1].advantage == -1.0
     assert [t.trained_tokens for t in turns] == [2, 1]
     assert as_text(turns) == (
@@ -129,7 +139,8 @@ def test_a_failing_backend_is_logged_once_and_dropped_the_others_go_on(
         tracker.close()
     assert fault.calls == 1
     assert [r.getMessage() for r in caplog.records] == [
-        "tracker disk-full failed at step 1; disabled for the rest of the run"]  # fmt: skip
+        "tracker disk-full failed at step 1; disabled for the rest of the run"
+    ]
     events = EventAccumulator(str(tmp_path / "tensorboard" / "r"))
     events.Reload()
     assert [e.step for e in events.Scalars("reward/reward_mean")] == [1, 2, 3]
@@ -175,8 +186,9 @@ def test_tracker_none_imports_neither_library(tiny_model_dir: Path) -> None:
         "print(json.dumps([core.tracker.backends, [m for m in sys.modules\n"
         "    if m.split('.')[0] in ('wandb', 'tensorboard', 'tensorboardX')]]))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.splitlines()[-1]) == [[], []]
 
@@ -200,9 +212,11 @@ def test_tracker_options_resolve_from_flags_variables_and_toml(
     toml.write_text('model = "/m"\n[tracking]\ntracker = ["wandb"]\ntracker_sample_rows = 2\n')
     cfg = load_config(["--config", str(toml)])
     assert cfg.tracking.tracker == ["wandb"] and cfg.tracking.tracker_sample_rows == 2
-    for bad, why in ((["--tracker", "none,wandb"], "'none' cannot be combined"),
-                     (["--tracker", "mlflow"], "tracker: Input should be"),
-                     (["--tracker-sample-rows", "0"], "tracker_sample_rows")):  # fmt: skip
+    for bad, why in (
+        (["--tracker", "none,wandb"], "'none' cannot be combined"),
+        (["--tracker", "mlflow"], "tracker: Input should be"),
+        (["--tracker-sample-rows", "0"], "tracker_sample_rows"),
+    ):
         with pytest.raises(ConfigError, match=why):
             load_config(["--model", "/m", *bad])
 
@@ -230,7 +244,8 @@ def test_without_a_tokenizer_sample_tables_stop_and_the_figures_go_on(
             )
         tracker.close()
     assert [r.getMessage() for r in caplog.records] == [
-        "sample tables failed at step 1; off for the rest of the run"]  # fmt: skip
+        "sample tables failed at step 1; off for the rest of the run"
+    ]
     events = EventAccumulator(str(tmp_path / "tensorboard" / "r"))
     events.Reload()
     assert [e.step for e in events.Scalars("reward/reward_mean")] == [1, 2]

@@ -39,17 +39,22 @@ KEYS = RunKeys(RUN)
 
 def failed(group_id: str) -> TrajectoryGroup:
     group = make_group(group_id, [0.0, 1.0])
-    broken = (dataclasses.replace(group.trajectories[0], error=ErrorCategory.SANDBOX),
-              *group.trajectories[1:])  # fmt: skip
+    broken = (
+        dataclasses.replace(group.trajectories[0], error=ErrorCategory.SANDBOX),
+        *group.trajectories[1:],
+    )
     return dataclasses.replace(group, trajectories=broken)
 
 
 async def publish(url: str) -> None:
     groups = [
-        make_group("a", [0.0, 1.0], turns=2), failed("b"),  # step 1: b failed (sandbox)
-        make_group("z1", [1.0, 1.0]), make_group("z2", [0.0, 0.0]),  # zero variance: skipped
-        make_group("c", [1.0, 0.0]), make_group("d", [0.5, 0.0]),  # step 2
-    ]  # fmt: skip
+        make_group("a", [0.0, 1.0], turns=2),
+        failed("b"),  # step 1: b failed (sandbox)
+        make_group("z1", [1.0, 1.0]),
+        make_group("z2", [0.0, 0.0]),  # zero variance: skipped
+        make_group("c", [1.0, 0.0]),
+        make_group("d", [0.5, 0.0]),  # step 2
+    ]
     redis = await connect(RedisSettings.from_url(url))
     await Producer(redis).publish(KEYS.trajectories(), groups)
     await redis.aclose()
@@ -73,9 +78,24 @@ def published(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, P
 def run_learner(work: Path, model: Path, url: str, *extra: str) -> Run:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env["HOME"] = str(work)  # no ~/.netrc with a key: W&B must go offline by itself
-    cmd = [sys.executable, "-m", "learner", "--model", str(model), "--redis-url", url,
-           "--run", RUN, "--groups-per-batch", "2", "--learning-rate", "1e-3",
-           "--tracker-dir", str(work / "runs"), *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "learner",
+        "--model",
+        str(model),
+        "--redis-url",
+        url,
+        "--run",
+        RUN,
+        "--groups-per-batch",
+        "2",
+        "--learning-rate",
+        "1e-3",
+        "--tracker-dir",
+        str(work / "runs"),
+        *extra,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
     assert done.returncode == 0, done.stderr[-4000:]
     return work / "runs", step_records(done.stderr), done.stderr
@@ -84,14 +104,31 @@ def run_learner(work: Path, model: Path, url: str, *extra: str) -> Run:
 @pytest.fixture(scope="module")
 def tracked_run(published: tuple[str, Path], tiny_model_dir: Path) -> Run:
     url, work = published
-    return run_learner(work, tiny_model_dir, url, "--max-steps", "2", "--inference-api-key",
-                       "s3cret", "--tracker", "tensorboard", "--tracker", "wandb",
-                       "--tracker-sample-interval", "1", "--tracker-sample-rows", "3")  # fmt: skip
+    return run_learner(
+        work,
+        tiny_model_dir,
+        url,
+        "--max-steps",
+        "2",
+        "--inference-api-key",
+        "s3cret",
+        "--tracker",
+        "tensorboard",
+        "--tracker",
+        "wandb",
+        "--tracker-sample-interval",
+        "1",
+        "--tracker-sample-rows",
+        "3",
+    )
 
 
 def expected_scalars(record: dict[str, object]) -> dict[str, float]:
-    out = {f"{SECTION_OF.get(k, 'batch')}/{k}": float(v)  # type: ignore[arg-type]
-           for k, v in record.items() if k not in ("event", "step")}  # fmt: skip
+    out = {
+        f"{SECTION_OF.get(k, 'batch')}/{k}": float(v)  # type: ignore[arg-type]
+        for k, v in record.items()
+        if k not in ("event", "step")
+    }
     busy = sum(float(record[k]) for k in ("wait_s", "compute_s", "push_s"))  # type: ignore[arg-type]
     out["throughput/wait_share"] = float(record["wait_s"]) / busy  # type: ignore[arg-type]
     return out
@@ -114,8 +151,10 @@ def test_tensorboard_holds_every_step_record_config_and_samples(tracked_run) -> 
     config = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
     assert '"run": "tracked"' in config and '"inference_api_key": "**********"' in config
     assert "s3cret" not in config
-    tables = {e.step: e.tensor_proto.string_val[0].decode()
-              for e in events.Tensors("samples/text_summary")}  # fmt: skip
+    tables = {
+        e.step: e.tensor_proto.string_val[0].decode()
+        for e in events.Tensors("samples/text_summary")
+    }
     assert sorted(tables) == [1, 2]
     lines = tables[1].split("\n")
     assert lines[0] == "| " + " | ".join(COLUMNS) + " |"
@@ -142,9 +181,13 @@ def test_wandb_offline_run_holds_every_step_record_config_and_samples(tracked_ru
     table = json.loads((run_dir / "files" / rows[2]["samples/path"]).read_text())
     assert table["columns"] == list(COLUMNS)
     assert [r[1] for r in table["data"]] == ["c", "d", "c"]
-    sync = subprocess.run([str(Path(sys.executable).parent / "wandb"), "sync", "--dry-run",
-                           str(run_dir)], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "HOME": str(runs)})  # fmt: skip
+    sync = subprocess.run(
+        [str(Path(sys.executable).parent / "wandb"), "sync", "--dry-run", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "HOME": str(runs)},
+    )
     assert f"Would sync 1 run(s):\nwandb:   {run_dir}/run-" in sync.stderr + sync.stdout, sync
     conversation = table["data"][0][COLUMNS.index("conversation")]
     assert conversation.startswith("[turn 1 · weights v0 · reward 1") and "⟦" in conversation
@@ -157,9 +200,19 @@ def test_a_replay_is_tracked_the_same_way(
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     url, work = published
-    runs, steps, _ = run_learner(work, tiny_model_dir, url, "--replay", "stream:..",
-                                 "--tracker", "tensorboard", "--tracker-run-name", "replayed",
-                                 "--tracker-sample-interval", "2")  # fmt: skip
+    runs, steps, _ = run_learner(
+        work,
+        tiny_model_dir,
+        url,
+        "--replay",
+        "stream:..",
+        "--tracker",
+        "tensorboard",
+        "--tracker-run-name",
+        "replayed",
+        "--tracker-sample-interval",
+        "2",
+    )
     assert [s["step"] for s in steps] == [1, 2]  # a,b / z1,z2 skipped / c,d
     events = EventAccumulator(str(runs / "tensorboard" / "replayed"), size_guidance={"tensors": 0})
     events.Reload()

@@ -23,18 +23,39 @@ PLAIN = LossConfig()
 
 
 def optim(lr: float = 1e-2, micro: int = 8) -> OptimConfig:
-    return OptimConfig(learning_rate=lr, weight_decay=0.0, clip_low=0.2, clip_high=0.2,
-                       tis_cap=2.0, max_grad_norm=100.0, micro_batch_size=micro,
-                       aggregation=Aggregation.TOKEN_MEAN)  # fmt: skip
+    return OptimConfig(
+        learning_rate=lr,
+        weight_decay=0.0,
+        clip_low=0.2,
+        clip_high=0.2,
+        tis_cap=2.0,
+        max_grad_norm=100.0,
+        micro_batch_size=micro,
+        aggregation=Aggregation.TOKEN_MEAN,
+    )
 
 
-def _trainer(model_dir: Path, *, micro: int = 8, lr: float = 1e-2, terms: LossConfig = PLAIN,
-             reference: object = None, scale: ScaleConfig | None = None) -> Trainer:  # fmt: skip
+def _trainer(
+    model_dir: Path,
+    *,
+    micro: int = 8,
+    lr: float = 1e-2,
+    terms: LossConfig = PLAIN,
+    reference: object = None,
+    scale: ScaleConfig | None = None,
+) -> Trainer:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    return Trainer(model, optim(lr, micro), torch.device("cpu"), DistContext(),
-                   scale=scale or ScaleConfig(), loss=terms, reference=reference)  # type: ignore[arg-type]  # fmt: skip
+    return Trainer(
+        model,
+        optim(lr, micro),
+        torch.device("cpu"),
+        DistContext(),
+        scale=scale or ScaleConfig(),
+        loss=terms,
+        reference=reference,
+    )  # type: ignore[arg-type]
 
 
 def _with_behaviour(
@@ -45,8 +66,15 @@ def _with_behaviour(
     for trajectory, row in zip(group.trajectories, logp, strict=True):
         turn = trajectory.turns[0]
         n_p, n_c = len(turn.prompt_ids), len(turn.completion_ids)
-        new = Turn(turn.prompt_ids, turn.completion_ids, row[n_p - 1 : n_p - 1 + n_c].numpy(),
-                   turn.weight_version, turn.reward, turn.terminated, turn.truncated)  # fmt: skip
+        new = Turn(
+            turn.prompt_ids,
+            turn.completion_ids,
+            row[n_p - 1 : n_p - 1 + n_c].numpy(),
+            turn.weight_version,
+            turn.reward,
+            turn.terminated,
+            turn.truncated,
+        )
         trajectories.append(
             Trajectory((new,), trajectory.finish_reason, sample_index=trajectory.sample_index)
         )
@@ -103,16 +131,21 @@ def test_gradients_do_not_depend_on_the_split(
 ) -> None:
     groups = [
         make_group(f"g-acc-{i}", [0.0, 1.0, 2.0, 0.5], turns=1 + i, vocab=256) for i in range(3)
-    ]  # fmt: skip  (lengths 8, 16, 24)
+    ]  # (lengths 8, 16, 24)
     samples = prepare_batch(groups, RULES, version=0).samples
     tokens = sum(int(s.loss_mask.sum()) for s in samples)
     grads, counts = [], []
     for micro, budget, packing, recompute in SPLITS:
-        scale = ScaleConfig(max_tokens_per_micro_batch=budget, packing=packing,
-                            logprob_chunk_tokens=7, activation_checkpointing=recompute)  # fmt: skip
+        scale = ScaleConfig(
+            max_tokens_per_micro_batch=budget,
+            packing=packing,
+            logprob_chunk_tokens=7,
+            activation_checkpointing=recompute,
+        )
         trainer = _trainer(tiny_model_dir, micro=micro, scale=scale)
-        trainer.cfg = OptimConfig(**{**trainer.cfg.__dict__, "aggregation": aggregation,
-                                     "norm_tokens": 16})  # fmt: skip
+        trainer.cfg = OptimConfig(
+            **{**trainer.cfg.__dict__, "aggregation": aggregation, "norm_tokens": 16}
+        )
         counts.append(len(trainer.my_micro_batches(samples)))
         trainer.step(samples, tokens, len(samples))
         grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters()]))
@@ -135,8 +168,9 @@ def test_mis_rejected_tokens_leave_the_loss_and_its_denominator(tiny_model_dir: 
     own = prepare_batch([_with_behaviour(group, samples, logp)], RULES, version=0).samples
     bad = dataclasses.replace(own[0], behaviour_logp=own[0].behaviour_logp - 5 * own[0].loss_mask)
     stats = first.step([bad, *own[1:]], sum(int(s.loss_mask.sum()) for s in own), len(own))
-    assert stats.rejected_fraction == pytest.approx(own[0].loss_mask.sum() / sum(
-        s.loss_mask.sum() for s in own))  # fmt: skip
+    assert stats.rejected_fraction == pytest.approx(
+        own[0].loss_mask.sum() / sum(s.loss_mask.sum() for s in own)
+    )
     alone = _trainer(tiny_model_dir, terms=mis)
     alone.step(own[1:], sum(int(s.loss_mask.sum()) for s in own[1:]), len(own) - 1)
     for a, b in zip(first.model.parameters(), alone.model.parameters(), strict=True):

@@ -43,8 +43,12 @@ def kill_wandb_core() -> None:
 
 
 def main(out: Path, model: Path) -> None:
-    cfg = TrackingConfig(tracker=["tensorboard", "wandb"], tracker_dir=out,
-                         tracker_sample_interval=0, tracker_wandb_mode="offline")  # fmt: skip
+    cfg = TrackingConfig(
+        tracker=["tensorboard", "wandb"],
+        tracker_dir=out,
+        tracker_sample_interval=0,
+        tracker_wandb_mode="offline",
+    )
     tracker = open_tracker(cfg, "crash", {"run": "crash"}, model)
     groups = [make_group("g", [0.0, 1.0])]
     prepared = prepare_batch(groups, BatchRules(), 0)

@@ -104,8 +104,9 @@ async def test_bad_run_requests_to_a_session_socket(pool: SandboxPool) -> None:
         {"op": "run", "code": "1", "timeout": 5, "limits": limits, "files": {"../x": "eA=="}},
     ]
     raw = b"".join(encode_frame(r) for r in bad) + frame(b"}{")
-    raw += encode_frame({"op": "run", "code": "print('still serving')", "timeout": 5,
-                         "limits": limits})  # fmt: skip
+    raw += encode_frame(
+        {"op": "run", "code": "print('still serving')", "timeout": 5, "limits": limits}
+    )
     reader, writer = await asyncio.open_unix_connection(str(path))
     replies = []
     try:

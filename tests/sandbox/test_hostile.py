@@ -97,8 +97,13 @@ async def test_network_is_unreachable(pool: SandboxPool) -> None:
 
 async def test_writing_outside_the_work_dir_fails(pool: SandboxPool) -> None:
     marker = f"rf-escape-{secrets.token_hex(4)}"
-    targets = [f"/{marker}", f"/etc/{marker}", f"/usr/bin/{marker}", "/opt/agent/agent/control.py",
-               f"/var/{marker}"]  # fmt: skip
+    targets = [
+        f"/{marker}",
+        f"/etc/{marker}",
+        f"/usr/bin/{marker}",
+        "/opt/agent/agent/control.py",
+        f"/var/{marker}",
+    ]
     code = (
         f"import os\nfor t in {targets!r}:\n"
         "    try:\n        open(t, 'a').write('x')\n        print('WROTE', t)\n"

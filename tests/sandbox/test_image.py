@@ -76,8 +76,10 @@ def test_cli_build_quiet_is_what_the_test_script_runs() -> None:
     assert tag == image_tag()
     built = subprocess.run(
         [sys.executable, "-m", "sandbox.image", "build", "--quiet"],
-        capture_output=True, check=False, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        check=False,
+        text=True,
+    )
     assert built.returncode == 0 and built.stdout == "", built.stderr
 
 

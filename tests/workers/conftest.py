@@ -98,11 +98,27 @@ def worker_factory(tiny_model_dir: Path, tmp_path: Path) -> Iterator[Callable[..
 
     def make(redis_url: str, run: str, urls: list[str], *extra: str) -> Proc:
         args = [
-            sys.executable, "-m", "workers", "--redis-url", redis_url, "--run", run,
-            "--inference-urls", ",".join(urls), "--model", str(tiny_model_dir),
-            "--env-modules", "tests.workers.testenvs", "--max-tokens", "6",
-            "--inference-request-timeout-s", "10", "--inference-retry-budget-s", "20", *extra,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "workers",
+            "--redis-url",
+            redis_url,
+            "--run",
+            run,
+            "--inference-urls",
+            ",".join(urls),
+            "--model",
+            str(tiny_model_dir),
+            "--env-modules",
+            "tests.workers.testenvs",
+            "--max-tokens",
+            "6",
+            "--inference-request-timeout-s",
+            "10",
+            "--inference-retry-budget-s",
+            "20",
+            *extra,
+        ]
         log = tmp_path / f"worker-{len(made)}.log"
         made.append(Proc(_spawn(args, log), log))
         return made[-1]

@@ -79,9 +79,14 @@ async def test_streamed_tool_call_equals_the_whole_reply(tool_model_dir: Path) -
         record, _, sdk = open_episode(endpoint)
         async with sdk() as api:
             stream = await api.chat.completions.create(
-                model="m", messages=ASK, tools=TOOLS, temperature=0, stream=True, max_tokens=300,
+                model="m",
+                messages=ASK,
+                tools=TOOLS,
+                temperature=0,
+                stream=True,
+                max_tokens=300,
                 stream_options={"include_usage": True},
-            )  # fmt: skip
+            )
             chunks = [chunk async for chunk in stream]
     choices = [c.choices[0] for c in chunks if c.choices]
     content = "".join(c.delta.content or "" for c in choices)
@@ -99,9 +104,11 @@ async def test_sync_sdk_from_a_thread_is_recorded(tiny_model_dir: Path) -> None:
             with openai.OpenAI(base_url=endpoint.base_url, api_key=key, max_retries=0) as api:
                 models = api.models.list()
                 reply = api.chat.completions.create(
-                    model=models.data[0].id, messages=[{"role": "user", "content": "hi"}],
-                    max_tokens=5, logprobs=True,
-                )  # fmt: skip
+                    model=models.data[0].id,
+                    messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=5,
+                    logprobs=True,
+                )
                 return reply
 
         reply = await asyncio.to_thread(agent)

@@ -72,9 +72,16 @@ async def test_master_sigkill_mid_run_loses_nothing(
         rows = [TaskRow('wk-dialogue@{"turns": 2, "step_s": 0.1}')]
         producer = Producer(redis, None, wait_replicas)
         budget = AdmissionBudget(redis, KEYS, wait_replicas)
-        feeder = TaskFeeder(redis, KEYS, TaskSampler(rows, 0, CurriculumRules()),
-                            HorizonSchedule(), group_size=2, limit=12, producer=producer,
-                            budget=budget)  # fmt: skip
+        feeder = TaskFeeder(
+            redis,
+            KEYS,
+            TaskSampler(rows, 0, CurriculumRules()),
+            HorizonSchedule(),
+            group_size=2,
+            limit=12,
+            producer=producer,
+            budget=budget,
+        )
         await feeder.start(0)
         watch = DeadLetterWatch(redis, KEYS, limit=0)
         await watch.start()
@@ -85,8 +92,15 @@ async def test_master_sigkill_mid_run_loses_nothing(
         victim = cluster.master_of(KEYS.tasks)
         trained: Counter[str] = Counter()
         stop = asyncio.Event()
-        async with running_worker(worker_redis, tiny_model_dir, [policy_server.url], run=KEYS.run,
-                                  partitions=3, concurrency=8, consumer=settings):  # fmt: skip
+        async with running_worker(
+            worker_redis,
+            tiny_model_dir,
+            [policy_server.url],
+            run=KEYS.run,
+            partitions=3,
+            concurrency=8,
+            consumer=settings,
+        ):
             for step in range(STEPS):
                 batch = await asyncio.wait_for(source.next_batch(BATCH, 0, step, stop), 120)
                 assert batch is not None

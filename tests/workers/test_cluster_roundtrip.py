@@ -39,8 +39,14 @@ async def test_worker_to_learner_over_partitions(broker_url, policy_server, tiny
         await feeder.start(0)
         watch = DeadLetterWatch(redis, KEYS, limit=0)
         await watch.start()
-        source = LiveSource(redis, KEYS, LiveSource.consumer_config("learner", ConsumerSettings()),
-                            feeder, vocab_size=1 << 20, dead_letters=watch)  # fmt: skip
+        source = LiveSource(
+            redis,
+            KEYS,
+            LiveSource.consumer_config("learner", ConsumerSettings()),
+            feeder,
+            vocab_size=1 << 20,
+            dead_letters=watch,
+        )
         await source.start()
         issued = await feeder.top_up(0, version=0, step=0)
         assert len(issued) == 8
@@ -51,8 +57,9 @@ async def test_worker_to_learner_over_partitions(broker_url, policy_server, tiny
         bad = Task("rt-bad", "no-such-env@{}", group_size=2, seed=1, policy_version=0)
         await Producer(redis).publish(KEYS.task_stream(1), [bad])
         stop = asyncio.Event()
-        async with running_worker(redis, tiny_model_dir, [policy_server.url], run=KEYS.run,
-                                  partitions=3, concurrency=8):  # fmt: skip
+        async with running_worker(
+            redis, tiny_model_dir, [policy_server.url], run=KEYS.run, partitions=3, concurrency=8
+        ):
             batch = await asyncio.wait_for(source.next_batch(7, 0, 0, stop), 120)
             assert batch is not None
             await source.commit_trained(batch.deliveries)

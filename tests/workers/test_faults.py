@@ -35,9 +35,13 @@ async def test_env_that_raises_and_env_that_hangs(
         await redis.xadd(keys.tasks, {b"k": b"task", b"v": b"1", b"b": b"\xc1garbage"})
         await publish_tasks(redis, keys, tasks)
         async with running_worker(
-            redis, tiny_model_dir, [policy_server.url], run="faults",
-            env_step_timeout_s=1.0, episode_timeout_s=5.0,
-        ):  # fmt: skip
+            redis,
+            tiny_model_dir,
+            [policy_server.url],
+            run="faults",
+            env_step_timeout_s=1.0,
+            episode_timeout_s=5.0,
+        ):
             found = {g.group_id: g for g in await wait_groups(redis, keys, 3, within_s=60)}
             await wait_until(lambda: _no_pending(redis, keys), 30, "every task acked")
         reasons = sorted(letter.reason for _, letter in await list_dead_letters(redis, keys))
@@ -122,9 +126,15 @@ async def test_episode_limits_truncate_with_reason(
             found = {g.group_id: g.trajectories[0] for g in await wait_groups(redis, keys, 2, 60)}
         await publish_tasks(redis, keys, [wall])
         async with running_worker(
-            redis, tiny_model_dir, urls, run="limits", max_context_tokens=3500,
-            max_turns=100000, episode_timeout_s=0.8, env_step_timeout_s=0.5,
-        ):  # fmt: skip
+            redis,
+            tiny_model_dir,
+            urls,
+            run="limits",
+            max_context_tokens=3500,
+            max_turns=100000,
+            episode_timeout_s=0.8,
+            env_step_timeout_s=0.5,
+        ):
             found |= {g.group_id: g.trajectories[0] for g in await wait_groups(redis, keys, 3, 60)}
     assert found["turns"].outcome == "truncated:max_turns" and len(found["turns"].turns) == 3
     assert found["turns"].truncation is Truncation.MAX_TURNS

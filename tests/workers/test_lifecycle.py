@@ -38,9 +38,16 @@ async def test_sigterm_exits_0_finishes_what_it_can_and_leaves_the_rest_pending(
     async with redis_client(redis_server.url) as redis:
         await publish_tasks(redis, keys, [*short, *long, *queued])
         w = worker_factory(
-            redis_server.url, "term", [policy_server.url],
-            "--worker-id", "w-term", "--concurrency", "4", "--shutdown-grace-s", "10",
-        )  # fmt: skip
+            redis_server.url,
+            "term",
+            [policy_server.url],
+            "--worker-id",
+            "w-term",
+            "--concurrency",
+            "4",
+            "--shutdown-grace-s",
+            "10",
+        )
 
         async def both_running() -> bool:
             return (await pending_by_consumer(redis, keys)).get("w-term") == 2

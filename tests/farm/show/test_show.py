@@ -110,8 +110,9 @@ def test_a_partitioned_run_is_searched_in_every_partition(run, codec, monkeypatc
     assert f"not found in {', '.join(keys.all_trajectories)}" in err
     # Each stream numbers its own entries: an id in two partitions needs --stream.
     for p in (0, 1):
-        run.client.xadd(keys.trajectories(p), encode(make_group(codec, f"twin{p}", arithmetic("T"))),
-                        id="40-1")  # fmt: skip
+        run.client.xadd(
+            keys.trajectories(p), encode(make_group(codec, f"twin{p}", arithmetic("T"))), id="40-1"
+        )
     code, _, err = run.cli("show", "--entry", "40-1")
     assert code == 2
     assert f"entry 40-1 is in {keys.trajectories(0)}, {keys.trajectories(1)}" in err

@@ -24,8 +24,13 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def _row(s: Sampling) -> dict:
     allowed = None if s.allowed_token_ids is None else s.allowed_token_ids.tolist()
-    return {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p,
-            "min_p": s.min_p, "allowed": allowed}  # fmt: skip
+    return {
+        "temperature": s.temperature,
+        "top_k": s.top_k,
+        "top_p": s.top_p,
+        "min_p": s.min_p,
+        "allowed": allowed,
+    }
 
 
 def vllm_processed(logits: torch.Tensor, rows: list[Sampling]) -> torch.Tensor:
@@ -39,9 +44,14 @@ def vllm_processed(logits: torch.Tensor, rows: list[Sampling]) -> torch.Tensor:
     env = os.environ | {"PYTHONPATH": f"{env_dir}{os.pathsep}{ROOT}", "VLLM_LOGGING_LEVEL": "ERROR"}
     done = subprocess.run(
         [sys.executable, "-m", "tests.inference.vllm_contract.sampler_probe"],
-        input=json.dumps(request), capture_output=True, text=True, cwd=ROOT, env=env,
-        timeout=240, check=False,
-    )  # fmt: skip
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=240,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     rows_out = json.loads(done.stdout)["logprobs"]
     return torch.tensor([[float("-inf") if v is None else v for v in r] for r in rows_out])

@@ -22,8 +22,9 @@ VOCAB = 40
 
 def _cases() -> list[Sampling]:
     allowed = [None, [1, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37], [4]]
-    grid = itertools.product((0.0, 0.6, 1.0, 1.7), (0, 1, 6, 100), (1.0, 0.9, 0.35),
-                             (0.0, 0.08), allowed)  # fmt: skip
+    grid = itertools.product(
+        (0.0, 0.6, 1.0, 1.7), (0, 1, 6, 100), (1.0, 0.9, 0.35), (0.0, 0.08), allowed
+    )
     return [Sampling(t, k, p, m, a) for t, k, p, m, a in grid]
 
 
@@ -55,8 +56,9 @@ def test_processed_logprobs_match_vllms_sampler_for_every_combination() -> None:
     assert all(torch.isfinite(expected)), "a token drawn outside vLLM's kept set"
     for i, top in enumerate(tops):
         values = torch.tensor([v for _, v in top])
-        torch.testing.assert_close(values, theirs[i].topk(3).values.clamp(min=-9999.0), atol=2e-5,
-                                   rtol=0)  # fmt: skip
+        torch.testing.assert_close(
+            values, theirs[i].topk(3).values.clamp(min=-9999.0), atol=2e-5, rtol=0
+        )
 
 
 @pytest.mark.slow
