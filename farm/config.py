@@ -18,18 +18,17 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator
 
 from broker.connection import RedisUrl
-from broker.run import Partitions, RunName
+from broker.run import RunFields
 from farm.errors import ConfigError
-from launch.settings import CommaList, LogLevel, RoleConfig
+from launch.settings import CommaList, RoleConfig
 
 
-class FarmConfig(RoleConfig):
+class FarmConfig(RunFields, RoleConfig):
     """Everything the local stack needs; see docs/farm.md."""
 
     role: ClassVar[str] = "farm"
     error: ClassVar[type[Exception]] = ConfigError
 
-    run: RunName = Field("demo", description="run name")
     redis_url: RedisUrl | None = Field(
         None, description="Redis to use; None starts a private redis-server (AOF on)"
     )
@@ -55,17 +54,10 @@ class FarmConfig(RoleConfig):
         description="environment the tasks use",
         json_schema_extra={"flag_aliases": ["env"]},
     )
-    env_modules: CommaList = Field(
-        default_factory=list,
-        description="modules imported at start-up to register extra environments (learner and workers)",
-    )
     tasks: Path | None = Field(
         None, description="learner's JSONL task dataset; None writes one line with env_spec"
     )
     max_steps: int = Field(0, ge=0, description="learner steps before the farm stops (0: never)")
-    partitions: Partitions = Field(
-        1, description="task/trajectory stream partitions (one slot each on a cluster)"
-    )
     learner_args: list[str] = Field(
         default_factory=list,
         description="extra flag passed to `python -m learner`",
@@ -79,7 +71,6 @@ class FarmConfig(RoleConfig):
     work_dir: Path = Field(Path(".farm"), description="run directory: model, Redis, logs")
     metrics_port: int = Field(9400, ge=0, le=65535, description="supervisor /metrics (0: none)")
     status_interval_s: float = Field(5.0, gt=0.0, le=3600.0, description="status refresh period")
-    log_level: LogLevel = Field("INFO", description="log level of the farm's own lines")
     restart_max: int = Field(5, ge=0, le=1000, description="crashes per child within 5 min")
 
     @field_validator("inference_urls")

@@ -98,11 +98,9 @@ def run_section(cfg: FarmConfig, redis_url: str) -> RunSection:
     """The settings every role of the stack must agree on.
 
     Rendered with `render_flags`, the resolver's inverse, so a setting added to
-    `RunSection` and here reaches the learner, the workers and `farm eval` alike.
+    `broker.run.RunFields` reaches the learner, the workers and `farm eval` alike.
     """
-    return RunSection(
-        run=cfg.run, redis_url=redis_url, partitions=cfg.partitions, env_modules=cfg.env_modules
-    )
+    return RunSection.of(cfg, redis_url=redis_url)
 
 
 def build_stack(cfg: FarmConfig, model: Path, tasks: Path) -> Stack:

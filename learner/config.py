@@ -22,11 +22,10 @@ from typing import ClassVar
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
-from broker.connection import DEFAULT_REDIS_URL, RedisUrl
 from broker.consumer import ConsumerSettings
-from broker.run import Partitions, RunName
+from broker.run import RunFields
 from envs.wrappers import HorizonSchedule as TurnSchedule
-from launch.settings import CommaList, LogLevel, RoleConfig, section
+from launch.settings import CommaList, RoleConfig, section
 from learner.errors import ConfigError
 from learner.lora import LoraSettings
 from learner.tracking.config import TrackingConfig
@@ -404,23 +403,19 @@ class EvalConfig:
         return {n: Path(f) for n, _, f in (spec.partition("=") for spec in self.eval_tasks)}
 
 
-class LearnerConfig(RoleConfig):
+class LearnerConfig(RunFields, RoleConfig):
     """Everything `python -m learner` needs; see docs/learner.md for the reference."""
 
     role: ClassVar[str] = "learner"
     error: ClassVar[type[Exception]] = ConfigError
 
-    # --- model, run, Redis, inference -------------------------------------------------------
+    # --- model, inference (run, Redis: `RunFields`) -------------------------------------------------------
     model: Path = Field(description="Hugging Face model directory (weights, config, tokenizer)")
-    run: RunName = Field("demo", description="run name")
-    redis_url: RedisUrl = Field(DEFAULT_REDIS_URL, description="Redis URL")
     inference_urls: CommaList = Field(
         default_factory=list, description="inference servers to push weights to (comma-separated)"
     )
     inference_api_key: SecretStr | None = Field(None, description="bearer token for the servers")
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port (0: none)")
-    log_level: LogLevel = Field("INFO", description="log level")
-    partitions: Partitions = Field(1, description="trajectories stream partitions")
     consumer_name: str = Field("learner", min_length=1, description="consumer name in the group")
     # --- batches ------------------------------------------------------------------------------
     groups_per_batch: int = Field(8, ge=1, le=100_000, description="groups per optimizer step")
@@ -442,10 +437,6 @@ class LearnerConfig(RoleConfig):
     transfer: TransferConfig = section(TransferConfig, prefix="weight_transfer_")
     # --- task source and replay ---------------------------------------------------------------
     tasks: Path | None = Field(None, description="JSONL dataset of env specs (None: no feeding)")
-    env_modules: CommaList = Field(
-        default_factory=list,
-        description="modules imported at start-up to register extra environments (as workers')",
-    )
     max_failed_batches: int = Field(
         10, ge=0, description="stop after this many batches in a row spoiled by infra/spec errors"
     )

@@ -26,10 +26,9 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from broker.connection import DEFAULT_REDIS_URL, RedisUrl
-from broker.run import Partitions, RunName
+from broker.run import RunFields
 from launch.runner import Role, RoleContext, start
-from launch.settings import CommaList, LogLevel, RoleConfig, section
+from launch.settings import LogLevel, RoleConfig, section
 from learner.config import EvalConfig
 from learner.errors import ConfigError, TaskSourceError
 
@@ -38,19 +37,15 @@ log = logging.getLogger("learner")
 COLUMNS = ("rows", "scored_rows", "infra_failed_rows", "mean_at_k", "pass_at_1")
 
 
-class _RunConfig(RoleConfig):
+class _RunConfig(RunFields, RoleConfig):
     """The run a one-off command works on: shared by `evaluate` and `filter`."""
 
     role: ClassVar[str] = "learner"
     error: ClassVar[type[Exception]] = ConfigError
 
-    redis_url: RedisUrl = Field(DEFAULT_REDIS_URL, description="Redis URL")
-    run: RunName = Field("demo", description="run name")
-    partitions: Partitions = Field(1, description="trajectories stream partitions")
-    env_modules: CommaList = Field(
-        default_factory=list, description="modules imported to register extra environments"
-    )
-    log_level: LogLevel = Field("WARNING", description="log level")
+    log_level: LogLevel = Field(
+        "WARNING", description="log level"
+    )  # a command's output is its table
 
 
 class EvaluateConfig(_RunConfig):

@@ -19,11 +19,10 @@ from typing import ClassVar, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
-from broker.connection import DEFAULT_REDIS_URL, RedisUrl
 from broker.consumer import ConsumerSettings
-from broker.run import Partitions, RunName
+from broker.run import RunFields
 from inference.config import ClientConfig
-from launch.settings import CommaList, LogLevel, RoleConfig, section
+from launch.settings import CommaList, RoleConfig, section
 from workers.errors import ConfigError
 
 
@@ -69,15 +68,13 @@ class EpisodeSettings:
         return self
 
 
-class WorkerConfig(RoleConfig):
+class WorkerConfig(RunFields, RoleConfig):
     """Everything `python -m workers` needs; see docs/workers.md for the reference."""
 
     role: ClassVar[str] = "worker"
     error: ClassVar[type[Exception]] = ConfigError
 
     # --- where things are ------------------------------------------------------------------
-    redis_url: RedisUrl = Field(DEFAULT_REDIS_URL, description="Redis URL")
-    run: RunName = Field("demo", description="run name")
     inference_urls: CommaList = Field(
         default_factory=list, description="inference servers, comma-separated (at least one)"
     )
@@ -86,11 +83,6 @@ class WorkerConfig(RoleConfig):
         default_factory=_default_worker_id,
         pattern=r"^[A-Za-z0-9_.:-]{1,128}$",
         description="consumer name in the tasks group (default: host-random, so pods are stateless)",
-    )
-    partitions: Partitions = Field(1, description="trajectories stream partitions")
-    env_modules: CommaList = Field(
-        default_factory=list,
-        description="Python modules imported at start-up to register extra environments (comma-separated)",
     )
     # --- concurrency -----------------------------------------------------------------------
     concurrency: int = Field(
@@ -128,7 +120,6 @@ class WorkerConfig(RoleConfig):
         "(an unloaded adapter forces a re-read at once)",
     )
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port (0: none)")
-    log_level: LogLevel = Field("INFO", description="log level")
     # --- components ------------------------------------------------------------------------
     episode: EpisodeSettings = section(EpisodeSettings)
     consumer: ConsumerSettings = section(ConsumerSettings)

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from broker.__main__ import BrokerCliConfig
 from broker.connection import DEFAULT_REDIS_URL
 from broker.keys import MAX_PARTITIONS, RUN_NAME_PATTERN
-from broker.run import RunSection
+from broker.run import RunFields, RunSection
 from farm.config import FarmConfig
 from launch.settings import add_flags, flag_values, render_flags
 from learner.config import LearnerConfig
@@ -77,3 +77,24 @@ def test_the_section_renders_to_the_flags_every_role_reads() -> None:
         config = role.load(flag_values(parser.parse_args([*flags, *required]), role), environ={})
         assert (config.run, config.redis_url, config.partitions) == ("r", "redis://h:1/0", 2)
         assert config.env_modules == ["m", "n"]
+
+
+def test_every_run_field_a_farm_is_given_reaches_its_children() -> None:
+    """A field of `RunFields` is declared once and reaches every role: each role that runs
+    environments inherits it, and the farm renders all of them for its children."""
+    from farm.stack import run_section
+    from learner.evaluate import EvaluateConfig, FilterConfig
+
+    for role in (LearnerConfig, WorkerConfig, EvaluateConfig, FilterConfig, FarmConfig):
+        assert issubclass(role, RunFields), role
+    given = {"run": "r", "partitions": 2, "env_modules": ["m"], "log_level": "DEBUG"}
+    assert set(given) | {"redis_url"} == set(RunFields.model_fields)  # every field, not default
+    farm = FarmConfig.load(given, environ={})
+    flags = render_flags(run_section(farm, "redis://h:1/0"))
+    required = ["--model", "m", "--inference-urls", "http://127.0.0.1:1"]
+    for role in (LearnerConfig, WorkerConfig):
+        parser = argparse.ArgumentParser()
+        add_flags(parser, role)
+        config = role.load(flag_values(parser.parse_args([*flags, *required]), role), environ={})
+        got = {name: getattr(config, name) for name in RunFields.model_fields}
+        assert got == {**given, "redis_url": "redis://h:1/0"}, role
