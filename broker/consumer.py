@@ -7,7 +7,7 @@ Invariants:
   script call, so the whole batch is acked (and its ids recorded) or none of it;
 - after a restart under the same consumer name, `read` first returns that
   consumer's own pending entries;
-- entries idle on another consumer for `reclaim_idle_ms` are claimed (XAUTOCLAIM);
+- entries idle on another consumer for `reclaim_idle_s` are claimed (XAUTOCLAIM);
 - an entry that cannot be decoded, has an unknown schema version, or was
   delivered more than `max_deliveries` times goes to the dead-letter stream with
   its reason, and is acked there in the same transaction; `read` never raises
@@ -31,7 +31,7 @@ import collections
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pydantic
 import redis.asyncio as aioredis
@@ -78,30 +78,13 @@ class ConsumerConfig:
 
     group: str
     consumer: str
+    # reclaim, dead letters and WAIT: the role's settings, as the role resolved them
+    settings: ConsumerSettings = field(default_factory=ConsumerSettings)
     block_ms: int = 1000  # longest blocking read; kept under the socket timeout
     count: int = 16  # entries per read
-    reclaim_idle_ms: int = 60_000  # an entry idle this long on a consumer is taken over
     reclaim_interval_s: float = 5.0  # how often read() looks for idle entries
-    max_deliveries: int = 5  # more deliveries than this: dead letter
-    wait_replicas: int = 0  # replicas a commit must reach (WAIT) before it counts as acked
-    wait_timeout_ms: int = 1000  # WAIT's timeout
     seen_ttl_s: float = 7 * 86_400.0  # how long committed message ids are remembered
     publish_maxlen: int = 100_000  # approximate MAXLEN for streams commit() publishes to
-
-    @classmethod
-    def of(
-        cls, group: str, consumer: str, settings: ConsumerSettings, **rest: float
-    ) -> ConsumerConfig:
-        """The config of consumer `consumer` in `group`, with a role's settings."""
-        return cls(
-            group=group,
-            consumer=consumer,
-            reclaim_idle_ms=int(settings.reclaim_idle_s * 1000),
-            max_deliveries=settings.max_deliveries,
-            wait_replicas=settings.wait_replicas,
-            wait_timeout_ms=settings.wait_timeout_ms,
-            **rest,  # type: ignore[arg-type]
-        )
 
 
 @dataclass(frozen=True)
@@ -198,7 +181,7 @@ class Consumer:
                 stream,
                 self._config.group,
                 self._config.consumer,
-                min_idle_time=self._config.reclaim_idle_ms,
+                min_idle_time=int(self._config.settings.reclaim_idle_s * 1000),
                 start_id="0-0",
                 count=left,
             )
@@ -239,8 +222,9 @@ class Consumer:
                 if not fields:  # trimmed away while pending: nothing left to process
                     acks.append((stream, entry_id, ""))
                     continue
-                if deliveries > self._config.max_deliveries:
-                    reason = f"delivered {deliveries} times (max {self._config.max_deliveries})"
+                limit = self._config.settings.max_deliveries
+                if deliveries > limit:
+                    reason = f"delivered {deliveries} times (max {limit})"
                 else:
                     try:
                         message = decode(fields, expect=self._expect)
@@ -296,7 +280,7 @@ class Consumer:
 
     async def keep_alive(self, stream: str, entry_ids: Sequence[str]) -> None:
         """Reset the idle time of entries this consumer is still working on, so that
-        `reclaim_idle_ms` only ever takes over work whose consumer has died."""
+        `reclaim_idle_s` only ever takes over work whose consumer has died."""
         if not entry_ids:
             return
         with redis_errors(f"keep-alive on {stream}"):
@@ -398,7 +382,7 @@ class Consumer:
 
     async def _eval_commit(self, keys: list[str], args: list[object]) -> list[bytes | str]:
         """Run the commit script; with `wait_replicas`, WAIT on the same connection."""
-        cfg = self._config
+        cfg = self._config.settings
         if not cfg.wait_replicas:
             return await self._commit(keys=keys, args=args)
         async with self._redis.pipeline(transaction=False) as pipe:

@@ -104,8 +104,8 @@ class Evaluator:
         self.sets = sets
         self.cfg = cfg
         self.producer = Producer(redis)
-        config = ConsumerConfig.of(
-            EVAL_GROUP_PREFIX + name, name, settings or ConsumerSettings(), block_ms=500
+        config = ConsumerConfig(
+            EVAL_GROUP_PREFIX + name, name, settings=settings or ConsumerSettings(), block_ms=500
         )
         self.consumer = Consumer(redis, keys, keys.all_evals, config, expect=TrajectoryGroup)
         self.current: Round | None = None

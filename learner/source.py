@@ -98,7 +98,7 @@ class LiveSource:
 
     @staticmethod
     def consumer_config(name: str, settings: ConsumerSettings) -> ConsumerConfig:
-        return ConsumerConfig.of(LEARNER_GROUP, name, settings, block_ms=500)
+        return ConsumerConfig(LEARNER_GROUP, name, settings=settings, block_ms=500)
 
     async def start(self) -> None:
         await self.consumer.ensure_groups()

@@ -55,7 +55,7 @@ class Worker:
             redis,
             self.keys,
             streams=self.keys.all_tasks,  # one tasks stream per partition
-            config=ConsumerConfig.of(WORKERS_GROUP, cfg.worker_id, cfg.consumer),
+            config=ConsumerConfig(WORKERS_GROUP, cfg.worker_id, settings=cfg.consumer),
             expect=Task,
         )
         # finished groups, committed in batches; nobody else takes a task within half of

@@ -25,7 +25,7 @@ from redis.exceptions import (
 
 from broker.admission import AdmissionBudget
 from broker.connection import RedisSettings, connect, redis_errors
-from broker.consumer import Consumer, ConsumerConfig
+from broker.consumer import Consumer, ConsumerConfig, ConsumerSettings
 from broker.deadletters import list_dead_letters, requeue
 from broker.errors import RedisAuthFailed, RedisCommandFailed, RedisUnavailable
 from broker.keys import LEARNER_GROUP, WORKERS_GROUP, RunKeys
@@ -251,7 +251,10 @@ async def test_wait_replicas_on_the_cluster_and_without_replicas(redis_cluster, 
         try:
             await Producer(redis).publish(KEYS.tasks, [make_task("w0")])
             cfg = ConsumerConfig(
-                group=WORKERS_GROUP, consumer="w", block_ms=50, wait_replicas=1, wait_timeout_ms=300
+                group=WORKERS_GROUP,
+                consumer="w",
+                block_ms=50,
+                settings=ConsumerSettings(wait_replicas=1, wait_timeout_ms=300),
             )
             c = Consumer(redis, KEYS, KEYS.all_tasks, cfg, expect=Task)
             await c.ensure_groups()

@@ -8,7 +8,7 @@ import pytest
 
 from broker.codec import decode, encode
 from broker.connection import RedisSettings, connect
-from broker.consumer import Consumer, ConsumerConfig
+from broker.consumer import Consumer, ConsumerConfig, ConsumerSettings
 from broker.keys import LEARNER_GROUP, WORKERS_GROUP, RunKeys
 from broker.messages import DeadLetter, TrajectoryGroup
 from broker.producer import Producer
@@ -119,7 +119,12 @@ async def test_idle_entries_are_reclaimed_and_over_delivered_ones_dead_lettered(
     dead = consumer(redis, "dead")
     await dead.ensure_groups()
     assert len(await dead.read()) == 1  # taken, never committed
-    survivor = consumer(redis, "alive", reclaim_idle_ms=10, reclaim_interval_s=0, max_deliveries=3)
+    survivor = consumer(
+        redis,
+        "alive",
+        settings=ConsumerSettings(reclaim_idle_s=0.01, max_deliveries=3),
+        reclaim_interval_s=0,
+    )
     await asyncio.sleep(0.05)
     got = await survivor.read()
     assert [(d.message.task_id, d.deliveries) for d in got] == [("x", 2)]
@@ -150,7 +155,9 @@ async def test_keep_alive_stops_a_live_consumers_entry_being_reclaimed(redis):
     owner = consumer(redis, "owner")
     await owner.ensure_groups()
     [d] = await owner.read()
-    other = consumer(redis, "other", reclaim_idle_ms=150, reclaim_interval_s=0)
+    other = consumer(
+        redis, "other", settings=ConsumerSettings(reclaim_idle_s=0.15), reclaim_interval_s=0
+    )
     for _ in range(4):
         await asyncio.sleep(0.1)
         await owner.keep_alive(KEYS.tasks, [d.entry_id])

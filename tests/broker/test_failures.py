@@ -14,6 +14,7 @@ from broker.admission import AdmissionBudget
 from broker.backlog import group_backlog, unfinished_entries
 from broker.codec import decode
 from broker.connection import RedisSettings, connect
+from broker.consumer import ConsumerSettings
 from broker.deadletters import list_dead_letters, requeue
 from broker.errors import BudgetError, RedisUnavailable
 from broker.keys import WORKERS_GROUP, RunKeys
@@ -64,7 +65,12 @@ async def test_sigkilled_consumer_entries_are_reclaimed_and_processed_once(redis
 
     async def survivor(name: str) -> None:
         c = task_consumer(
-            redis, KEYS, name, block_ms=50, reclaim_idle_ms=200, reclaim_interval_s=0.1
+            redis,
+            KEYS,
+            name,
+            block_ms=50,
+            settings=ConsumerSettings(reclaim_idle_s=0.2),
+            reclaim_interval_s=0.1,
         )
         idle_rounds = 0
         while idle_rounds < 10:
