@@ -18,55 +18,22 @@ import contextlib
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import ClassVar
 
 import redis.asyncio as aioredis
-from pydantic import Field
 
 from broker.archive import Archive, archive_stream
+from broker.cli_config import BrokerCliConfig, resolve_stream
 from broker.codec import decode
-from broker.connection import DEFAULT_REDIS_URL, RedisSettings, RedisUrl, connect
+from broker.connection import RedisSettings, connect
 from broker.deadletters import list_dead_letters, requeue
 from broker.errors import BrokerError, DecodeError
 from broker.keys import RunKeys
 from broker.replay import ReplayFilter, archive_entries, replay, stream_entries
-from broker.run import Partitions, RunName
 from broker.show.cli import add_show_command, exec_show
 from broker.status import format_state, run_state
 from launch.runner import Role, RoleContext, build_parser, start
-from launch.settings import LogLevel, RoleConfig
-
-
-class BrokerCliConfig(RoleConfig):
-    """Where `python -m broker` finds the run."""
-
-    role: ClassVar[str] = "broker"
-    error: ClassVar[type[Exception]] = BrokerError
-
-    redis_url: RedisUrl = Field(DEFAULT_REDIS_URL, description="Redis URL")
-    run: RunName = Field("demo", description="run name")
-    redis_ca_file: str | None = Field(None, description="CA bundle for rediss:// URLs")
-    partitions: Partitions = Field(1, description="trajectory partitions of the run")
-    redis_wait: float = Field(10.0, gt=0.0, description="seconds to keep retrying Redis")
-    log_level: LogLevel = Field("WARNING", description="log level")
-
 
 Context = RoleContext[BrokerCliConfig]
-
-
-def resolve_stream(keys: RunKeys, name: str) -> str:
-    if name.startswith("{"):
-        return name
-    if name == "policy":
-        return keys.policy_events
-    base, _, part = name.partition(":")  # `tasks:2`: partition 2's tasks stream
-    if base in ("tasks", "trajectories", "deadletter") and (part.isdigit() or not part):
-        p = int(part or 0)
-        wide = RunKeys(keys.run, max(keys.partitions, p + 1))
-        if base == "tasks":
-            return wide.task_stream(p)
-        return wide.trajectories(p) if base == "trajectories" else wide.deadletter_of(p)
-    raise argparse.ArgumentTypeError(f"unknown stream {name!r}")
 
 
 def add_commands(p: argparse.ArgumentParser) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from broker.__main__ import BrokerCliConfig, resolve_stream
+from broker.cli_config import BrokerCliConfig, resolve_stream
 from broker.connection import RedisSettings, connect
 from broker.errors import BrokerError
 from broker.keys import RunKeys

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from broker.__main__ import BrokerCliConfig
+from broker.cli_config import BrokerCliConfig
 from broker.connection import DEFAULT_REDIS_URL
 from broker.keys import MAX_PARTITIONS, RUN_NAME_PATTERN
 from broker.run import RunFields, RunSection
