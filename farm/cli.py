@@ -18,7 +18,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from broker.connection import DEFAULT_REDIS_URL
+from pydantic import ValidationError
+
+from broker.run import RunSection
 from farm.config import FarmConfig
 from farm.errors import FarmError
 from launch.logs import setup_logging
@@ -30,6 +32,10 @@ _ONESHOT = frozenset(
     {"run", "model", "workers", "worker_concurrency", "sandbox_backend", "partitions"}
     | {"env_modules", "work_dir", "worker_args"}
 )
+
+
+# `farm status` reads a run: the run's own fields, flags derived like every role's
+_STATUS = frozenset({"run", "redis_url", "partitions"})
 
 
 def _config_flags(p: argparse.ArgumentParser, only: frozenset[str] | None = None) -> None:
@@ -48,9 +54,7 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--time-limit-s", type=float, help="stop training after (s; default 270)")
     demo.add_argument("--verbose", action="store_true", help="show the children's logs")
     status = sub.add_parser("status", help="a running farm's state from Redis")
-    status.add_argument("--redis-url", default=DEFAULT_REDIS_URL, help="Redis URL")
-    status.add_argument("--run", default="demo", help="run name")
-    status.add_argument("--partitions", type=int, default=1, help="the run's stream partitions")
+    add_flags(status, RunSection, _STATUS)
     status.add_argument("--watch", type=float, default=0.0, help="repeat every N seconds")
     for name, what in (("eval", "evaluate"), ("filter", "filter")):
         one = sub.add_parser(
@@ -150,12 +154,20 @@ async def _oneshot(args: argparse.Namespace, rest: list[str]) -> int:
 async def _status(args: argparse.Namespace) -> int:
     from broker.connection import RedisSettings, connect
     from broker.errors import BrokerError
-    from broker.keys import RunKeys
     from broker.status import format_state, run_state
 
+    given = {k: v for k, v in flag_values(args, RunSection).items() if v is not None}
     try:
-        keys = RunKeys(args.run, args.partitions)
-        redis = await connect(RedisSettings.from_url(args.redis_url, retry_budget_s=2.0))
+        run = RunSection.model_validate(given)
+    except ValidationError as exc:
+        problems = (
+            f"--{'-'.join(map(str, e['loc']))}".replace("_", "-") + f": {e['msg']}"
+            for e in exc.errors()
+        )
+        raise FarmError("; ".join(problems)) from None
+    try:
+        keys = run.keys()
+        redis = await connect(RedisSettings.from_url(run.redis_url, retry_budget_s=2.0))
     except (ValueError, BrokerError) as exc:
         raise FarmError(str(exc)) from exc
     try:

@@ -118,6 +118,13 @@ def test_status_rejects_a_bad_url() -> None:
     assert "unsupported Redis URL scheme" in result.stderr
 
 
+def test_status_checks_the_run_with_the_runs_own_rules() -> None:
+    result = _farm("status", "--run", "a b", "--partitions", "0")
+    assert result.returncode == 1
+    assert "--run: String should match pattern" in result.stderr
+    assert "--partitions: Input should be greater than or equal to 1" in result.stderr
+
+
 def test_env_is_an_alias_of_env_spec_for_up_and_demo() -> None:
     from farm.cli import parser
     from farm.config import FarmConfig
