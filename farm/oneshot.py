@@ -27,8 +27,8 @@ async def run_oneshot(cfg: FarmConfig, console: Console, command: str, args: lis
     stack = dataclasses.replace(stack, specs=tuple(specs))
     supervisor = Supervisor(stack.specs, console.line, RestartPolicy(max_restarts=cfg.restart_max))
     supervisor.install_signal_handlers()
-    # the command's own log level stays its default: the stack's run section renders only
-    # what differs from the shared defaults
+    # the stack's run section renders only what differs from the shared defaults (the
+    # command's log level stays its own unless the farm was given one)
     argv = [
         sys.executable,
         "-m",

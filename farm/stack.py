@@ -4,8 +4,11 @@
 task file when none is given) and `build_stack()` turns a `FarmConfig` into the
 supervisor's `ProcessSpec`s, in start order: a private `redis-server` (own
 directory, AOF on) unless a Redis URL is given, the CPU policy server unless
-inference URLs are given, the learner, then the workers. Each role gets its own
-free metrics port; the console view scrapes them. Layout of the run directory:
+inference URLs are given, the learner, then the workers. The learner's and each
+worker's command line is its typed config (`LearnerConfig`, `WorkerConfig`: the run's
+shared fields, then its own), validated here and rendered to flags with
+`launch.settings.render_flags`; the user's `--learner-arg`/`--worker-arg` follow and
+win. Each role gets its own free metrics port; the console view scrapes them. Layout of the run directory:
 
     <work_dir>/model/        tiny model (when built here)
     <work_dir>/redis/        the private Redis's AOF
@@ -23,6 +26,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from redis.exceptions import RedisError
@@ -33,6 +37,8 @@ from farm.config import FarmConfig
 from farm.errors import StartupError
 from farm.supervisor import LineSink, Probe, ProcessSpec
 from launch.settings import render_flags
+from learner.config import LearnerConfig
+from workers.config import WorkerConfig
 
 PYTHON = sys.executable
 
@@ -115,16 +121,14 @@ def build_stack(cfg: FarmConfig, model: Path, tasks: Path) -> Stack:
         port = cfg.inference_port or free_port()
         inference_urls = [f"http://127.0.0.1:{port}"]
         specs.append(_policy_server(model, port))
-    common = [
-        *render_flags(run_section(cfg, redis_url)),
-        "--inference-urls",
-        ",".join(inference_urls),
-        "--model",
-        str(model),
-    ]
-    specs.append(_learner(cfg, work, tasks, common))
+    shared = {
+        **run_section(cfg, redis_url).model_dump(),
+        "inference_urls": inference_urls,
+        "model": model,
+    }
+    specs.append(_learner(cfg, work, tasks, shared))
     for i in range(cfg.workers):
-        specs.append(_worker(cfg, i, common))
+        specs.append(_worker(cfg, i, shared))
     return Stack(tuple(specs), redis_url, tuple(inference_urls), model, tasks)
 
 
@@ -179,28 +183,22 @@ def _policy_server(model: Path, port: int) -> ProcessSpec:
     )
 
 
-def _learner(cfg: FarmConfig, work: Path, tasks: Path, common: list[str]) -> ProcessSpec:
+def _learner(cfg: FarmConfig, work: Path, tasks: Path, shared: dict[str, Any]) -> ProcessSpec:
     port = free_port()
-    argv = [
-        PYTHON,
-        "-m",
-        "learner",
-        *common,
-        "--tasks",
-        str(tasks),
-        "--metrics-port",
-        str(port),
-        "--weights-dir",
-        str(work / "weights"),
-        "--checkpoint-dir",
-        str(work / "checkpoints"),
-        "--resume",
-    ]
-    if cfg.max_steps:
-        argv += ["--max-steps", str(cfg.max_steps)]
+    child = LearnerConfig.model_validate(
+        {
+            **shared,
+            "tasks": tasks,
+            "metrics_port": port,
+            "weights_dir": work / "weights",
+            "checkpoint_dir": work / "checkpoints",
+            "resume": True,
+            "max_steps": cfg.max_steps,
+        }
+    )
     return ProcessSpec(
         "learner",
-        (*argv, *cfg.learner_args),
+        (PYTHON, "-m", "learner", *render_flags(child), *cfg.learner_args),
         finishes_stack=cfg.max_steps > 0,
         # 2: bad config or task dataset, 3: the run is failing; restarting repeats either
         fatal_exit_codes=frozenset({2, 3}),
@@ -209,26 +207,21 @@ def _learner(cfg: FarmConfig, work: Path, tasks: Path, common: list[str]) -> Pro
     )
 
 
-def _worker(cfg: FarmConfig, index: int, common: list[str]) -> ProcessSpec:
+def _worker(cfg: FarmConfig, index: int, shared: dict[str, Any]) -> ProcessSpec:
     port = free_port()
-    # A stable id: a restarted worker first takes back its own pending tasks.
-    argv = [
-        PYTHON,
-        "-m",
-        "workers",
-        *common,
-        "--worker-id",
-        f"farm-worker-{index}",
-        "--metrics-port",
-        str(port),
-    ]
+    own: dict[str, Any] = {
+        # A stable id: a restarted worker first takes back its own pending tasks.
+        "worker_id": f"farm-worker-{index}",
+        "metrics_port": port,
+    }
     if cfg.worker_concurrency:
-        argv += ["--concurrency", str(cfg.worker_concurrency)]
+        own["concurrency"] = cfg.worker_concurrency
     if cfg.sandbox_backend:
-        argv += ["--sandbox-backend", cfg.sandbox_backend]
+        own["sandbox_backend"] = cfg.sandbox_backend
+    child = WorkerConfig.model_validate({**shared, **own})
     return ProcessSpec(
         f"worker-{index}",
-        (*argv, *cfg.worker_args),
+        (PYTHON, "-m", "workers", *render_flags(child), *cfg.worker_args),
         stop_timeout_s=45,  # its own shutdown grace is 30 s
         metrics_url=f"http://127.0.0.1:{port}/metrics",
     )

@@ -12,7 +12,13 @@ from farm.stack import build_stack, prepare
 
 
 def _flag(argv: tuple[str, ...], name: str) -> str:
-    return argv[argv.index(name) + 1]
+    """The value of flag `name`, given as `--name value` or `--name=value`."""
+    for i, arg in enumerate(argv):
+        if arg == name:
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    raise ValueError(f"{name} not in {argv}")
 
 
 def test_local_stack_starts_redis_and_the_policy_server_first(tmp_path: Path) -> None:
