@@ -126,3 +126,21 @@ def step_records(log: str) -> list[dict[str, object]]:
 def toy_tasks(path: Path) -> Path:
     path.write_text(json.dumps({"env_spec": 'toy@{"difficulty": 0}'}) + "\n")
     return path
+
+
+def two_rank_job(module: str, *args: str | Path) -> None:
+    """Run `python -m module ARGS` as two ranks under torchrun (gloo on CPU); fail with its
+    stderr unless every rank exits 0."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        module,
+        *map(str, args),
+    ]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]

@@ -13,8 +13,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,27 +20,14 @@ import torch
 from safetensors.torch import load_file
 
 from learner.distributed import DistContext
-from tests.learner.farm import ROOT
+from tests.learner.farm import two_rank_job
 from tests.learner.split import batch_samples, make_trainer
 
 
 @pytest.fixture(scope="module")
 def fsdp_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("fsdp")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "tests.learner.fsdp_job",
-        str(tiny_model_dir),
-        str(out),
-    ]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
+    two_rank_job("tests.learner.fsdp_job", tiny_model_dir, out)
     return out
 
 

@@ -9,35 +9,20 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.learner.farm import ROOT
+from tests.learner.farm import two_rank_job
 from tests.learner.test_lora import lora_trainer, step
 
 
 @pytest.fixture(scope="module")
 def lora_fsdp_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("lora-fsdp")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "tests.learner.fsdp_lora_job",
-        str(tiny_model_dir),
-        str(out),
-    ]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
+    two_rank_job("tests.learner.fsdp_lora_job", tiny_model_dir, out)
     return out
 
 
