@@ -266,7 +266,9 @@ async def test_auth_guards_control_and_v1_routes(server_factory) -> None:
     assert status == 200 and "farm_inference_requests_total" in text
     assert (await post(u + "/pause?mode=keep", token="s3cret")) == (200, {"status": "paused"})
     assert (await post(u + "/resume", token="s3cret")) == (200, {"status": "resumed"})
-    status, data = await post(u + "/v1/completions", completion([1], max_tokens=2, ignore_eos=True), token="s3cret")
+    status, data = await post(
+        u + "/v1/completions", completion([1], max_tokens=2, ignore_eos=True), token="s3cret"
+    )
     assert status == 200 and len(data["choices"][0]["token_ids"]) == 2
     status, models = await get(u + "/v1/models", token="s3cret")
     assert status == 200 and '"max_model_len": 4096' in models
