@@ -247,7 +247,7 @@ class Trainer:
         """Train this rank's share of the mini-batch `samples` (`total_*`: its whole counts)."""
         started = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        tally = _Tally()
+        tally = _Tally(self.device)
         for chunk in self.my_micro_batches(samples):
             batch, logp, entropy, outside = self.forward(chunk)
             token_loss, out, kl = self._token_loss(batch, logp, entropy)
@@ -304,9 +304,10 @@ class _Tally:
     )
     MINS = ("ratio_min", "-ratio_max", "behaviour_min", "-behaviour_max")
 
-    def __init__(self) -> None:
-        self.sums = torch.zeros(len(self.SUMS), dtype=torch.float64)
-        self.mins = torch.full((len(self.MINS),), float("inf"), dtype=torch.float64)
+    def __init__(self, device: torch.device) -> None:
+        # on the training device: one host sync per step (the reduction), not per micro-batch
+        self.sums = torch.zeros(len(self.SUMS), dtype=torch.float64, device=device)
+        self.mins = torch.full((len(self.MINS),), float("inf"), dtype=torch.float64, device=device)
 
     def add(
         self,
@@ -328,7 +329,7 @@ class _Tally:
             out.ratio[on].sum(),
             out.dual_clipped[on].sum(),
             out.corrected[on].sum(),
-            kl.detach()[on].sum() if kl is not None else torch.zeros(()),
+            kl.detach()[on].sum() if kl is not None else torch.zeros((), device=on.device),
             behaviour.sum(),
             log_b.sum(),
             log_b.square().sum(),

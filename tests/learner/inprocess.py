@@ -7,12 +7,18 @@ distribution, the episode's sampling seeds), then the learner's own `Core.train`
 preparation, the critic, the schedules, the trainer). No HTTP, Redis or weight push: what it
 measures is the learning rule on the farm's data path, in seconds instead of minutes. The
 through-the-farm tests (test_e2e.py) check that the distributed loop learns the same.
+
+`FARM_TEST_DEVICE` (default ``cpu``) names the device the learner trains and the generator
+samples on, so that the same learning claims run on a GPU node (``FARM_TEST_DEVICE=cuda``:
+the learner's bf16 autocast and fused optimizer paths). Sampling stays on the CPU, with the
+episode's seeded CPU generators, as the CPU server samples.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,6 +37,12 @@ from workers.config import EpisodeSettings
 from workers.episode import EpisodeContext
 from workers.group import run_group
 from workers.tokens import load_codec
+
+
+def inprocess_device() -> torch.device:
+    """The device in-process runs use: `FARM_TEST_DEVICE`, else the CPU."""
+    return torch.device(os.environ.get("FARM_TEST_DEVICE", "cpu"))
+
 
 # event-loop turns a batch waits, so that every episode of a gather has queued its request
 _SETTLE_TURNS = 20
@@ -101,18 +113,19 @@ class ModelGenerator:
         finish = ["length"] * len(batch)
         live = [r.params.max_tokens > 0 for r in batch]
         cache = DynamicCache(config=self.model.config)
+        device = next(self.model.parameters()).device
         while any(live):
             positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -feed.shape[1] :]
             with torch.no_grad():
                 out = self.model(
-                    input_ids=feed,
-                    attention_mask=mask,
-                    position_ids=positions,
+                    input_ids=feed.to(device),
+                    attention_mask=mask.to(device),
+                    position_ids=positions.to(device),
                     use_cache=True,
                     logits_to_keep=1,
                     **{self._cache_arg: cache},
                 )
-            tokens, logprobs, _ = sample_rows(out.logits[:, -1], specs, gens)
+            tokens, logprobs, _ = sample_rows(out.logits[:, -1].float().cpu(), specs, gens)
             for i, r in enumerate(batch):
                 if not live[i]:
                     continue
@@ -216,9 +229,10 @@ def _train(
         },
         environ={},
     )
-    core = build_core(cfg, DistContext(), torch.device("cpu"))
+    device = inprocess_device()
+    core = build_core(cfg, DistContext(), device)
     model = core.trainer.model
-    sampler = model if push else AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    sampler = model if push else AutoModelForCausalLM.from_pretrained(model_dir).eval().to(device)
     generator = ModelGenerator(sampler)
     ctx = EpisodeContext(load_codec(str(model_dir)), generator, SamplingParams)
     episode = settings or EpisodeSettings(max_tokens=1, temperature=1.0)
