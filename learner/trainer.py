@@ -139,7 +139,8 @@ class Trainer:
         self.pad_id = int(pad) if pad is not None else 0
         self.scoring = Scoring(cfg.micro_batch_size, cfg.bf16(device.type), self.pad_id, device)
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The precision the policy's forward runs in (bf16 autocast on CUDA by default)."""
         if self.dist.enabled:  # FSDP's mixed-precision policy does the casting
             return contextlib.nullcontext()
         return autocast_context(self.device, self.cfg.bf16(self.device.type))
@@ -161,7 +162,7 @@ class Trainer:
     ) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor, torch.Tensor]:
         """(collated batch, logprobs, entropy, outside mass), each [B, T-1], of one micro-batch."""
         batch = microbatch.collate(samples, self.pad_id, self.device, packed=self.scale.packing)
-        with self._autocast():
+        with self.autocast():
             logp, entropy, outside = self.policy(batch)
         scattered = (per_sequence(x, batch) for x in (logp, entropy, outside))
         return batch, *scattered

@@ -10,17 +10,19 @@ through-the-farm tests (test_e2e.py) check that the distributed loop learns the 
 
 `FARM_TEST_DEVICE` (default ``cpu``) names the device the learner trains and the generator
 samples on, so that the same learning claims run on a GPU node (``FARM_TEST_DEVICE=cuda``:
-the learner's bf16 autocast and fused optimizer paths). Sampling stays on the CPU, with the
-episode's seeded CPU generators, as the CPU server samples.
+the learner's bf16 autocast, under which the generator samples too, and the fused optimizer).
+The sampling draw stays on the CPU, with the episode's seeded CPU generators.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,8 +66,13 @@ class ModelGenerator:
     row keeps its own seeded generator, so a row samples what it would sample alone.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        precision: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+    ) -> None:
         self.model = model
+        self.precision = precision  # the learner's autocast, so that mu and pi share numerics
         self.version = 0
         self._pending: list[_Request] = []
         self._batch: asyncio.Task[None] | None = None
@@ -116,7 +123,7 @@ class ModelGenerator:
         device = next(self.model.parameters()).device
         while any(live):
             positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -feed.shape[1] :]
-            with torch.no_grad():
+            with torch.no_grad(), self.precision():
                 out = self.model(
                     input_ids=feed.to(device),
                     attention_mask=mask.to(device),
@@ -233,7 +240,7 @@ def _train(
     core = build_core(cfg, DistContext(), device)
     model = core.trainer.model
     sampler = model if push else AutoModelForCausalLM.from_pretrained(model_dir).eval().to(device)
-    generator = ModelGenerator(sampler)
+    generator = ModelGenerator(sampler, core.trainer.autocast)
     ctx = EpisodeContext(load_codec(str(model_dir)), generator, SamplingParams)
     episode = settings or EpisodeSettings(max_tokens=1, temperature=1.0)
     rng = random.Random(seed)

@@ -71,7 +71,8 @@ def test_the_toy_is_learned_and_mass_moves_onto_the_actions(tiny_model_dir: Path
     # distribution must not drain more there (the old learner drove it to ~100% on "~")
     first, last = run.stats[0].outside_mass, run.stats[-1].outside_mass
     assert last < first - 0.2, (first, last)
-    assert all(s.behaviour_log_ratio_std < 1e-3 for s in run.stats)  # on policy: mu = pi
+    worst = max(s.behaviour_log_ratio_std for s in run.stats)
+    assert worst < 1e-3, worst  # on policy: mu = pi
 
 
 @pytest.mark.slow
