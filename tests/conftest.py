@@ -35,6 +35,34 @@ def require(condition: bool, what: str) -> None:
     pytest.skip(f"{what} is missing")
 
 
+# the modules that each took over a minute in the last timed suite (BENCHMARKS.md, "Suite
+# time"): started first, so that none of them is left to end the run alone
+LONGEST = (
+    "tests/learner/test_learning_smollm2.py",
+    "tests/learner/test_smollm2_farm.py",
+    "tests/learner/test_e2e.py",
+    "tests/deploy/test_compose_stack.py",
+    "tests/learner/test_lora_farm.py",
+    "tests/workers/test_lifecycle.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest modules first, then the other modules with a slow test, then the rest;
+    each module's tests in their own order. Under pytest-xdist (`--dist loadfile`, what
+    scripts/test.sh runs) the long modules start early and the short ones fill in beside
+    them."""
+    root = config.rootpath
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        name = item.path.relative_to(root).as_posix()
+        first = LONGEST.index(name) if name in LONGEST else len(LONGEST)
+        return (first, item.path not in slow)
+
+    items.sort(key=rank)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -7,6 +7,7 @@ test session with the same idempotent build the test script runs.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import AsyncIterator, Callable
@@ -18,7 +19,9 @@ import pytest
 from sandbox import SandboxConfig, SandboxPool
 from tests.conftest import require
 
-SOCKET_DIR = Path("/tmp/rf-sbx-test")
+# one per pytest-xdist worker: a pool reaps the dead pools it finds there, and a test that
+# plants a dead pool asserts that its own pool removed it
+SOCKET_DIR = Path(f"/tmp/rf-sbx-test{os.environ.get('PYTEST_XDIST_WORKER', '')}")
 
 
 def docker_available() -> bool:
