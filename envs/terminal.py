@@ -37,6 +37,23 @@ class TerminalTask:
     check: str  # bash, run after submit: exit 0 means solved
 
 
+def _http_check(url: str, expected: bytes) -> str:
+    """A check script: GET `url` until something answers (for 5 s: on a loaded host a server
+    started in the background listens late), then compare the body."""
+    return f"""python3 - <<'PY'
+import time, urllib.request
+for _ in range(25):
+    try:
+        body = urllib.request.urlopen({url!r}, timeout=5).read()
+        break
+    except OSError:
+        time.sleep(0.2)
+else:
+    raise SystemExit("nothing answered at {url}")
+assert body == {expected!r}, body
+PY"""
+
+
 SERVE_FILE = TerminalTask(
     name="serve-file",
     prompt=(
@@ -45,11 +62,7 @@ SERVE_FILE = TerminalTask(
         "Then call submit."
     ),
     setup="printf 'hello from the sandbox\\n' > hello.txt",
-    check=(
-        'python3 -c "import urllib.request as u; '
-        "body = u.urlopen('http://127.0.0.1:8000/hello.txt', timeout=5).read(); "
-        "assert body == b'hello from the sandbox\\n', body\""
-    ),
+    check=_http_check("http://127.0.0.1:8000/hello.txt", b"hello from the sandbox\n"),
 )
 
 FIX_AND_SERVE = TerminalTask(
@@ -71,10 +84,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 PY""",
-    check=(
-        'python3 -c "import urllib.request as u; '
-        "assert u.urlopen('http://127.0.0.1:8001/health', timeout=5).read() == b'ok'\""
-    ),
+    check=_http_check("http://127.0.0.1:8001/health", b"ok"),
 )
 
 KEEP_TICKING = TerminalTask(
@@ -84,7 +94,12 @@ KEEP_TICKING = TerminalTask(
         "running after your command returns, then call submit."
     ),
     setup="printf 'while :; do date +%%s%%N >> ticks.log; sleep 0.2; done\\n' > ticker.sh",
-    check="a=$(wc -l < ticks.log) && sleep 1 && b=$(wc -l < ticks.log) && [ $((b - a)) -ge 3 ]",
+    # 3 new lines within 5 s, not within 1 s: on a loaded host the ticker's 0.2 s sleeps run
+    # late (its first may not be written yet), and a fixed 1 s window scored a running ticker 0
+    check=(
+        "n() { cat ticks.log 2>/dev/null | wc -l; }; a=$(n); for _ in $(seq 25); do "
+        "sleep 0.2; [ $(($(n) - a)) -ge 3 ] && exit 0; done; exit 1"
+    ),
 )
 
 TASKS: dict[str, TerminalTask] = {t.name: t for t in (SERVE_FILE, FIX_AND_SERVE, KEEP_TICKING)}

@@ -14,4 +14,4 @@ cd "$ROOT"
 # The sandbox image builds offline (debootstrap from the machine's apt mirror), once:
 # it is tagged by content and reused while the agent and recipe are unchanged.
 "$VENV/bin/python" -m sandbox.image build --quiet
-exec "$VENV/bin/python" -m pytest -n "${FARM_TEST_WORKERS:-2}" --dist loadfile "$@"
+exec "$VENV/bin/python" -m pytest -n "${FARM_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"

@@ -13,16 +13,15 @@ import envs
 from envs.errors import EnvSpecError, EnvStateError
 from envs.terminal import TASKS
 
-# the calls a model would make to solve each task, in order
+# the calls a model would make to solve each task, in order; submit follows at once, so the
+# checks must wait for a server that is not listening yet
 SOLUTIONS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "serve-file": [
         ("shell", {"command": "python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &"}),
-        ("shell", {"command": "sleep 1"}),
     ],
     "fix-and-serve": [
         ("edit_file", {"path": "app.py", "old": 'b"ko"', "new": 'b"ok"'}),
         ("shell", {"command": "python3 app.py 8001 2>/dev/null &"}),
-        ("shell", {"command": "sleep 1"}),
     ],
     "keep-ticking": [("shell", {"command": "bash ticker.sh &"})],
 }
@@ -49,6 +48,18 @@ async def test_each_task_is_solved_and_unsolved(bwrap_pool: Any, task: str) -> N
     try:
         assert await play(env, 0, SOLUTIONS[task]) == 1.0
         assert await play(env, 1, []) == 0.0  # a fresh session: nothing left running
+    finally:
+        await envs.aclose(env)
+
+
+@pytest.mark.bwrap
+async def test_a_late_ticker_still_scores(bwrap_pool: Any) -> None:
+    """What a loaded host does to a running ticker: its first lines come late. The check used
+    to count lines in a fixed 1 s window and scored such a ticker 0."""
+    env = envs.make('terminal@{"tasks": ["keep-ticking"]}', sandbox=bwrap_pool)
+    try:
+        late = [("shell", {"command": "(sleep 1.5; exec bash ticker.sh) >/dev/null 2>&1 &"})]
+        assert await play(env, 0, late) == 1.0
     finally:
         await envs.aclose(env)
 
