@@ -32,7 +32,7 @@ async def test_sigterm_exits_0_finishes_what_it_can_and_leaves_the_rest_pending(
     redis_server, policy_server, worker_factory
 ) -> None:
     keys = RunKeys("term")
-    short = _tasks("short", 1, 'wk-dialogue@{"turns": 1, "step_s": 1}')
+    short = _tasks("short", 1, 'wk-dialogue@{"turns": 1, "step_s": 3}')
     long = _tasks("long", 1, 'wk-dialogue@{"turns": 3, "step_s": 30}')
     queued = _tasks("queued", 3, 'wk-dialogue@{"turns": 3, "step_s": 30}')
     async with redis_client(redis_server.url) as redis:
@@ -56,8 +56,9 @@ async def test_sigterm_exits_0_finishes_what_it_can_and_leaves_the_rest_pending(
         for _ in range(4):  # concurrency 4 = two groups of 2: the queued tasks are not hoarded
             assert (await pending_by_consumer(redis, keys)) == {"w-term": 2}
             await asyncio.sleep(0.2)
-        # The grace (6 s) covers the short task's 1 s step with room for a loaded machine,
-        # and not the long task's 30 s one.
+        # The short task's 3 s step outlasts the checks above, so it ends within the grace
+        # (6 s: its last 2 s with room for a loaded machine), and the long task's 30 s do not.
+        assert await groups(redis, keys) == []
         assert await asyncio.to_thread(w.terminate) == 0, w.output()[-3000:]
         published = [g.group_id for g in await groups(redis, keys)]
         assert published == ["short0"]  # finished within the grace period, then acked
