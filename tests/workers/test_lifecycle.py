@@ -102,7 +102,7 @@ async def test_scale_one_to_three_then_sigkill_and_sigterm_lose_no_task(
         await wait_until(all_three_working, 60, "the new workers to publish")
         # Nothing of the first waves is in flight now: what w2 holds next is late work.
         await wait_groups(redis, keys, len(tasks), within_s=60)
-        late = _tasks("late", 6, 'wk-dialogue@{"turns": 2, "step_s": 2.0}')
+        late = _tasks("late", 6, 'wk-dialogue@{"turns": 2, "step_s": 1.5}')
         await publish_tasks(redis, keys, late)  # enough long work for all three at once
         tasks += late
         held: set[str] = set()
