@@ -42,7 +42,7 @@ from broker.keys import LEARNER_GROUP, WORKERS_GROUP, RunKeys
 from broker.messages import Task, TrajectoryGroup
 from learner.checkpoint import latest_checkpoint, load_state
 from tests.conftest import free_port, require
-from tests.deploy.compose import COMPOSE, Stack, compose_cli
+from tests.deploy.compose import COMPOSE, Stack, compose_cli, states
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
@@ -52,7 +52,10 @@ GROUP_SIZE, GROUPS_PER_BATCH, MAX_STALENESS = 4, 4, 3
 LIMIT = (MAX_STALENESS + 1) * GROUPS_PER_BATCH  # tasks in flight (push every step)
 TASKS_PER_WORKER = 4  # concurrency = TASKS_PER_WORKER x GROUP_SIZE episodes
 STEP_S = 2.0  # one worker: ~TASKS_PER_WORKER / STEP_S tasks per second
-STEPS = 48  # about half the run is left when the four workers join (measured: 24 steps)
+# Long enough that the run outlasts the four workers' samples even when they join late:
+# measured, 44 of the run's 188 groups were consumed when they joined and 104 after their
+# samples, so one worker (2 groups a second) could still take 40 s longer to be joined.
+STEPS = 36
 SCALED = 4
 ENV_FILE = Path(__file__).with_name("compose_env.py")
 
@@ -185,9 +188,10 @@ def _groups_published(r: redis.Redis) -> int:
     return int(r.xlen(KEYS.trajectories())) if r.exists(KEYS.trajectories()) else 0
 
 
-def _learner_exited(s: Stack) -> bool:
-    states = s.state("learner-cpu")
-    return bool(states) and states[0]["Status"] == "exited"
+def _learner_exited(learner: list[str]) -> bool:
+    """Polled by container id: `learner` is `Stack.ids("learner-cpu")`, taken once."""
+    found = states(learner)
+    return bool(found) and found[0]["Status"] == "exited"
 
 
 def _learner_stacks(s: Stack) -> str:
@@ -235,29 +239,32 @@ def test_compose_stack_scales_workers_mid_run_and_keeps_the_books(deployed: Depl
 
 def _scale_mid_run(deployed: Deployed, r: redis.Redis, started: float) -> None:
     stack, port, sampler = deployed.stack, deployed.prometheus_port, Sampler(r)
+    learner = stack.ids("learner-cpu")
     # One worker, in its steady state: it took tasks and published groups.
     sampler.until(lambda: _groups_published(r) >= 2 * TASKS_PER_WORKER, 300, "first groups")
-    t = time.monotonic() + 8 * STEP_S
+    t = time.monotonic() + 4 * STEP_S
     before = sampler.until(lambda: time.monotonic() > t, 60, "one-worker samples")
-    assert _consumers(r) == 1 and not _learner_exited(stack)
+    assert _consumers(r) == 1 and not _learner_exited(learner)
 
     stack.run("up", "-d", "--no-deps", "--no-recreate", "--scale", f"worker={SCALED}", "worker")
     sampler.until(lambda: _consumers(r) == SCALED, 240, f"{SCALED} consumers")
-    assert not _learner_exited(stack), "the run ended before the scaled workers joined"
+    assert not _learner_exited(learner), "the run ended before the scaled workers joined"
     scaled_at = _learner_read(r)
     t = time.monotonic() + 4 * STEP_S
     after = sampler.until(lambda: time.monotonic() > t, 60, "four-worker samples")
     # (with the learner gone no task would be issued, and the lag would be 0 for nothing)
-    assert not _learner_exited(stack), "the run ended while the four workers were sampled"
+    assert not _learner_exited(learner), "the run ended while the four workers were sampled"
+    sampled_to = _learner_read(r)
     try:
-        sampler.until(lambda: _learner_exited(stack), 400, "the run's end")
+        sampler.until(lambda: _learner_exited(learner), 400, "the run's end")
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{_learner_stacks(stack)}") from None
     sampler.until(lambda: _workers_scraped(port) == SCALED, 90, "Prometheus scraping 4 workers")
     _check_prometheus(port)
     print(
-        f"run took {time.monotonic() - started:.0f} s; {scaled_at} of "
-        f"{_learner_read(r)} groups consumed when 4 workers ran; lag before {before}, after {after}"
+        f"run took {time.monotonic() - started:.0f} s; of {_learner_read(r)} groups, "
+        f"{scaled_at} were consumed when 4 workers ran and {sampled_to} after their samples; "
+        f"lag before {before}, after {after}"
     )
 
     # One worker holds TASKS_PER_WORKER of the LIMIT: the rest (less what waits for the

@@ -1,27 +1,32 @@
-"""Fixtures of the farm tests: one tiny model per session for the end-to-end runs.
+"""Fixtures of the farm tests: one tiny model for the end-to-end runs, and a policy server.
 
-Building the model costs a torch import and a save (20 s on a loaded 2-core
-machine), so the end-to-end tests share one, passed with `--model`, instead of
-letting each `farm` run build its own. The build path itself is exercised by
-`farm demo`'s and `farm up`'s default (no `--model`) in docs and by the inference tests.
+The end-to-end tests share the session's tiny model (`tiny_model_dir`, the same model
+`python -m inference.tiny` writes: seed 0), passed with `--model`, instead of letting
+each `farm` run build its own: a build costs a torch import and a save. The build path
+itself is exercised by `farm demo`'s and `farm up`'s default (no `--model`) in docs and
+by the inference tests.
+
+`policy_server` is a CPU policy server on that model for tests whose claim is not the
+farm's own server (`--inference-urls` makes the farm use it instead of starting one).
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.workers.conftest import Proc, start_policy_server
+
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("farm-model") / "model"
-    subprocess.run(
-        [sys.executable, "-m", "inference.tiny", str(out)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return out
+def tiny_model(tiny_model_dir: Path) -> Path:
+    return tiny_model_dir
+
+
+@pytest.fixture(scope="session")
+def policy_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+    proc = start_policy_server(tiny_model, tmp_path_factory.mktemp("farm-server"))
+    yield proc
+    proc.kill()

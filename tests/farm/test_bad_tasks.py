@@ -2,6 +2,10 @@
 codegym forgotten): the learner refuses the dataset before issuing a task, and the farm
 stops at once, prints the learner's line (dataset line, problem, accepted kwargs) and
 exits non-zero, instead of restarting the learner or training on failures.
+
+The farm uses a policy server already running (`--inference-urls`) rather than starting
+its own: the learner refuses the dataset before it talks to one, and starting the farm's
+own server (a torch import and a model load) is covered by test_up and test_demo.
 """
 
 from __future__ import annotations
@@ -12,11 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.workers.conftest import Proc
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["up", "demo"])
 def test_a_bad_env_spec_stops_the_farm_with_the_learners_line(
-    command: str, tmp_path: Path, tiny_model: Path
+    command: str, tmp_path: Path, tiny_model: Path, policy_server: Proc
 ) -> None:
     work = tmp_path / "farm"
     result = subprocess.run(
@@ -35,6 +41,8 @@ def test_a_bad_env_spec_stops_the_farm_with_the_learners_line(
             "0",
             "--model",
             str(tiny_model),
+            "--inference-urls",
+            policy_server.url,
             *(["--time-limit-s", "200"] if command == "demo" else ["--quiet"]),
         ],
         capture_output=True,

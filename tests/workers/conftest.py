@@ -61,7 +61,8 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
 
 
-def _start_server(model: Path, logs: Path) -> Proc:
+def start_policy_server(model: Path, logs: Path) -> Proc:
+    """`python -m inference` on `model` at a free port, once healthy; the caller kills it."""
     port = free_port()
     args = [sys.executable, "-m", "inference", "--model", str(model), "--host", "127.0.0.1"]
     log = logs / f"server-{port}.log"
@@ -73,7 +74,7 @@ def _start_server(model: Path, logs: Path) -> Proc:
 @pytest.fixture(scope="session")
 def policy_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
     """One CPU policy server (python -m inference) shared by the worker tests."""
-    proc = _start_server(tiny_model_dir, tmp_path_factory.mktemp("server"))
+    proc = start_policy_server(tiny_model_dir, tmp_path_factory.mktemp("server"))
     yield proc
     proc.kill()
 
@@ -83,7 +84,7 @@ def server_factory(tiny_model_dir: Path, tmp_path: Path) -> Iterator[Callable[[]
     made: list[Proc] = []
 
     def make() -> Proc:
-        made.append(_start_server(tiny_model_dir, tmp_path))
+        made.append(start_policy_server(tiny_model_dir, tmp_path))
         return made[-1]
 
     yield make

@@ -149,10 +149,11 @@ async def test_episode_limits_truncate_with_reason(
 
 @pytest.mark.slow
 async def test_one_of_two_servers_killed_mid_run(
-    redis_server, server_factory, tiny_model_dir: Path
+    redis_server, policy_server, server_factory, tiny_model_dir: Path
 ) -> None:
     keys = RunKeys("failover")
-    a, b = server_factory(), server_factory()
+    # Only the server killed is the test's own: the survivor may be the shared one.
+    a, b = server_factory(), policy_server
     tasks = [
         Task(
             f"t{i}",

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from broker.keys import RunKeys
+from broker.keys import WORKERS_GROUP, RunKeys
 from broker.messages import Task
 from tests.workers.farm import (
     groups,
@@ -46,7 +46,7 @@ async def test_sigterm_exits_0_finishes_what_it_can_and_leaves_the_rest_pending(
             "--concurrency",
             "4",
             "--shutdown-grace-s",
-            "10",
+            "6",
         )
 
         async def both_running() -> bool:
@@ -56,8 +56,9 @@ async def test_sigterm_exits_0_finishes_what_it_can_and_leaves_the_rest_pending(
         for _ in range(4):  # concurrency 4 = two groups of 2: the queued tasks are not hoarded
             assert (await pending_by_consumer(redis, keys)) == {"w-term": 2}
             await asyncio.sleep(0.2)
-        # The grace (10 s) covers the short task's 3 s step with room for a loaded machine,
-        # and not the long task's 30 s one.
+        # The short task's 3 s step outlasts the checks above, so it ends within the grace
+        # (6 s: its last 2 s with room for a loaded machine), and the long task's 30 s do not.
+        assert await groups(redis, keys) == []
         assert await asyncio.to_thread(w.terminate) == 0, w.output()[-3000:]
         published = [g.group_id for g in await groups(redis, keys)]
         assert published == ["short0"]  # finished within the grace period, then acked
@@ -70,12 +71,16 @@ async def test_scale_one_to_three_then_sigkill_and_sigterm_lose_no_task(
     redis_server, policy_server, worker_factory
 ) -> None:
     """One worker, then three; then one is SIGKILLed mid-task and one SIGTERMed: the
-    survivor redoes their tasks, and each task's group reaches the stream exactly once."""
+    survivor redoes their tasks, and each task's group reaches the stream exactly once.
+
+    Each wave of tasks is published when the workers that should share it are reading
+    (at concurrency 4 a worker holds two tasks of 2), so no backlog is left for the
+    survivor to work through alone after the faults: only the tasks it must redo."""
     keys = RunKeys("scale")
-    tasks = _tasks("s", 24, 'wk-dialogue@{"turns": 2, "step_s": 2.0}')
     common = ("--reclaim-idle-s", "2", "--concurrency", "4", "--shutdown-grace-s", "0.2")
     url, servers = redis_server.url, [policy_server.url]
     async with redis_client(url) as redis:
+        tasks = _tasks("s", 2, 'wk-dialogue@{"turns": 2, "step_s": 1.0}')
         await publish_tasks(redis, keys, tasks)
         worker_factory(url, "scale", servers, "--worker-id", "w1", *common)
         await wait_groups(redis, keys, 1, within_s=60)
@@ -83,11 +88,21 @@ async def test_scale_one_to_three_then_sigkill_and_sigterm_lose_no_task(
             worker_factory(url, "scale", servers, "--worker-id", f"w{i}", *common) for i in (2, 3)
         )
 
+        async def three_reading() -> bool:
+            return await _consumers(redis, keys) == {"w1", "w2", "w3"}
+
+        await wait_until(three_reading, 60, "the new workers to read")
+        wave = _tasks("m", 6, 'wk-dialogue@{"turns": 2, "step_s": 1.0}')
+        await publish_tasks(redis, keys, wave)  # two each: what the three can hold at once
+        tasks += wave
+
         async def all_three_working() -> bool:
             return len({g.worker_id for g in await groups(redis, keys)}) == 3
 
         await wait_until(all_three_working, 60, "the new workers to publish")
-        late = _tasks("late", 6, 'wk-dialogue@{"turns": 2, "step_s": 3.0}')
+        # Nothing of the first waves is in flight now: what w2 holds next is late work.
+        await wait_groups(redis, keys, len(tasks), within_s=60)
+        late = _tasks("late", 6, 'wk-dialogue@{"turns": 2, "step_s": 1.5}')
         await publish_tasks(redis, keys, late)  # enough long work for all three at once
         tasks += late
         held: set[str] = set()
@@ -106,6 +121,12 @@ async def test_scale_one_to_three_then_sigkill_and_sigterm_lose_no_task(
         redone = {g.group_id: g.worker_id for g in found if g.group_id in held}
         assert redone and set(redone.values()) <= {"w1"}  # w2 died before publishing them
         await wait_until(lambda: _no_pending(redis, keys), 10, "every task acked")
+
+
+async def _consumers(redis, keys: RunKeys) -> set[str]:
+    """Consumers of the tasks group: a worker joins it with its first read."""
+    rows = await redis.xinfo_consumers(keys.tasks, WORKERS_GROUP)
+    return {r["name"].decode() for r in rows}
 
 
 async def _held_by(redis, keys: RunKeys, consumer: str) -> set[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from inference.client import ClientConfig, GenerationClient, SamplingParams
-from tests.workers.conftest import Proc, _start_server
+from tests.workers.conftest import Proc, start_policy_server
 from workers.tokens import ChatCodec, load_codec
 
 QUESTION = "What is 7+5? Answer with a number only."
@@ -18,7 +18,7 @@ QUESTION = "What is 7+5? Answer with a number only."
 
 @pytest.fixture(scope="module")
 def smollm2_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
-    proc = _start_server(smollm2_dir, tmp_path_factory.mktemp("smollm2-server"))
+    proc = start_policy_server(smollm2_dir, tmp_path_factory.mktemp("smollm2-server"))
     yield proc
     proc.kill()
 
