@@ -1,8 +1,8 @@
 """`python -m bench learner --memory`: peak memory of one training step at long sequences.
 
-The model is built locally from a Qwen2-style config (hidden 512, 8 layers, 8 heads / 2 KV
-heads, MLP 1408, vocabulary 151,936, tied embeddings; random weights, no download); about
-100M parameters, most of them in the embedding. Each row is a fresh process (so its peak
+The model is built locally from a Qwen2-style config (`SHAPES["full"]`: hidden 512, 8 layers,
+8 heads / 2 KV heads, MLP 1408, vocabulary 151,936, tied embeddings; random weights, no
+download); about 100M parameters, most of them in the embedding. Each row is a fresh process (so its peak
 resident set is its own) training one AdamW step, twice, on sequences of the given length,
 activation checkpointing on:
 
@@ -26,7 +26,9 @@ resident memory on the writing rank (sampled every 2 ms) against the model's siz
 ``--lora-rank R`` adds ``lora-R`` rows: the chunked step training LoRA adapters of rank R on
 the q, k, v, o projections (`learner.lora`), the rest frozen; their floor counts gradients
 and AdamW moments of the adapter only.
-`--quick`: 2048 tokens only; `--smoke` (CI): chunked and full at 256 tokens.
+`--quick`: 2048 tokens only; `--smoke` (CI): chunked and full at 256 tokens, on a small model
+of the same shape (`SHAPES["smoke"]`: hidden 64, 2 layers, 4 heads / 2 KV heads, vocabulary
+16,384, two vocabulary tiles), so each row's process is mostly its start-up.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +53,24 @@ if TYPE_CHECKING:  # torch loads inside the measured subprocesses only
     from learner.distributed import DistContext
     from learner.trainer import Trainer
 
-HIDDEN, LAYERS, HEADS, KV_HEADS, MLP, VOCAB = 512, 8, 8, 2, 1408, 151_936
+
+@dataclass(frozen=True)
+class Shape:
+    """The Qwen2-style model's dimensions."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    mlp: int  # intermediate size
+    vocab: int
+
+
+SHAPES = {
+    "full": Shape(hidden=512, layers=8, heads=8, kv_heads=2, mlp=1408, vocab=151_936),
+    # CI: the same code paths (GQA, tied embeddings, two 8192-column vocabulary tiles) in seconds
+    "smoke": Shape(hidden=64, layers=2, heads=4, kv_heads=2, mlp=176, vocab=16_384),
+}
 CHUNK = 256  # LM-head chunk; its logits are [256, 8192] vocabulary tiles (8 MiB each)
 MIB = 2**20
 
@@ -124,17 +144,17 @@ def peak_rss() -> int:
     return int(hwm.split()[1]) * 1024
 
 
-def build_model() -> Any:
+def build_model(shape: Shape) -> Any:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     cfg = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=MLP,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.mlp,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
         tie_word_embeddings=True,
         max_position_embeddings=65_536,
         pad_token_id=0,
@@ -143,7 +163,7 @@ def build_model() -> Any:
     return Qwen2ForCausalLM(cfg).float()
 
 
-def samples(n: int, length: int) -> list[Any]:
+def samples(n: int, length: int, vocab: int) -> list[Any]:
     import numpy as np
 
     from broker.messages import Sampling
@@ -154,7 +174,7 @@ def samples(n: int, length: int) -> list[Any]:
     mask[0] = 0
     return [
         Sample(
-            input_ids=rng.integers(1, VOCAB, length),
+            input_ids=rng.integers(1, vocab, length),
             loss_mask=mask,
             behaviour_logp=-rng.uniform(5, 15, length).astype(np.float32),
             advantages=np.full(length, 1.0 - 2 * (i % 2), np.float32),
@@ -189,7 +209,7 @@ def full_logits_policy(lm: Any) -> Any:
     return FullLogits(lm, 0)
 
 
-def run_case(mode: str, length: int, sequences: int) -> dict[str, Any]:
+def run_case(mode: str, length: int, sequences: int, shape: Shape) -> dict[str, Any]:
     """One row, in this process (under torchrun for fsdp-2)."""
     import torch
 
@@ -200,7 +220,7 @@ def run_case(mode: str, length: int, sequences: int) -> dict[str, Any]:
     torch.set_num_threads(1 if mode == "fsdp-2" else 2)
     base, live_base = rss(), malloc_live()
     dist = init_distributed(torch.device("cpu"))
-    model = build_model()
+    model = build_model(shape)
     params = sum(p.numel() for p in model.parameters())
     trainable = params
     if mode.startswith("lora-"):  # adapters on q,k,v,o; the rest frozen (learner.lora)
@@ -228,7 +248,7 @@ def run_case(mode: str, length: int, sequences: int) -> dict[str, Any]:
     trainer = Trainer(model, optim, torch.device("cpu"), dist, scale=scale)
     if mode == "full":
         trainer.policy = full_logits_policy(trainer.model)
-    batch = samples(sequences, length)
+    batch = samples(sequences, length, shape.vocab)
     tokens = sequences * (length - 1)
     reset_peak()  # the peak of the training steps, not of building and sharding the model
     times = []
@@ -248,7 +268,7 @@ def run_case(mode: str, length: int, sequences: int) -> dict[str, Any]:
         "live_peak": live.peak - live_base,
         "step_s": times[-1],
         "trainable": trainable,
-        "floor": floor(params, length * sequences // dist.world, dist.world, trainable),
+        "floor": floor(shape, params, length * sequences // dist.world, dist.world, trainable),
     }
     if mode == "fsdp-2":
         row["export"] = export_peak(trainer, dist)
@@ -256,10 +276,11 @@ def run_case(mode: str, length: int, sequences: int) -> dict[str, Any]:
     return row
 
 
-def floor(params: int, tokens: int, world: int, trainable: int | None = None) -> int:
+def floor(shape: Shape, params: int, tokens: int, world: int, trainable: int | None = None) -> int:
     # fp32 weights, and a gradient and two AdamW moments of what trains
     states = (4 * params + 12 * (params if trainable is None else trainable)) // world
-    return states + 4 * tokens * HIDDEN * (LAYERS + 1) + 4 * tokens * (4 * HIDDEN + 3 * MLP)
+    h = shape.hidden
+    return states + 4 * tokens * h * (shape.layers + 1) + 4 * tokens * (4 * h + 3 * shape.mlp)
 
 
 def export_peak(trainer: Trainer, dist: DistContext) -> dict[str, int]:
@@ -283,8 +304,9 @@ def export_peak(trainer: Trainer, dist: DistContext) -> dict[str, int]:
     return {"peak_extra": peak[0], "largest_tensor": largest, "file": size}
 
 
-def _spawn(mode: str, length: int, sequences: int, out: Path) -> list[dict[str, Any]]:
-    case = ["-m", "bench._learner_memory", "case", mode, str(length), str(sequences), str(out)]
+def _spawn(mode: str, length: int, sequences: int, shape: str, out: Path) -> list[dict[str, Any]]:
+    case = ["-m", "bench._learner_memory", "case", mode, str(length), str(sequences), shape]
+    case.append(str(out))
     cmd = [sys.executable, *case]
     if mode == "fsdp-2":
         cmd = [
@@ -351,11 +373,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args([a for a in argv if a != "--memory"])
     run = report.start("learner", argv)
     lengths = [int(x) for x in args.lengths.split(",") if x]
-    modes = args.modes.split(",")
+    modes, shape = args.modes.split(","), "full"
     if args.quick:
         lengths = [2048]
     if args.smoke:
-        lengths, modes = [256], ["chunked", "full"]
+        lengths, modes, shape = [256], ["chunked", "full"], "smoke"
     lines = [
         "| mode | tokens/seq | seqs | ranks | peak MiB (per rank) | floor MiB | peak/floor "
         "| malloc live MiB | live/floor | step s | samples/s | tokens/s |"
@@ -365,14 +387,14 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for mode, length, seqs in plan(lengths, args.fsdp_length, modes, args.lora_rank):
             # logits, log_softmax, its exp (entropy) and a gradient: 4 x [T, V] float32
-            need = 4 * 4 * length * VOCAB * seqs if mode == "full" else 0
+            need = 4 * 4 * length * SHAPES[shape].vocab * seqs if mode == "full" else 0
             if need > 0.6 * _available():
                 lines.append(
                     f"| {mode} | {length} | {seqs} | 1 | not run: needs > {need / 2**30:.0f}"
                     f" GiB, {_available() / 2**30:.0f} GiB available | | | | | | | |"
                 )
                 continue
-            for row in _spawn(mode, length, seqs, Path(tmp) / f"{mode}-{length}.json"):
+            for row in _spawn(mode, length, seqs, shape, Path(tmp) / f"{mode}-{length}.json"):
                 rows.append(row)
                 lines.append(_fmt(row))
                 print(lines[-1], file=sys.stderr, flush=True)  # progress: rows take minutes
@@ -405,6 +427,6 @@ def _summary(rows: list[dict[str, Any]]) -> list[str]:
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["case"]:
-    _, _, mode, length, sequences, out = sys.argv
-    result = run_case(mode, int(length), int(sequences))
+    _, _, mode, length, sequences, shape, out = sys.argv
+    result = run_case(mode, int(length), int(sequences), SHAPES[shape])
     Path(f"{out}.{os.environ.get('RANK', '0')}").write_text(json.dumps(result))

@@ -125,6 +125,7 @@ def run_farm(model: Path, work: Path, args: argparse.Namespace) -> dict[str, Any
         "--quiet",
         "--max-steps",
         str(args.max_steps),
+        *(("--workers", "1") if args.smoke else ()),  # one process less to start (CI)
         *(f"--learner-arg={a}" for a in learner_args),
         "--worker-arg=--max-tokens",
         "--worker-arg=1",
@@ -268,7 +269,9 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="one run of each")
     parser.add_argument(
-        "--smoke", action="store_true", help="one farm run of 2 steps, no TRL (CI: no venv build)"
+        "--smoke",
+        action="store_true",
+        help="one farm run of 2 steps with one worker, no TRL (CI: no venv build)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")
     args = parser.parse_args(argv)

@@ -38,8 +38,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench import _report as report
 from bench._loadgen import MIX, code_answer
+from bench._loadgen_proc import free_port, loadgen
 from bench.broker import start_redis
-from bench.workers import _free_port, loadgen
 
 ENV_SPEC = 'code@{"problem_ids": ["sum-two"], "max_attempts": 3}'
 EPISODES_PER_WORKER = 250
@@ -155,12 +155,20 @@ def hist_percentile(before: dict[float, float], after: dict[float, float], q: fl
 
 
 def start_workers(
-    n: int, per_worker: int, redis_port: int, url: str, model: Path, *, backend: str, log_dir: Path
+    n: int,
+    per_worker: int,
+    redis_port: int,
+    url: str,
+    model: Path,
+    *,
+    backend: str,
+    log_dir: Path,
+    grace_s: float,
 ) -> tuple[list[subprocess.Popen[bytes]], list[int]]:
     procs, ports = [], []
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     for k in range(n):
-        port = _free_port()
+        port = free_port()
         cmd = [
             sys.executable,
             "-m",
@@ -192,7 +200,7 @@ def start_workers(
             "--log-level",
             "WARNING",
             "--shutdown-grace-s",
-            "5",
+            str(grace_s),
             "--event-loop",
             LOOPS[backend],
         ]
@@ -268,16 +276,17 @@ async def farm_window(
     mem0: float,
 ) -> dict[str, Any]:
     """Wait for the first episodes to finish and the farm to fill, then measure a window."""
+    poll_s = min(1.0, window_s / 4)  # scrapes and memory samples: at least 4 in a window
     deadline = time.monotonic() + warm_s
     while time.monotonic() < deadline:
         s = await asyncio.to_thread(scrape_all, ports)
         if total(s, "farm_worker_episodes_total") >= n // 4:
             break
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(poll_s)
     before, t0, low = await asyncio.to_thread(scrape_all, ports), time.monotonic(), mem0
     alive = used = 0.0
     while time.monotonic() < t0 + window_s:
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(poll_s)
         low = min(low, mem_available_mb())
         mem = await asyncio.to_thread(tree_rss_mb, pids)
         if backend == "docker":
@@ -370,10 +379,18 @@ async def sandbox_ceiling(
     }
 
 
-async def run_backend(
-    backend: str, n: int, window_s: float, ramp_s: float, *, tmp: Path, model: Path
-) -> dict:
+@dataclass(frozen=True)
+class Timing:
+    """How long a run waits for what (shorter under `--smoke`)."""
+
+    window_s: float  # the measuring window, of the farm and of the ceiling
+    ramp_s: float  # the ceiling's ramp-up before its window
+    grace_s: float  # the workers' --shutdown-grace-s: in-flight episodes then cancelled
+
+
+async def run_backend(backend: str, n: int, timing: Timing, *, tmp: Path, model: Path) -> dict:
     workers = max(1, -(-n // EPISODES_PER_WORKER))
+    window_s, ramp_s = timing.window_s, timing.ramp_s
     ceiling = await sandbox_ceiling(backend, n, workers, window_s, ramp_s)
     redis, redis_port = start_redis(tmp)
     procs: list[subprocess.Popen[bytes]] = []
@@ -382,7 +399,14 @@ async def run_backend(
             await publish(redis_port, n * 20)  # far more than the window can finish
             mem0 = mem_available_mb()
             procs, ports = start_workers(
-                workers, -(-n // workers), redis_port, url, model, backend=backend, log_dir=tmp
+                workers,
+                -(-n // workers),
+                redis_port,
+                url,
+                model,
+                backend=backend,
+                log_dir=tmp,
+                grace_s=timing.grace_s,
             )
             await wait_ready(ports, procs, 120)
             pids = [p.pid for p in procs]
@@ -450,7 +474,7 @@ def table(results: list[dict[str, Any]]) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench farm", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="100 episodes, short window")
-    parser.add_argument("--smoke", action="store_true", help="8 episodes, 2 s windows, bwrap (CI)")
+    parser.add_argument("--smoke", action="store_true", help="8 episodes, 1 s windows, bwrap (CI)")
     parser.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")
     parser.add_argument("--episodes", type=int, default=None, help="concurrent episodes")
     parser.add_argument("--window-s", type=float, default=None, help="measuring window")
@@ -460,8 +484,12 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     run = report.start("farm", argv)
     n = args.episodes or (8 if args.smoke else 100 if args.quick else 1000)
-    window = args.window_s or (2.0 if args.smoke else 20.0 if args.quick else 60.0)
-    ramp = 2.0 if args.smoke else max(window / 2, 10.0)
+    window = args.window_s or (1.0 if args.smoke else 20.0 if args.quick else 60.0)
+    timing = (
+        Timing(window, ramp_s=1.0, grace_s=1.0)
+        if args.smoke
+        else Timing(window, ramp_s=max(window / 2, 10.0), grace_s=5.0)
+    )
     backend = args.backend or ("bwrap" if args.smoke else "both")
     backends = ("docker", "bwrap") if backend == "both" else (backend,)
     from inference.tiny import build_tokenizer
@@ -475,7 +503,5 @@ def main(argv: list[str]) -> int:
         build_tokenizer().save_pretrained(model)
         for b in backends:
             with asyncio.Runner(loop_factory=loop_factory(LOOPS[b])) as runner:
-                results.append(
-                    runner.run(run_backend(b, n, window, ramp, tmp=Path(tmp), model=model))
-                )
+                results.append(runner.run(run_backend(b, n, timing, tmp=Path(tmp), model=model)))
     return report.emit(run, results, table(results), args.json)

@@ -9,7 +9,8 @@
    learner's `WeightPusher` pushes and verifies successive versions. Baseline: writing
    the same weights with `safetensors.save_file` plus fsync (the disk write alone).
 
-Medians are quoted. `--quick` runs fewer steps and pushes (under a minute); `--smoke` one of each (CI).
+Medians are quoted. `--quick` runs fewer steps and pushes (under a minute); `--smoke` one of each
+(CI), with the policy server starting during the live run rather than after it.
 `--memory` runs the long-sequence memory benchmark instead (`bench/_learner_memory.py`).
 """
 
@@ -25,6 +26,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -195,15 +198,9 @@ class ModelSource:
         raise NotImplementedError("the benchmark pushes through files only")
 
 
-def push_times(model_dir: Path, tmp: Path, pushes: int) -> tuple[float, float, int]:
-    """(median push+verify s, median safetensors save+fsync s, bytes)."""
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM
-
-    from learner.config import LearnerConfig
-    from learner.weights import WeightPusher
-
+@contextmanager
+def policy_server(model_dir: Path, tmp: Path) -> Iterator[str]:
+    """A CPU policy server (`python -m inference`) started, not yet ready; its base URL."""
     port = _free_port()
     log = (tmp / "server.log").open("wb")
     server = subprocess.Popen(
@@ -222,45 +219,54 @@ def push_times(model_dir: Path, tmp: Path, pushes: int) -> tuple[float, float, i
         stderr=subprocess.STDOUT,
     )
     try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(base + "/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.2)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        cfg = LearnerConfig.load(
-            {"model": model_dir, "inference_urls": base, "weights_dir": tmp / "w"}
-        )
-        pusher = WeightPusher(cfg)
-        source = ModelSource(model, model_dir)
-
-        async def run() -> list[float]:
-            times = []
-            for v in range(1, pushes + 1):
-                started = time.perf_counter()
-                await pusher.push(source, v)
-                times.append(time.perf_counter() - started)
-            return times
-
-        push = statistics.median(asyncio.run(run()))
-        saves = []
-        state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
-        for i in range(pushes):
-            path = tmp / f"raw-{i}.safetensors"
-            started = time.perf_counter()
-            save_file(state, path)
-            fd = os.open(path, os.O_RDONLY)
-            os.fsync(fd)
-            os.close(fd)
-            saves.append(time.perf_counter() - started)
-        size = sum(v.numel() * v.element_size() for v in state.values())
-        return push, statistics.median(saves), size
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.kill()
         server.wait(10)
         log.close()
+
+
+def push_times(base: str, model_dir: Path, tmp: Path, pushes: int) -> tuple[float, float, int]:
+    """(median push+verify s, median safetensors save+fsync s, bytes) against the server at `base`."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from learner.config import LearnerConfig
+    from learner.weights import WeightPusher
+
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(base + "/health", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.2)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    cfg = LearnerConfig.load({"model": model_dir, "inference_urls": base, "weights_dir": tmp / "w"})
+    pusher = WeightPusher(cfg)
+    source = ModelSource(model, model_dir)
+
+    async def run() -> list[float]:
+        times = []
+        for v in range(1, pushes + 1):
+            started = time.perf_counter()
+            await pusher.push(source, v)
+            times.append(time.perf_counter() - started)
+        return times
+
+    push = statistics.median(asyncio.run(run()))
+    saves = []
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    for i in range(pushes):
+        path = tmp / f"raw-{i}.safetensors"
+        started = time.perf_counter()
+        save_file(state, path)
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+        saves.append(time.perf_counter() - started)
+    size = sum(v.numel() * v.element_size() for v in state.values())
+    return push, statistics.median(saves), size
 
 
 def main(argv: list[str]) -> int:
@@ -285,14 +291,19 @@ def main(argv: list[str]) -> int:
         tmp = Path(d)
         model_dir = build_tiny_model(tmp / "model", seed=0)
         groups = make_groups((steps + 1) * GROUPS_PER_BATCH, vocab=256)
-        redis, url = start_redis(tmp)
-        try:
-            live = live_run(model_dir, url, groups, steps, tmp)
-        finally:
-            redis.kill()
-            redis.wait(10)
-        ceiling = compute_ceiling(model_dir, groups, steps)
-        push, save, size = push_times(model_dir, tmp, pushes)
+        with ExitStack() as stack:
+            # --smoke starts the policy server first, so that its start-up (seconds of
+            # imports) overlaps the live run; a full run keeps the two apart, as both time.
+            early = stack.enter_context(policy_server(model_dir, tmp)) if args.smoke else None
+            redis, url = start_redis(tmp)
+            try:
+                live = live_run(model_dir, url, groups, steps, tmp)
+            finally:
+                redis.kill()
+                redis.wait(10)
+            ceiling = compute_ceiling(model_dir, groups, steps)
+            base = early or stack.enter_context(policy_server(model_dir, tmp))
+            push, save, size = push_times(base, model_dir, tmp, pushes)
     result: dict[str, Any] = {
         "samples_per_s": round(live["samples_per_s"], 1),
         "compute_only_samples_per_s": round(ceiling, 1),

@@ -22,17 +22,16 @@ import argparse
 import asyncio
 import math
 import random
-import socket
 import statistics
-import sys
 import time
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import envs
 from bench import _report as report
 from bench._agent_endpoint import measure_endpoint_cpu
+from bench._loadgen_proc import Server, loadgen_process, serving
 from broker.messages import Task
 from envs import Env
 from workers.episode import EpisodeContext, EpisodeSettings, run_episode
@@ -67,41 +66,6 @@ class SimEnv(Env):
 
 if "bench-sim" not in envs.registered():
     envs.register("bench-sim", SimEnv)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@asynccontextmanager
-async def loadgen(median_ms: float, sigma: float, *extra: str):
-    """The latency-simulating server, in its own process; `extra`: more CLI arguments."""
-    import aiohttp
-
-    port = _free_port()
-    args = ["-m", "bench._loadgen", "--port", str(port), "--median-ms", str(median_ms)]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, *args, "--sigma", str(sigma), *extra
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        async with aiohttp.ClientSession() as session:
-            for _ in range(400):
-                try:
-                    async with session.get(url + "/health", timeout=aiohttp.ClientTimeout(1)):
-                        break
-                except (aiohttp.ClientError, TimeoutError):
-                    await asyncio.sleep(0.05)
-        yield url
-    finally:
-        proc.terminate()
-        try:  # aiohttp's graceful stop waits for in-flight (sleeping) requests
-            await asyncio.wait_for(proc.wait(), 5)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
 
 
 @asynccontextmanager
@@ -189,12 +153,18 @@ def _rss_bytes() -> int:
     return 0
 
 
-async def measure_cpu_per_step(episodes: int, rounds: int) -> dict[str, float]:
+CPU_LOADGEN = (5.0, 0.3)  # the CPU phase's load generator: median ms, sigma (fast: farm CPU shows)
+SIGMA = 0.3  # of the scale phases' load generator
+
+
+async def measure_cpu_per_step(
+    episodes: int, rounds: int, shared: Server | None = None
+) -> dict[str, float]:
     """Farm CPU per env step (fast loadgen and env, so the farm's own work dominates),
     and the bare-POST baseline; medians over `rounds` rounds, as this machine is noisy."""
     spec = 'bench-sim@{"env_ms": 0, "alpha": 1.3, "cap": 16}'
     farm, rates, bare = [], [], []
-    async with loadgen(5.0, 0.3) as url, farm_context(url) as ctx:
+    async with serving(shared, *CPU_LOADGEN) as url, farm_context(url) as ctx:
         await run_async(ctx, spec, list(range(64)), 64)  # warm-up: caches, connections
         for r in range(rounds):
             seeds = list(range(1000 + r * episodes, 1000 + (r + 1) * episodes))
@@ -266,14 +236,20 @@ async def _bare_post_cpu(url: str, n: int, concurrency: int) -> float:
 
 
 async def measure_concurrency(
-    n: int, window_s: float, pool: int | None, inf_ms: float = 4000.0, env_ms: float = 2000.0
+    n: int,
+    window_s: float,
+    pool: int | None,
+    inf_ms: float = 4000.0,
+    env_ms: float = 2000.0,
+    *,
+    shared: Server | None = None,
 ) -> dict[str, float]:
     """N episodes always in flight; steady-state throughput vs Little's-law ideal."""
-    sigma = 0.3
+    sigma = SIGMA
     spec = f'bench-sim@{{"env_ms": {env_ms}, "sigma": {sigma}, "alpha": 1.3, "cap": 32}}'
     mean = (inf_ms + env_ms) / 1000 * math.exp(sigma**2 / 2)
     lag = LagMonitor()
-    async with loadgen(inf_ms, sigma) as url, farm_context(url, pool) as ctx:
+    async with serving(shared, inf_ms, sigma) as url, farm_context(url, pool) as ctx:
         rss0 = _rss_bytes()
         done = False
 
@@ -312,12 +288,14 @@ async def measure_concurrency(
     }
 
 
-async def measure_sync_vs_async(episodes: int, batch: int, latency_ms: float) -> dict[str, float]:
+async def measure_sync_vs_async(
+    episodes: int, batch: int, latency_ms: float, shared: Server | None = None
+) -> dict[str, float]:
     """Latency-bound on purpose (CPU well below one core), so the ratio shows the loops'
     shape rather than this machine's CPU."""
     spec = f'bench-sim@{{"env_ms": {latency_ms}, "sigma": 1.0, "alpha": 1.3, "cap": 16}}'
     seeds = list(range(50_000, 50_000 + episodes))
-    async with loadgen(latency_ms, 0.3) as url, farm_context(url) as ctx:
+    async with serving(shared, latency_ms, SIGMA) as url, farm_context(url) as ctx:
         t0 = time.perf_counter()
         sync_steps = await run_sync(ctx, spec, seeds, batch)
         sync_wall = time.perf_counter() - t0
@@ -428,12 +406,15 @@ class Sizes:
     window_s: float  # steady-state window of the scale phase
     latency_ms: tuple[float, float]  # simulated inference and env step medians
     sync_vs_async: tuple[int, int, float]  # episodes, batch, latency ms
+    # Every phase against one load generator (CPU_LOADGEN's latency, so the phases' must be
+    # the same) started once for the run, instead of one per phase: a start-up is seconds.
+    one_server: bool = False
 
 
 SIZES = {
     "full": Sizes(10_000, 1000, 5, 3000, 30.0, (4000.0, 2000.0), (512, 128, 100.0)),
     "quick": Sizes(2000, 300, 3, 500, 5.0, (1000.0, 500.0), (128, 64, 50.0)),
-    "smoke": Sizes(50, 50, 1, 50, 1.0, (100.0, 50.0), (16, 8, 10.0)),
+    "smoke": Sizes(50, 50, 1, 50, 1.0, (5.0, 50.0), (16, 8, 5.0), one_server=True),
 }
 
 
@@ -456,25 +437,26 @@ def main(argv: list[str]) -> int:
     tune_gc()  # as python -m workers does
     raise_open_files_limit()  # as python -m workers does: a connection per episode
 
-    async def cpu_phase() -> dict[str, float]:
-        cpu = await measure_cpu_per_step(size.cpu_episodes, size.cpu_rounds)
+    async def cpu_phase(shared: Server | None) -> dict[str, float]:
+        cpu = await measure_cpu_per_step(size.cpu_episodes, size.cpu_rounds, shared)
         cpu["loop_only_cpu_us"] = await measure_loop_only_cpu(size.loop_only_episodes)
         return cpu
 
-    async def scale_phase() -> dict[str, Any]:
-        capped = await measure_concurrency(n, size.window_s, None, *size.latency_ms)
-        conc = await measure_concurrency(n, size.window_s, n, *size.latency_ms)
-        cmp = await measure_sync_vs_async(*size.sync_vs_async)
+    async def scale_phase(shared: Server | None) -> dict[str, Any]:
+        capped = await measure_concurrency(n, size.window_s, None, *size.latency_ms, shared=shared)
+        conc = await measure_concurrency(n, size.window_s, n, *size.latency_ms, shared=shared)
+        cmp = await measure_sync_vs_async(*size.sync_vs_async, shared)
         return {"concurrency_client_default": capped, "concurrency": conc, "sync_vs_async": cmp}
 
-    def on_loop(name: str, phase: Any) -> Any:
+    def on_loop(name: str, phase: Any, shared: Server | None) -> Any:
         with asyncio.Runner(loop_factory=loop_factory(name)) as runner:
-            return runner.run(phase())
+            return runner.run(phase(shared))
 
     loops = (args.loop, *(name for name in ("uvloop", "asyncio") if name != args.loop))
     result = {"load_generator": "workers.loadgen (latency-simulating server)", "loop": args.loop}
-    result["cpu"] = {name: on_loop(name, cpu_phase) for name in loops}
-    result |= on_loop(args.loop, scale_phase)
+    with loadgen_process(*CPU_LOADGEN) if size.one_server else nullcontext() as shared:
+        result["cpu"] = {name: on_loop(name, cpu_phase, shared) for name in loops}
+        result |= on_loop(args.loop, scale_phase, shared)
     text = _table(
         result["cpu"],
         args.loop,
