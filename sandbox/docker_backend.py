@@ -12,6 +12,7 @@ removes one. The SDK is blocking, so every call runs in a worker thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -78,6 +79,7 @@ class DockerBackend:
 
     def _reap(self) -> int:
         from docker.errors import APIError, NotFound
+        from requests.exceptions import RequestException
 
         reaped = 0
         # the low-level list: the high-level one inspects each container and fails when
@@ -89,8 +91,11 @@ class DockerBackend:
             try:
                 self.client.api.remove_container(info["Id"], force=True)
                 reaped += 1
-            except (NotFound, APIError):
+            except NotFound:
                 continue  # another pool reaped it first
+            except APIError:  # another pool's removal is in progress: gone when start returns
+                with contextlib.suppress(NotFound, APIError, RequestException):
+                    self.client.api.wait(info["Id"], timeout=30, condition="removed")
         return reaped
 
     async def start(self, name: str, uid: int, socket_dir: Path) -> Handle:
