@@ -168,7 +168,11 @@ class OptimConfig:
     tis_cap: float = Field(2.0, ge=1.0, description="C: TIS cap, MIS band [1/C, C]")
     max_grad_norm: float = Field(1.0, gt=0.0, description="gradient clipping norm")
     micro_batch_size: int = Field(8, ge=1, description="sequences per forward/backward pass")
-    aggregation: Aggregation = Field(Aggregation.TOKEN_MEAN, description="loss aggregation")
+    aggregation: Aggregation | None = Field(
+        None,
+        description="loss aggregation (default: token-mean; seq-mean with --policy-ratio "
+        "sequence, GSPO's seq-mean-token-mean)",
+    )
     norm_tokens: int | None = Field(
         None, ge=1, description="L of seq-mean-token-sum-norm (Dr. GRPO: the max response length)"
     )
@@ -269,7 +273,12 @@ class LossConfig:
 
     ppo_epochs: int = Field(1, ge=1, le=64, description="passes over each batch")
     mini_batches: int = Field(1, ge=1, le=1024, description="optimizer steps per pass")
-    dual_clip: float = Field(3.0, gt=1.0, description="dual-clip c: loss <= -c*A for A < 0")
+    dual_clip: float | None = Field(
+        None,
+        ge=0.0,
+        description="dual-clip c > 1: loss <= -c*A for A < 0; 0: off (default: 3 for the "
+        "token ratio, off for GSPO's sequence ratio)",
+    )
     policy_ratio: PolicyRatio = Field(
         PolicyRatio.TOKEN, description="clipped ratio: token (PPO) | sequence (GSPO)"
     )
@@ -293,6 +302,22 @@ class LossConfig:
     value_clip: float = Field(0.2, gt=0.0, description="value-loss clip range (ppo)")
     critic_learning_rate: float = Field(1e-5, gt=0.0, le=1.0, description="critic AdamW (ppo)")
 
+    @field_validator("dual_clip")
+    @classmethod
+    def _dual(cls, value: float | None) -> float | None:
+        if value is not None and 0.0 < value <= 1.0:
+            raise ValueError(f"dual_clip must be > 1 (or 0: off), got {value}")
+        return value
+
+    @property
+    def dual_clip_c(self) -> float | None:
+        """The dual clip's c, or None when it is off: --dual-clip, else 3 for the token ratio
+        and off for GSPO's (verl's GSPO has none: a sequence ratio above c would zero the
+        gradient of a whole sequence with A < 0)."""
+        if self.dual_clip is None:
+            return 3.0 if self.policy_ratio is PolicyRatio.TOKEN else None
+        return self.dual_clip or None
+
     @property
     def needs_proximal(self) -> bool:
         """One optimizer step per batch: pi_prox is pi_theta before its update, no recompute."""
@@ -301,6 +326,18 @@ class LossConfig:
     @property
     def kl_loss(self) -> bool:
         return self.kl_coef > 0 and self.kl_mode is KLMode.LOSS
+
+
+def loss_aggregation(optim: OptimConfig, loss: LossConfig) -> Aggregation:
+    """--aggregation, or its default: seq-mean (seq-mean-token-mean) with GSPO's sequence
+    ratio, as GSPO's paper and verl's ``gspo`` aggregate; token-mean otherwise."""
+    if optim.aggregation is not None:
+        return optim.aggregation
+    return (
+        Aggregation.SEQ_MEAN
+        if loss.policy_ratio is PolicyRatio.SEQUENCE
+        else Aggregation.TOKEN_MEAN
+    )
 
 
 @dataclass(frozen=True, config=COMPONENT)

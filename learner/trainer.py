@@ -35,7 +35,7 @@ import torch
 
 from learner import microbatch
 from learner.batch import Sample
-from learner.config import Aggregation, LossConfig, OptimConfig, ScaleConfig
+from learner.config import Aggregation, LossConfig, OptimConfig, ScaleConfig, loss_aggregation
 from learner.distributed import DistContext
 from learner.losses import (
     PolicyLossConfig,
@@ -116,6 +116,7 @@ class Trainer:
         self.cfg, self.scale, self.device, self.dist = cfg, scale, device, dist
         self.loss = loss or LossConfig()
         self.policy_loss = PolicyLossConfig.of(cfg, self.loss)
+        self.aggregation = loss_aggregation(cfg, self.loss)
         self.policy = PolicyModel(self.model, scale.logprob_chunk_tokens)
         if scale.activation_checkpointing:
             enable_activation_checkpointing(self.policy)
@@ -256,7 +257,7 @@ class Trainer:
             share = aggregate(
                 token_loss,
                 kept,
-                self.cfg.aggregation,
+                self.aggregation,
                 total_tokens=total_tokens,
                 total_sequences=total_sequences,
                 norm_tokens=self.cfg.norm_tokens,
@@ -266,7 +267,7 @@ class Trainer:
         sums, mins = self.dist.reduce_sums(tally.sums), self.dist.reduce_mins(tally.mins)
         # ... and its denominator: the shares divided by every token (sequence); rescale to
         # the kept ones now that all ranks' rejections are counted
-        scale = tally.rejection_scale(sums, self.cfg.aggregation, total_tokens, total_sequences)
+        scale = tally.rejection_scale(sums, self.aggregation, total_tokens, total_sequences)
         params = [p for p in self.policy.parameters() if p.requires_grad]
         if scale != 1.0:
             for param in params:
