@@ -2,8 +2,8 @@
 
 The lines: what `farm up --inference vllm ... --dry-run` prints (one GPU per server with NCCL
 weight transfer; tensor-parallel pairs for a LoRA run with a context limit), and the vLLM
-servers of deploy/ (compose's services, with and without the NCCL override, and the
-Kubernetes StatefulSet of the gpu and gpu-nccl overlays). They go to one process with the
+servers of deploy/ (compose's vllm-N services, with and without the NCCL override, and the
+Kubernetes StatefulSet of the gpu, gpu-nccl and gpu-multinode-nccl overlays). They go to one process with the
 vLLM contract environment on its path (tests/inference/vllm_contract/cli_probe.py), which
 parses them as `vllm serve` does and answers with the engine arguments: model, served name,
 processed logprobs, the weight-transfer backend, LoRA slots, tensor parallelism, context
@@ -92,13 +92,38 @@ def farm_lines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     bad = lora["vllm-0"][1].copy()
     bad[bad.index("--max-lora-rank") + 1] = "4"  # the learner's rank, not a size vLLM has
     cases = [{"argv": runs[r][n][1], "env": runs[r][n][0]} for r, n in servers]
-    parsed = parse_with_vllm([*cases, {"argv": bad, "env": {}}])
+    deployed = deploy_lines()
+    parsed = parse_with_vllm([*cases, *deployed.values(), {"argv": bad, "env": {}}])
     return {
         "runs": runs,
         "model": str(model),
-        "parsed": dict(zip(servers, parsed[:-1], strict=True)),
+        "parsed": dict(zip(servers, parsed, strict=False)),
+        "deployed": dict(zip(deployed, parsed[len(cases) :], strict=False)),
         "bad": parsed[-1],
     }
+
+
+def deploy_lines() -> dict[tuple[str, str], dict[str, Any]]:
+    """The `vllm serve` lines of deploy/: compose's vllm-N services (resolved by compose, with
+    and without the NCCL override) and Kubernetes' inference StatefulSet per GPU overlay."""
+    from tests.deploy.compose import gpu_profile
+    from tests.deploy.k8s import named, render
+
+    out = {}
+    for variant, overrides in (("compose", ()), ("compose-nccl", ("nccl.override.yml",))):
+        for name, service in gpu_profile(*overrides).items():
+            if name.startswith("vllm-"):
+                argv = [*service["entrypoint"], *service["command"]]
+                out[(variant, name)] = {"argv": argv, "env": service["environment"]}
+    for overlay in ("gpu", "gpu-nccl", "gpu-multinode-nccl"):
+        sts = named(render(overlay), "StatefulSet", "inference")
+        (container,) = sts["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        out[("k8s-" + overlay, "inference")] = {
+            "argv": [*container["command"], *container["args"]],
+            "env": env,
+        }
+    return out
 
 
 def test_one_gpu_server_with_nccl_weight_transfer(farm_lines: dict[str, Any]) -> None:
@@ -146,6 +171,29 @@ def test_tensor_parallel_lora_servers(farm_lines: dict[str, Any]) -> None:
     learner = lora["learner"][1]
     assert learner[learner.index("--lora-rank") + 1] == "4"
     assert "--weight-transfer" not in learner
+
+
+@pytest.mark.parametrize("nccl", [False, True])
+def test_deployed_servers_serve_what_the_farm_would(farm_lines: dict[str, Any], nccl: bool) -> None:
+    """compose's and Kubernetes' servers: the served name, processed logprobs and vLLM's
+    sampling defaults the farm's own line has, the RL routes on, NCCL where chosen."""
+    deployed = farm_lines["deployed"]
+    chosen = [k for k in deployed if k[0].endswith("nccl") == nccl]
+    assert {k[0] for k in chosen} == (
+        {"compose-nccl", "k8s-gpu-nccl", "k8s-gpu-multinode-nccl"}
+        if nccl
+        else {"compose", "k8s-gpu"}
+    )
+    for key in chosen:
+        got = deployed[key]
+        assert got["ok"], (key, got["error"])
+        engine = got["engine"]
+        assert engine["model"] == "/models/policy" and engine["served_model_name"] == ["policy"]
+        assert engine["logprobs_mode"] == "processed_logprobs"
+        assert engine["generation_config"] == "vllm"
+        assert engine["weight_transfer_config"] == ({"backend": "nccl"} if nccl else None), key
+        assert (got["frontend"]["host"], got["frontend"]["port"]) == ("0.0.0.0", 8000)
+        assert got["envs"]["VLLM_SERVER_DEV_MODE"] is True, key
 
 
 def test_vllm_refuses_a_line_it_cannot_serve(farm_lines: dict[str, Any]) -> None:
