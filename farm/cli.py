@@ -75,6 +75,19 @@ def parser() -> argparse.ArgumentParser:
         type=Path,
         help="where to write the tags (default: deploy/compose/.env, which docker-compose reads)",
     )
+    build.add_argument(
+        "--with",
+        dest="with_paths",
+        type=Path,
+        action="append",
+        metavar="PATH",
+        help="your package (a project directory or a wheel) in the worker image (repeatable)",
+    )
+    build.add_argument(
+        "--learner-image",
+        metavar="IMAGE",
+        help="also add the --with packages to this local learner image (FARM_LEARNER_IMAGE)",
+    )
     build.add_argument("--quiet", action="store_true", help="print only errors")
     build.add_argument("--force", action="store_true", help="rebuild even if tagged")
     images_sub.add_parser("tags", help="print the content tags a build produces")
