@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import logging
 import subprocess
 import sys
@@ -34,7 +33,6 @@ import tarfile
 import tempfile
 import time
 import tomllib
-import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -42,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from farm.errors import ImageError
+from farm.image_build import add_bytes, build_image, constraints_text, missing, unmet
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -125,16 +124,6 @@ def tags(base: str) -> dict[Image, str]:
     }
 
 
-def constraints_text() -> str:
-    """Pins of every distribution in the running environment (the versions the tests ran)."""
-    pins = {}
-    for dist in metadata.distributions():
-        name = dist.metadata["Name"]
-        if name and name.lower() not in ("rollout-farm", "torch"):
-            pins[name.lower()] = f"{name}=={dist.version}"
-    return "\n".join(sorted(pins.values())) + "\n"
-
-
 def wheelhouse(into: Path, python_version: str, quiet: bool) -> None:
     """Download every wheel the python image installs (and pip itself) into `into`.
 
@@ -177,40 +166,6 @@ def _pip_download(into: Path, constraints: Path, wanted: list[str], quiet: bool)
         raise ImageError(f"pip download failed: {(result.stderr or '')[-2000:]}")
 
 
-def unmet(into: Path, python_version: str, have: set[str] | None = None) -> list[str]:
-    """Requirements of the wheels in `into` that apply on `python_version` and neither a wheel
-    there nor a distribution named in `have` (installed already) meets."""
-    from email.parser import Parser
-
-    from packaging.markers import default_environment
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name, parse_wheel_filename
-
-    env = {
-        **default_environment(),
-        "python_full_version": python_version,
-        "python_version": ".".join(python_version.split(".")[:2]),
-        "extra": "",
-    }
-    wheels = sorted(into.glob("*.whl"))
-    have = {canonicalize_name(n) for n in have or ()} | {
-        canonicalize_name(parse_wheel_filename(w.name)[0]) for w in wheels
-    }
-    needed: set[str] = set()
-    for wheel in wheels:
-        with zipfile.ZipFile(wheel) as zf:
-            name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-            meta = Parser().parsestr(zf.read(name).decode(errors="replace"))
-        for line in meta.get_all("Requires-Dist") or []:
-            req = Requirement(line)
-            if canonicalize_name(req.name) in have:
-                continue
-            if req.marker is None or req.marker.evaluate(env):
-                req.marker = None
-                needed.add(str(req))
-    return sorted(needed)
-
-
 def _image_python(client: DockerClient, base: str) -> str:
     """The python3 version in `base` (the wheelhouse is resolved for it)."""
     out = client.containers.run(
@@ -233,43 +188,6 @@ def _tar_sources(dockerfile: bytes, out: Path) -> None:
         for f in source_files():
             tar.add(f, arcname=str(f.relative_to(ROOT)), recursive=False)
         add_bytes(tar, "Dockerfile", dockerfile)
-
-
-def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mode = len(data), 0o644
-    tar.addfile(info, io.BytesIO(data))
-
-
-def build_image(client: DockerClient, tag: str, context: Path, buildargs: dict[str, str]) -> None:
-    from docker.errors import BuildError
-
-    log.info("building %s", tag)
-    try:
-        with context.open("rb") as fileobj:
-            client.images.build(
-                fileobj=fileobj,
-                custom_context=True,
-                tag=tag,
-                rm=True,
-                forcerm=True,
-                buildargs=buildargs,
-            )
-    except BuildError as exc:
-        tail = "".join(str(c.get("stream", c.get("error", ""))) for c in exc.build_log)[-3000:]
-        raise ImageError(f"building {tag} failed: {exc}\n{tail}") from exc
-
-
-def missing(client: DockerClient, tag: str, force: bool) -> bool:
-    from docker.errors import ImageNotFound
-
-    if force:
-        return True
-    try:
-        client.images.get(tag)
-        return False
-    except ImageNotFound:
-        return True
 
 
 def build(

@@ -96,7 +96,7 @@ def wheelhouse(
     distributions) lacks; the plug-ins' names."""
     from packaging.utils import parse_wheel_filename
 
-    from farm.images import constraints_text, unmet
+    from farm.image_build import constraints_text, unmet
 
     for source in sources:
         if source.is_file():
@@ -135,7 +135,7 @@ def build_layer(
     """`base` with the plug-ins installed; its tag (built only when missing, or with `force`)."""
     from docker.errors import ImageNotFound
 
-    from farm.images import add_bytes, build_image, missing
+    from farm.image_build import add_bytes, build_image, missing
 
     try:
         image = client.images.get(base)

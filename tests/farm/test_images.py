@@ -12,7 +12,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-from farm.images import PROMETHEUS, PYTHON, REDIS, WORKER, unmet, write_env_file
+from farm.image_build import unmet
+from farm.images import PROMETHEUS, PYTHON, REDIS, WORKER, write_env_file
 
 
 def _wheel(into: Path, name: str, version: str, requires: list[str]) -> None:
