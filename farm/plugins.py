@@ -123,7 +123,7 @@ def _image_facts(client: DockerClient, image: str) -> tuple[str, set[str]]:
         "[platform.python_version(), sorted({d.metadata['Name'] for d in m.distributions()})]))"
     )
     out = client.containers.run(
-        image, ["python", "-c", script], entrypoint=[], remove=True, network_disabled=True
+        image, ["-c", script], entrypoint=["python"], remove=True, network_disabled=True
     )
     version, names = json.loads(out.decode())
     return version, set(names)

@@ -8,7 +8,8 @@ FROM ${BASE_IMAGE}
 ARG RUN_AS=root
 USER root
 COPY . /tmp/plugins
-RUN python -m pip install --quiet --no-cache-dir --no-index --find-links /tmp/plugins \
+RUN python -m pip install --quiet --no-cache-dir --root-user-action=ignore --no-index \
+      --find-links /tmp/plugins \
       -r /tmp/plugins/plugins.txt \
  && rm -rf /tmp/plugins
 USER ${RUN_AS}
