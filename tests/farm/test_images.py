@@ -130,3 +130,12 @@ def test_what_the_image_has_is_not_fetched_again(tmp_path: Path) -> None:
     _wheel(tmp_path, "plug", "1", ["numpy>=2", "inflection>=0.5"])
     assert unmet(tmp_path, "3.11.2") == ["inflection>=0.5", "numpy>=2"]
     assert unmet(tmp_path, "3.11.2", have={"NumPy"}) == ["inflection>=0.5"]
+
+
+def test_the_plugin_layer_pulls_nothing_and_returns_to_the_base_user() -> None:
+    from farm.plugins import DOCKERFILE
+
+    lines = DOCKERFILE.read_text().splitlines()
+    assert [line.split()[1] for line in lines if line.startswith("FROM ")] == ["${BASE_IMAGE}"]
+    assert "--no-index" in DOCKERFILE.read_text()
+    assert [line for line in lines if line.startswith("USER ")] == ["USER root", "USER ${RUN_AS}"]
