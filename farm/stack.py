@@ -102,7 +102,7 @@ def dry_run(cfg: FarmConfig) -> list[str]:
     lines = []
     if _builds_model(cfg, model):
         lines += ["# build-model", shlex.join(_build_model_argv(model))]
-    for spec in build_stack(cfg, model, tasks, check_machine=False).specs:
+    for spec in build_stack(cfg, model, tasks, dry_run=True).specs:
         lines += [f"# {spec.name}", command_line(spec)]
     return lines
 
@@ -148,30 +148,28 @@ def run_section(cfg: FarmConfig, redis_url: str) -> RunSection:
     return RunSection.of(cfg, redis_url=redis_url)
 
 
-def build_stack(cfg: FarmConfig, model: Path, tasks: Path, *, check_machine: bool = True) -> Stack:
-    """The stack's processes in start order; `check_machine` checks that what they need is
-    here (GPUs, vLLM) and is off for a dry run, which only prints them."""
+def build_stack(cfg: FarmConfig, model: Path, tasks: Path, *, dry_run: bool = False) -> Stack:
+    """The stack's processes in start order. Unless `dry_run` (which only prints them), this
+    machine is checked for what they need (GPUs, vLLM) and Redis's directory is made."""
     work = cfg.work_dir.resolve()
     gpus = cfg.gpu
     specs: list[ProcessSpec] = []
     redis_url = cfg.redis_url
     if redis_url is None:
-        redis_spec, redis_url = _redis(work / "redis", cfg.redis_port or free_port())
+        redis_spec, redis_url = _redis(work / "redis", cfg.redis_port or free_port(), dry_run)
         specs.append(redis_spec)
     inference_urls = list(cfg.inference_urls)
     if inference_urls and gpus.inference == "vllm":
         raise ConfigError("--inference vllm starts the servers: leave out --inference-urls")
-    visible = visible_gpus() if check_machine and gpus.wants_gpus else None
+    visible = None if dry_run or not gpus.wants_gpus else visible_gpus()
     nccl = gpus.nccl_transfer(servers_given=bool(inference_urls))
-    if check_machine:
+    if not dry_run:
         check_node(gpus, nccl, visible, PYTHON)
-    if inference_urls:
-        pass
-    elif gpus.inference == "vllm":
+    if not inference_urls and gpus.inference == "vllm":
         servers = _vllm_servers(cfg, model, visible, nccl)
         specs += [_vllm_spec(gpus, i, server) for i, server in enumerate(servers)]
         inference_urls = [s.url for s in servers]
-    else:
+    elif not inference_urls:
         port = cfg.inference_port or free_port()
         inference_urls = [f"http://127.0.0.1:{port}"]
         specs.append(_policy_server(model, port, gpus))
@@ -186,11 +184,12 @@ def build_stack(cfg: FarmConfig, model: Path, tasks: Path, *, check_machine: boo
     return Stack(tuple(specs), redis_url, tuple(inference_urls), model, tasks)
 
 
-def _redis(directory: Path, port: int) -> tuple[ProcessSpec, str]:
+def _redis(directory: Path, port: int, dry_run: bool) -> tuple[ProcessSpec, str]:
     binary = shutil.which("redis-server")
     if binary is None:
         raise StartupError("redis-server is not installed; install it or pass --redis-url")
-    directory.mkdir(parents=True, exist_ok=True)
+    if not dry_run:
+        directory.mkdir(parents=True, exist_ok=True)
     argv = (
         binary,
         "--port",

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import shlex
 import sys
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import pytest
 
 from farm.config import load_config
 from farm.errors import ConfigError, StartupError
-from farm.stack import build_stack
+from farm.stack import build_stack, dry_run
 from farm.supervisor import ProcessSpec, RestartPolicy, Supervisor
 from launch.settings import leaves
 from learner.cli import load_config as learner_config
@@ -31,9 +32,8 @@ from learner.config import LearnerConfig
 
 def _stack(tmp_path: Path, check_machine: bool = False, **flags: object):
     cfg = load_config(None, work_dir=tmp_path, workers=1, **flags)
-    return build_stack(
-        cfg, tmp_path / "model", tmp_path / "tasks.jsonl", check_machine=check_machine
-    )
+    model, tasks = tmp_path / "model", tmp_path / "tasks.jsonl"
+    return build_stack(cfg, model, tasks, dry_run=not check_machine)
 
 
 def _spec(stack, name: str) -> ProcessSpec:
@@ -194,3 +194,16 @@ async def test_a_start_group_starts_together(tmp_path: Path) -> None:
 
     await asyncio.wait_for(supervisor.run(stop_once_up), 30)
     assert supervisor.stop_reason == "both ready" and "all processes started" in lines
+
+
+def test_dry_run_prints_a_script_and_writes_nothing(tmp_path: Path) -> None:
+    work = tmp_path / "run"
+    cfg = load_config(
+        None, work_dir=work, workers=1, inference="vllm", inference_gpus="0", learner_gpus="1"
+    )
+    lines = dry_run(cfg)
+    names = [line[2:] for line in lines[::2]]
+    assert names == ["build-model", "redis", "vllm-0", "learner", "worker-0"]
+    assert all(shlex.split(line) for line in lines[1::2])
+    assert lines[5].startswith("CUDA_VISIBLE_DEVICES=0 VLLM_SERVER_DEV_MODE=1 vllm serve ")
+    assert not work.exists()  # no directory, no model, no task file
