@@ -72,6 +72,7 @@ def _plugin(root: Path) -> Path:
     return project
 
 
+@pytest.mark.timeout(1500)  # the first build of the images (torch's wheel) takes minutes
 def test_a_plugin_environment_baked_into_the_image_runs_under_compose(tmp_path: Path) -> None:
     docker = shutil.which("docker")
     info = docker and subprocess.run([docker, "info"], capture_output=True, timeout=60, check=False)
