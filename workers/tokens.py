@@ -139,6 +139,10 @@ class ChatCodec:
             out.append(m)
         return out
 
+    def vocab(self) -> dict[str, int]:
+        """Every token's string and id, added tokens included."""
+        return dict(self._tok.get_vocab())
+
     def allowed_token_ids(self, vocabulary: Sequence[str] | None) -> tuple[int, ...] | None:
         """Token ids of every vocabulary string plus the stop tokens; None: no restriction."""
         if not vocabulary:
