@@ -82,13 +82,17 @@ class Shape:
             return None
         spans, at = [], lo
         for piece in self.pieces[1:-1]:
-            found = text.find(piece, at, hi)
+            core = piece.strip(_EDGES) or piece  # without the quotes a template may drop
+            found = text.find(core, at, hi)
             if found < 0:
                 return None
             spans.append((at, found))
-            at = found + len(piece)
+            at = found + len(core)
         spans.append((at, hi))
         return spans
+
+
+_EDGES = "\"' "  # what a template may write around a content or leave out (JSON quotes)
 
 
 def _common_prefix(a: str, b: str) -> int:

@@ -71,6 +71,10 @@ class ChatCodec:
         try:
             self._tail_text = self._assistant_tail()
             self._tail = self._encode_parsed(self._tail_text)
+            # the stop token a model ends its turn with (<|im_end|>, <end_of_turn>, ...)
+            self.end_of_turn: int | None = (
+                self._tail[0] if self._tail and self._tail[0] in self.stop_token_ids else None
+            )
             self._check()
         except TemplateError as exc:
             raise TemplateError(f"the chat template of {self.name} cannot be used: {exc}") from None
@@ -120,8 +124,8 @@ class ChatCodec:
 
     def as_messages(self, observation: Any) -> list[dict[str, Any]]:
         """An env observation as chat messages: text is a user message; a message dict (or a
-        list of them) passes through, a tool message as a user one where the template has no
-        tool role. Contents become strings."""
+        list of them) passes through; where the template has no tool role, tool results
+        become one user message (their contents joined by newlines). Contents become strings."""
         if isinstance(observation, str):
             raw: list[Any] = [{"role": "user", "content": observation}]
         elif isinstance(observation, dict) and "role" in observation:
@@ -130,14 +134,17 @@ class ChatCodec:
             raw = list(observation)
         else:
             raw = [{"role": "user", "content": str(observation)}]
-        out = []
+        out: list[dict[str, Any]] = []
         for m in raw:
             content = m.get("content")
             m = {**m, "content": "" if content is None else str(content)}
             if m.get("role") == "tool" and not self.tool_role:
-                m = {"role": "user", "content": m["content"]}
+                if out and out[-1].get("tool_result"):  # one user turn holds every result
+                    out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + m["content"]}
+                    continue
+                m = {"role": "user", "content": m["content"], "tool_result": True}
             out.append(m)
-        return out
+        return [{k: v for k, v in m.items() if k != "tool_result"} for m in out]
 
     def vocab(self) -> dict[str, int]:
         """Every token's string and id, added tokens included."""
