@@ -137,7 +137,6 @@ class Family:
     template: str  # "trl:<file>" inside the trl wheel, or a file name beside this module
     added: tuple[tuple[str, bool], ...] = ()  # (content, special), ids from the vocabulary's end
     tokens: dict[str, str | None] = field(default_factory=dict)  # bos/eos/pad/unk token names
-    model: str = "qwen2"  # architecture of the tiny model: "qwen2", "llama", "gemma3", "mistral"
 
 
 FAMILIES: dict[str, Family] = {
@@ -149,7 +148,6 @@ FAMILIES: dict[str, Family] = {
             "trl:qwen3.jinja",
             _QWEN3_ADDED,
             {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
-            "qwen3",
         ),
         Family(
             "qwen2.5",
@@ -175,7 +173,6 @@ FAMILIES: dict[str, Family] = {
             "trl:llama3_2.jinja",
             _LLAMA3_ADDED,
             {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
-            "llama",
         ),
         Family(
             "mistral",
@@ -183,7 +180,6 @@ FAMILIES: dict[str, Family] = {
             "mistral_v3.jinja",
             (),
             {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
-            "mistral",
         ),
         Family(
             "gemma3",
@@ -196,7 +192,6 @@ FAMILIES: dict[str, Family] = {
                 "pad_token": "<pad>",
                 "unk_token": "<unk>",
             },
-            "gemma3",
         ),
     )
 }
@@ -414,3 +409,8 @@ def _gguf_metadata(f: Any) -> dict[str, Any]:
         key = f.read(read("Q")).decode()
         meta[key] = value(read("I"))
     return meta
+
+
+if __name__ == "__main__":
+    for family in FAMILIES:
+        print(tokenizer_dir(family))

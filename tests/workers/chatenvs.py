@@ -4,7 +4,8 @@ and by `python -m workers --env-modules tests.workers.chatenvs`).
 Turn 1 the model talks (anything but a call): the env asks for the call, as a user message.
 Turn 2 the model calls ``lookup(key)``: the result comes back as a ``tool`` message answering
 the call's id. Turn 3 the model answers: reward 1 when the answer (reasoning already split off
-by the worker) is the digit the tool returned, and the episode ends.
+by the worker) is the digit the tool returned, 0.5 when the digit is only in the answer or its
+reasoning (a random model's groups then differ, so they train), and the episode ends.
 
 ``forced_call`` (for a tiny random model, which cannot write a family's call syntax): turn 2
 is the call whatever it says, as `lookup`'s fixed protocol does. ``vocabulary`` restricts the
@@ -78,7 +79,9 @@ class ToolTurns(Env):
                 result["tool_call_id"] = call.id
             return result, 0.0, False, False, {}
         answer = str(action).strip()
-        return "", 1.0 if answer == self.value else 0.0, True, False, {"answer": answer}
+        seen = self.value in answer or self.value in getattr(action, "reasoning", "")
+        reward = 1.0 if answer == self.value else 0.5 if seen else 0.0
+        return "", reward, True, False, {"answer": answer}
 
 
 envs.register("wk-toolturns", ToolTurns, overwrite=True)
