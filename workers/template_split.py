@@ -104,6 +104,52 @@ def _common_prefix(a: str, b: str) -> int:
     return n
 
 
+@dataclass(frozen=True)
+class Joiner:
+    """A verbatim shape as token ids: the template's fixed ids between the contents, and around
+    each content the template text that shares its tokenizer chunk (no added token between:
+    ChatML's `user\\n`), encoded together with it, since BPE merges across that boundary.
+    A turn is then one text encoding per content, with control-token strings kept as text."""
+
+    fixed: tuple[tuple[int, ...], ...]  # n + 1 runs of ids
+    left: tuple[str, ...]  # per content: the template text before it in its chunk
+    right: tuple[str, ...]  # per content: the template text after it in its chunk
+
+    def ids(self, contents: Sequence[str], encode_text: Callable[[str], list[int]]) -> list[int]:
+        out = list(self.fixed[0])
+        for content, left, right, fixed in zip(
+            contents, self.left, self.right, self.fixed[1:], strict=True
+        ):
+            out += encode_text(left + content + right)
+            out += fixed
+        return out
+
+
+def joiner(
+    shape: Shape,
+    added_spans: Callable[[str], list[tuple[int, int]]],
+    encode_parsed: Callable[[str], list[int]],
+) -> Joiner | None:
+    """`shape`'s pieces cut at their added tokens (`added_spans(text)`: where they are), or
+    None when two contents share a chunk (no added token between them)."""
+    n = len(shape.pieces) - 1
+    fixed, left, right = [], [], []
+    for j, piece in enumerate(shape.pieces):
+        found = added_spans(piece)
+        if not found and 0 < j < n:
+            return None
+        lo = found[0][0] if found and j > 0 else 0  # a content before: text up to it joins it
+        hi = found[-1][1] if found and j < n else len(piece)  # a content after: likewise
+        if not found:  # the whole piece joins the content after it (j == 0) or before (j == n)
+            lo = hi = 0 if j == 0 else len(piece)
+        if j > 0:
+            right.append(piece[:lo])
+        if j < n:
+            left.append(piece[hi:])
+        fixed.append(tuple(encode_parsed(piece[lo:hi])) if hi > lo else ())
+    return Joiner(tuple(fixed), tuple(left), tuple(right))
+
+
 def cut(render: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]]) -> Shape:
     """`render` (messages -> the region's text) cut around the contents of `messages`."""
     text = render(fill(messages, [sentinel(i) for i in range(len(messages))]))

@@ -33,7 +33,17 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from workers.errors import TemplateError
-from workers.template_split import Shape, build_shape, cache_key, cut, skeleton
+from workers.template_split import (
+    PROBES,
+    Joiner,
+    Shape,
+    build_shape,
+    cache_key,
+    cut,
+    fill,
+    joiner,
+    skeleton,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +75,8 @@ class ChatCodec:
         self._backend = _text_backend(tokenizer)  # keeps control-token strings as text
         self.stop_token_ids: tuple[int, ...] = self._stop_ids()
         self._added = frozenset(_added_ids(tokenizer))
-        self._shapes: dict[str, Shape] = {}
+        self._shapes: dict[Any, Shape] = {}
+        self._joiners: dict[Any, Joiner | None] = {}
         self._allowed_cache: dict[tuple[str, ...], tuple[int, ...]] = {}
         self.tool_role = True
         try:
@@ -113,7 +124,7 @@ class ChatCodec:
         """Tokens of `observation`'s messages after an assistant turn, generation prompt
         included; the assistant's end-of-turn marker excluded."""
         messages = self.as_messages(observation)
-        key = cache_key("next", skeleton(messages))
+        key = ("next", skeleton(messages))
         return self._region(key, self._after_base, self._ids_after_base, messages)
 
     def render_conversation(
@@ -210,7 +221,7 @@ class ChatCodec:
     # --- regions -----------------------------------------------------------------------------
     def _region(
         self,
-        key: str,
+        key: Any,
         render: Callable[[list[dict[str, Any]]], str],
         template_ids: Callable[[list[dict[str, Any]]], list[int]],
         messages: list[dict[str, Any]],
@@ -220,7 +231,11 @@ class ChatCodec:
             shape = self._shapes[key] = build_shape(
                 render, template_ids, self.encode_region, messages
             )
+            self._joiners[key] = self._joiner(shape, template_ids, messages)
         contents = [m["content"] for m in messages]
+        fast = self._joiners[key]
+        if fast is not None:
+            return fast.ids(contents, self.encode)
         if shape.verbatim:
             text, spans = shape.join(contents)
             return self.encode_region(text, spans)
@@ -230,6 +245,32 @@ class ChatCodec:
             log.warning("%s: a content could not be located; the template tokenized it", self.name)
             return template_ids(messages)
         return self.encode_region(text, found)
+
+    def _joiner(
+        self,
+        shape: Shape,
+        template_ids: Callable[[list[dict[str, Any]]], list[int]],
+        messages: list[dict[str, Any]],
+    ) -> Joiner | None:
+        """A verbatim shape's token-level cut, when it gives the template's ids on every probe
+        (a tokenizer whose text encoding depends on where a chunk starts does not: then each
+        turn tokenizes its whole region)."""
+        if not shape.verbatim or self._parse is None or self._backend is None:
+            return None
+        fast = joiner(shape, self._added_spans, self._encode_parsed)
+        for probe in PROBES:
+            contents = [probe] * len(messages)
+            if fast is None or fast.ids(contents, self.encode) != template_ids(
+                fill(messages, contents)
+            ):
+                return None
+        return fast
+
+    def _added_spans(self, text: str) -> list[tuple[int, int]]:
+        enc = self._parse.encode(text, add_special_tokens=False)
+        return [
+            (s, e) for tid, (s, e) in zip(enc.ids, enc.offsets, strict=True) if tid in self._added
+        ]
 
     def encode_region(self, text: str, spans: list[tuple[int, int]]) -> list[int]:
         """Tokens of `text` as the template's tokenization makes them, except that control
