@@ -261,7 +261,7 @@ def test_tool_calls_are_vllms(verdicts, parser: str) -> None:
             assert ours.content == (verdict["content"] or ""), text
         else:
             assert not ours.calls, text
-    assert called >= 40, f"only {called} texts with calls: the corpus tests little"
+    assert called >= 25, f"only {called} texts with calls: the corpus tests little"
 
 
 @pytest.mark.slow
