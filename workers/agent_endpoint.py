@@ -184,7 +184,10 @@ class AgentEndpoint:
             raise ApiError(f"inference failed: {exc}", status=503) from None
         finally:
             record.inference_s += time.monotonic() - t0
-        answer = self.reader.read(gen.token_ids)
+        kwargs = {**self.codec.template_kwargs, **(req.chat_template_kwargs or {})}
+        answer = self.reader.read(
+            gen.token_ids, thinking=kwargs.get("enable_thinking", True) is not False
+        )
         record.record(prompt, gen, params.distribution(), answer.reasoning_tokens)
         text = ChoiceText(self._decoder(req.skip_special_tokens), req.stop_strings())
         text.feed(gen.token_ids, final=True)

@@ -11,6 +11,7 @@ reasoning) the action is the text decoded as before and environments parse it th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,16 +50,24 @@ class AnswerReader:
         # the defaults: the text decoded as ever, environments parse it themselves
         self.plain = tool_parser == "auto" and reasoning_parser == "none"
 
-    def read(self, completion_ids: Sequence[int]) -> Answer:
+    def read(self, completion_ids: Sequence[int], *, thinking: bool | None = None) -> Answer:
+        """Read one completion; `thinking` overrides the run's (a request's own
+        `enable_thinking`, at the agent endpoint)."""
+        thinking = self.thinking if thinking is None else thinking
         if self.plain:
             return Answer(self.codec.decode(completion_ids), 0)
         ids = list(completion_ids)
         if ids and ids[-1] in self.codec.stop_token_ids:
             ids = ids[:-1]  # vLLM does not detokenize the stop token that ended the turn
         text = self.codec.decode(ids, skip_special=not self._keep_special)
-        reasoned = split(self.reasoning_parser, text, thinking=self.thinking)
+        reasoned = split(self.reasoning_parser, text, thinking=thinking)
         parsed = (
             None if self.tool_parser == "auto" else parse_with(self.tool_parser, reasoned.answer)
         )
         action = Action(reasoned.answer, parsed, reasoned.reasoning or "")
-        return Answer(action, self._count.count(completion_ids))
+        count = (
+            self._count
+            if thinking == self.thinking
+            else dataclasses.replace(self._count, thinking=thinking)
+        )
+        return Answer(action, count.count(completion_ids))

@@ -384,17 +384,6 @@ def _added_ids(tokenizer: Any) -> set[int]:
     return {int(i) for i in decoder}
 
 
-def as_messages(observation: Any) -> list[dict[str, Any]]:
-    """An env observation as chat messages (without a codec's tool-role mapping)."""
-    if isinstance(observation, str):
-        return [{"role": "user", "content": observation}]
-    if isinstance(observation, dict) and "role" in observation:
-        return [observation]
-    if isinstance(observation, list) and all(isinstance(m, dict) for m in observation):
-        return list(observation)
-    return [{"role": "user", "content": str(observation)}]
-
-
 def load_codec(model_dir: str, template_kwargs: dict[str, Any] | None = None) -> ChatCodec:
     """Load the tokenizer of `model_dir` (local files only) and wrap it."""
     from transformers import AutoTokenizer

@@ -14,6 +14,8 @@ template's own tokenization for generated observations and tool results.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,6 +251,8 @@ def test_observation_tokens_are_the_templates_own(setup, texts: list[str], tool:
 
 
 def test_a_template_that_cannot_be_handled_fails_at_start_up_naming_it(tmp_path: Path) -> None:
+    """The worker refuses it before taking any task, in one line, not as an env error at
+    turn 2 of every episode."""
     from transformers import AutoTokenizer
 
     from workers.errors import TemplateError
@@ -262,3 +266,38 @@ def test_a_template_that_cannot_be_handled_fails_at_start_up_naming_it(tmp_path:
     tok.save_pretrained(str(tmp_path))
     with pytest.raises(TemplateError, match=f"chat template of {tmp_path} cannot be used"):
         load_codec(str(tmp_path))
+    args = ["--redis-url", "redis://127.0.0.1:1/0", "--inference-urls", "http://127.0.0.1:1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "workers", *args, "--model", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert f"error: the chat template of {tmp_path} cannot be used" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+async def test_a_request_may_turn_thinking_off_at_the_endpoint() -> None:
+    """`chat_template_kwargs` of a request override the run's: rendered without thinking, its
+    reply is read without a reasoning split, as vLLM's qwen3 parser reads it."""
+    codec = load_codec(str(tokenizer_dir("qwen3")))
+    said = [[*codec._tok.encode("hmm</think>42", add_special_tokens=False), codec.end_of_turn]]
+    model = ScriptedModel(said)
+    endpoint = AgentEndpoint(codec, model, reader=AnswerReader(codec, "hermes", "qwen3"))  # type: ignore[arg-type]
+    await endpoint.start()
+    try:
+        key = endpoint.open_episode(EpisodeRecord(LIMITS, policy_version=0), "t/0", DEFAULTS)
+        async with openai.AsyncOpenAI(
+            base_url=endpoint.base_url, api_key=key, max_retries=0
+        ) as api:
+            reply = await api.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": "hi"}],
+                extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+            )
+    finally:
+        await endpoint.close()
+    assert codec.decode(model.prompts[0], skip_special=False).endswith("<think>\n\n</think>\n\n")
+    assert reply.choices[0].message.content == "hmm</think>42"
