@@ -59,11 +59,12 @@ class Transcript:
     ) -> tuple[list[int], bool]:
         """The prompt ids after a completion and the observation that answered it, and
         whether they start a new segment (the whole prompt, not an extension)."""
-        fed = [*self.context, *completion_ids]
         if self.history == "keep":
             prompt = self.codec.next_prompt(completion_ids, observation)
-            self.context = [*fed, *prompt]
+            self.context.extend(completion_ids)  # in place: the generation call has returned
+            self.context.extend(prompt)
             return prompt, False
+        fed = [*self.context, *completion_ids]
         self.messages += [
             {"role": "assistant", "content": answer},
             *self.codec.as_messages(observation),
