@@ -25,6 +25,7 @@ from inference.client import ClientConfig, GenerationClient, SamplingParams
 from tests.chat_models import tiny_model_dir
 from tests.conftest import RedisServer
 from tests.learner.farm import farm, step_records
+from tests.workers import chatenvs
 from workers.answers import AnswerReader
 from workers.config import EpisodeSettings
 from workers.episode import EpisodeContext
@@ -32,6 +33,9 @@ from workers.group import run_group
 from workers.tokens import load_codec
 
 STEPS, GROUPS, GROUP_SIZE, MAX_TOKENS = 3, 2, 6, 6
+
+
+assert chatenvs.ToolTurns  # registered in this process too: the probe group runs here
 
 
 def _spec(thinking: bool) -> str:
