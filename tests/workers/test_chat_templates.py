@@ -301,3 +301,12 @@ async def test_a_request_may_turn_thinking_off_at_the_endpoint() -> None:
         await endpoint.close()
     assert codec.decode(model.prompts[0], skip_special=False).endswith("<think>\n\n</think>\n\n")
     assert reply.choices[0].message.content == "hmm</think>42"
+
+
+def test_the_worker_offers_every_parser_there_is() -> None:
+    """`workers.config` names the parsers without importing them (`--help` stays light)."""
+    from envs.parsing import PARSER_NAMES
+    from envs.reasoning import NAMES
+    from workers.config import REASONING_PARSERS, TOOL_PARSERS
+
+    assert set(TOOL_PARSERS) == set(PARSER_NAMES) and set(REASONING_PARSERS) == set(NAMES)
