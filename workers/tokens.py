@@ -79,13 +79,10 @@ class ChatCodec:
         self._joiners: dict[Any, Joiner | None] = {}
         self._allowed_cache: dict[tuple[str, ...], tuple[int, ...]] = {}
         self.tool_role = True
+        self._tail_text, self._tail = "", []  # what follows an assistant's content
+        self.end_of_turn: int | None = None  # the stop token that starts it (<|im_end|>, ...)
         try:
-            self._tail_text = self._assistant_tail()
-            self._tail = self._encode_parsed(self._tail_text)
-            # the stop token a model ends its turn with (<|im_end|>, <end_of_turn>, ...)
-            self.end_of_turn: int | None = (
-                self._tail[0] if self._tail and self._tail[0] in self.stop_token_ids else None
-            )
+            self._checked("an assistant turn", self._read_tail)
             self._check()
         except TemplateError as exc:
             raise TemplateError(f"the chat template of {self.name} cannot be used: {exc}") from None
@@ -335,13 +332,17 @@ class ChatCodec:
     def _encode_parsed(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False))
 
-    def _assistant_tail(self) -> str:
-        """The text the template writes after an assistant message's content (`<|im_end|>\\n`)."""
+    def _read_tail(self) -> None:
+        """The text the template writes after an assistant message's content
+        (`<|im_end|>\\n`), its tokens, and the stop token that starts it (`end_of_turn`)."""
         text = self._text(list(_BASE), None, generation=False)
         at = text.find(_ASSISTANT)
         if at < 0:
             raise TemplateError("it does not write an assistant message's content as given")
-        return text[at + len(_ASSISTANT) :]
+        self._tail_text = text[at + len(_ASSISTANT) :]
+        self._tail = self._encode_parsed(self._tail_text)
+        first = self._tail[0] if self._tail else None
+        self.end_of_turn = first if first in self.stop_token_ids else None
 
     def _tail_remainder(self, completion: Sequence[int]) -> list[int]:
         """The part of the end-of-turn tail the model did not already generate."""
