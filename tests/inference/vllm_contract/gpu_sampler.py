@@ -135,7 +135,8 @@ def patch_triton_interpreter() -> None:
     Triton's interpreter (3.6 to 3.8) maps ``tl.range`` to Python's ``range``, so a loop index is
     an ``int``; vLLM's monolithic kernel calls ``row_id.to(tl.int64)`` on its row loop index
     (``topk_topp_triton.py:127-128``), which an ``int`` lacks. Wrapping each index as an int32
-    scalar tensor changes nothing else: a compiled loop index is exactly that.
+    scalar tensor changes nothing else: a compiled loop index is exactly that. Triton 3.6's
+    interpreter also needs 3.8's ``tensor.__index__`` to run under NumPy 2.
     """
     import numpy as np
     import triton.language as tl
@@ -151,11 +152,18 @@ def patch_triton_interpreter() -> None:
         def tensor_range(arg1, arg2=None, step=None, **_):  # type: ignore[no-untyped-def]
             start, end = (0, arg1) if arg2 is None else (arg1, arg2)
             step = 1 if step is None else step
-            for i in range(operator.index(start), operator.index(end), operator.index(step)):
+            for i in range(_int(start), _int(end), _int(step)):
                 handle = interpreter.TensorHandle(np.array([i], dtype=np.int32), tl.int32)
                 yield tl.tensor(handle, tl.int32)
 
         scope.set_attr(lang, "range", tensor_range)
+        # 3.8's own `__index__` (3.6's calls int() on a one-element array: NumPy 2 refuses)
+        scope.set_attr(lang.tensor, "__index__", _int)
+
+    def _int(value) -> int:  # type: ignore[no-untyped-def]
+        # an interpreter scalar holds a one-element array (3.6's `__index__` rejects it)
+        handle = getattr(value, "handle", None)
+        return operator.index(value) if handle is None else int(handle.data.reshape(-1)[0])
 
     patched._farm_tensor_range = True  # type: ignore[attr-defined]
     interpreter._patch_lang_core = patched
