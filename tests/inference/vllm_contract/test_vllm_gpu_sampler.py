@@ -12,12 +12,14 @@ What vLLM's kernels do with ties (the rule `inference.sampling` implements): top
 exactly k, the lowest vocabulary indices first among the tokens tied at the k-th value; top-p
 keeps the tokens whose mass before them, in (probability descending, index ascending) order,
 is below p: only as many boundary ties as the mass needs. The split pipeline applies it
-exactly. The monolithic kernel finds the boundary ties by turning a probability back into a
-logit (``log(p * sum) + max``) and comparing within 1e-9, which float rounding sometimes
-misses; it then keeps every boundary tie. So where top-p runs in the monolithic kernel, vLLM
-keeps our set or our set plus the rest of its boundary tie, nothing else; and at temperature
-0.01 its standalone top-p underflows (a sum of exponentials of about -1600) and keeps the
-whole row. We follow the rule, not those float accidents (docs/learner.md).
+exactly on these rows. The monolithic kernel finds the boundary ties by turning a probability
+back into a logit (``log(p * sum) + max``) and comparing within 1e-9, which float rounding
+sometimes misses; it then keeps every boundary tie. So where top-p runs in the monolithic
+kernel, vLLM keeps our set or our set plus the rest of its boundary tie, nothing else; and at
+temperature 0.01 its standalone top-p underflows (a sum of exponentials of about -1600) and
+keeps the whole row. (A third departure, when the nucleus reaches a row's smallest finite
+logit, needs few finite tokens and is left to scripts/gpu_sampler_check.sh.) We follow the
+rule, not those accidents (docs/learner.md, "Ties").
 """
 
 from __future__ import annotations
