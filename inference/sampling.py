@@ -160,7 +160,7 @@ def _top_k_cut(z: torch.Tensor, top_k: torch.Tensor) -> Cut:
     kth = z.topk(int(top_k.max()), dim=-1).values
     kth = kth.gather(1, (top_k.clamp(min=1) - 1).unsqueeze(1))[:, 0]
     on = (top_k > 0) & (kth > _NEG_INF)
-    cut = Cut(torch.where(on, kth, _NEG_INF), torch.full_like(top_k, vocab - 1))
+    last = torch.full_like(top_k, vocab - 1)
     above = (z > kth.unsqueeze(1)).sum(dim=-1)
     tied = (z == kth.unsqueeze(1)).sum(dim=-1)
     partial = torch.nonzero(on & (above + tied > top_k)).flatten()
@@ -168,8 +168,8 @@ def _top_k_cut(z: torch.Tensor, top_k: torch.Tensor) -> Cut:
         idx = partial[start : start + _ROW_BLOCK]
         rank = (z[idx] == kth[idx].unsqueeze(1)).cumsum(dim=-1)  # ties seen so far, by index
         wanted = (top_k[idx] - above[idx]).unsqueeze(1)
-        cut.last[idx] = (rank < wanted).sum(dim=-1)  # the index of the wanted-th tie
-    return cut
+        last[idx] = (rank < wanted).sum(dim=-1)  # the index of the wanted-th tie
+    return Cut(torch.where(on, kth, _NEG_INF), last)
 
 
 def _top_p_cut(z: torch.Tensor, top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
