@@ -91,24 +91,33 @@ def _kind(ours: torch.Tensor, theirs: torch.Tensor, z: torch.Tensor, underflow: 
     return "underflow" if underflow and bool(theirs[torch.isfinite(z)].all()) else "other"
 
 
-def _logits(rows: int, sizes: Sizes, device: torch.device) -> tuple[torch.Tensor, torch.nn.Linear]:
-    """bf16 hidden states through a bf16 LM head: bf16 logits, tied wherever they round alike."""
-    gen = torch.Generator(device="cpu").manual_seed(rows)
-    head = torch.nn.Linear(sizes.hidden, sizes.vocab, bias=False)
+def _head(sizes: Sizes, device: torch.device) -> torch.nn.Linear:
+    """A random bf16 LM head (logits of a few units' spread, as a model's)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    head = torch.nn.Linear(sizes.hidden, sizes.vocab, bias=False, device=device)
     with torch.no_grad():
-        head.weight.copy_(torch.randn(head.weight.shape, generator=gen) * 3 / sizes.hidden**0.5)
-    head = head.to(device, torch.bfloat16)
-    hidden = torch.randn((rows, sizes.hidden), generator=gen).to(device, torch.bfloat16)
-    return hidden, head
+        weight = torch.randn(head.weight.shape, generator=gen, device=device)
+        head.weight.copy_(weight * 3 / sizes.hidden**0.5)
+    return head.to(torch.bfloat16)
+
+
+def _hidden(rows: int, sizes: Sizes, device: torch.device) -> torch.Tensor:
+    """bf16 hidden states: through the bf16 head, bf16 logits that tie where they round alike."""
+    gen = torch.Generator(device=device).manual_seed(rows)
+    return torch.randn((rows, sizes.hidden), generator=gen, device=device).to(torch.bfloat16)
 
 
 def _compare(
-    setting: tuple[float, int, float, float], rows: int, label: str, sizes: Sizes, device
+    setting: tuple[float, int, float, float],
+    rows: int,
+    label: str,
+    head: torch.nn.Linear,
+    sizes: Sizes,
 ) -> Outcome:
     """One (setting, batch) cell of the table."""
     t, k, p, m = setting
-    num_sm = sizes.num_sm
-    hidden, head = _logits(rows, sizes, device)
+    device, num_sm = head.weight.device, sizes.num_sm
+    hidden = _hidden(rows, sizes, device)
     with torch.no_grad():
         logits = head(hidden)
     theirs = torch.log_softmax(processed(logits, [Row(t, k, p, m)] * rows, label, num_sm), dim=-1)
@@ -158,6 +167,7 @@ def main() -> int:
     import triton
 
     print(f"triton {triton.__version__}, vocabulary {sizes.vocab}, rows {sizes.batches}")
+    head = _head(sizes, device)
     columns = "".join(f"{kind:>10}" for kind in KINDS)
     print(
         f"{'setting':<34}{'rows':>5}{columns}{'split':>6}{'max dlogp':>10}{'learner':>10}{'s':>6}"
@@ -167,7 +177,7 @@ def main() -> int:
         setting = SETTINGS[name]
         for label, rows in sizes.batches.items():
             start = time.monotonic()
-            o = _compare(setting, rows, label, sizes, device)
+            o = _compare(setting, rows, label, head, sizes)
             other += o.differ["other"]
             counts = "".join(f"{o.differ[kind]:>10}" for kind in KINDS)
             print(
