@@ -132,18 +132,25 @@ def mix_seed(*parts: int) -> int:
     return int.from_bytes(digest, "little") >> 1  # 63 bits: vLLM's and the server's range
 
 
+# vLLM 0.33's `_MAX_TEMP` (vllm/sampling_params.py): the lowest temperature it samples at, so
+# only 0 is greedy (its greedy test, `< _SAMPLING_EPS` = 1e-5, then never sees (0, 1e-5))
+MIN_TEMPERATURE = 0.01
+
+
 @dataclass(frozen=True, eq=False)
 class Sampling:
     """The distribution a turn's completion tokens were drawn from, as vLLM 0.33 applies it.
 
     In order: the allowed-token mask, the temperature (0: greedy, scored at 1), min-p, top-k,
-    then top-p. The turn's logprobs are under this processed, renormalised distribution (vLLM's
+    then top-p. A temperature in (0, 0.01) is raised to 0.01, as vLLM's `SamplingParams` does
+    (``vllm/sampling_params.py``: it warns and samples at 0.01), so the record holds the
+    temperature the tokens were drawn at and only exactly 0 is greedy. The turn's logprobs are under this processed, renormalised distribution (vLLM's
     ``--logprobs-mode processed_logprobs``), and the learner scores its own policy under the
     same one (`inference.sampling.processed_logits`). Schema 4; a schema-3 turn carried the
     temperature alone, and older ones nothing (decoded as the defaults).
     """
 
-    temperature: float = 1.0  # 0 = greedy
+    temperature: float = 1.0  # 0 = greedy; (0, MIN_TEMPERATURE) is raised to MIN_TEMPERATURE
     top_k: int = 0  # keep the k most likely tokens; 0 = off
     top_p: float = 1.0  # keep the smallest set whose mass reaches top_p; 1 = off
     min_p: float = 0.0  # drop tokens below min_p x the top probability; 0 = off
@@ -152,6 +159,8 @@ class Sampling:
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            object.__setattr__(self, "temperature", MIN_TEMPERATURE)
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0: off), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
@@ -166,7 +175,7 @@ class Sampling:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature < GREEDY_EPS
+        return self.temperature == 0.0
 
     @property
     def truncated(self) -> bool:
@@ -206,7 +215,6 @@ class Sampling:
 
 
 DEFAULT_SAMPLING = Sampling()
-GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it samples greedily
 
 
 @dataclass(frozen=True, eq=False)
