@@ -34,10 +34,10 @@ class AdapterSource:
         raise AssertionError("a LoRA push is by file")
 
 
-def pusher(model: Path, url: str, weights: Path, keep_s: float = 600.0) -> WeightPusher:
+def pusher(run: str, model: Path, url: str, weights: Path, keep_s: float = 600.0) -> WeightPusher:
     lora = LoraSettings(rank=4, alpha=8.0, adapter_keep_s=keep_s)
     cfg = LearnerConfig(  # type: ignore[call-arg]
-        model=model, run="resumed", inference_urls=[url], weights_dir=weights, lora=lora
+        model=model, run=run, inference_urls=[url], weights_dir=weights, lora=lora
     )
     return WeightPusher(cfg)
 
@@ -54,11 +54,11 @@ async def test_a_resumed_learner_serves_what_it_trained_not_the_old_tensors(
     url = vllm_contract.urls["lora"]
     old = {v: make_adapter(tiny_model_dir, tmp_path / f"old{v}", seed=v) for v in (5, 6)}
     new = {v: make_adapter(tiny_model_dir, tmp_path / f"new{v}", seed=10 + v) for v in (5, 6)}
-    first = pusher(tiny_model_dir, url, tmp_path / "weights")
+    first = pusher("resumed", tiny_model_dir, url, tmp_path / "weights")
     for version in (5, 6):
         await first.push(AdapterSource(old[version]), version)
     # the learner dies here; the resumed one restores step 4 and trains versions 5 and 6 again
-    second = pusher(tiny_model_dir, url, tmp_path / "weights")
+    second = pusher("resumed", tiny_model_dir, url, tmp_path / "weights")
     for version in (5, 6):
         result = await second.push(AdapterSource(new[version]), version)
         await generate(url, result, version)
@@ -83,7 +83,7 @@ async def test_a_queued_request_outlives_its_adapters_unload_and_eviction(
     adapters = {
         v: make_adapter(tiny_model_dir, tmp_path / f"a{v}", seed=20 + v) for v in range(1, 6)
     }
-    push = pusher(tiny_model_dir, url, tmp_path / "weights")
+    push = pusher("queued", tiny_model_dir, url, tmp_path / "weights")
     first = await push.push(AdapterSource(adapters[1]), 1)
     async with aiohttp.ClientSession() as session:
         async with session.post(f"{url}/pause?mode=keep") as answer:
