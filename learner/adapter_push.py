@@ -28,10 +28,18 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from inference.adapter_sync import AdapterSync, adapter_digest, adapter_name, adapter_run
 from inference.config import WeightSyncConfig
+
+
+class AdapterSource(Protocol):
+    """What a push writes the adapter from (`learner.weights.WeightSource` is one)."""
+
+    def export(self, out_dir: Path) -> int:
+        """Write the peft adapter directory; returns the largest buffer held, in bytes."""
+        ...
 
 
 class AdapterPusher:
@@ -50,27 +58,29 @@ class AdapterPusher:
         self.run = run
         self.keep_s = keep_s
         self._clock = clock
-        self._previous: str | None = None  # the adapter this learner pushed last
+        self._pushed: list[str] = []  # the adapters this learner pushed, the last two
         self._seen: dict[str, float] = {}  # directory name -> when last seen loaded (or found)
 
-    async def push(self, source: Any, version: int) -> tuple[str, Path, int]:
+    async def push(self, source: AdapterSource, version: int) -> tuple[str, Path, int]:
         """Write, load and verify version `version`; returns (name, directory, the export's
         largest buffer in bytes). `source.export(dir)` writes the adapter directory."""
         name, final, written = await asyncio.to_thread(self._write, source, version)
         await self.sync.load(name, final, version)
         served = await self.sync.served()
         mine = {n for roots in served.values() for n in roots if adapter_run(n) == self.run}
-        keep = {name, self._previous} if self._previous is not None else mine | {name}
+        if name not in self._pushed:  # (a retried push of the same bytes changes nothing)
+            self._pushed = [*self._pushed[-1:], name]
+        keep = set(self._pushed) if len(self._pushed) == 2 else mine | {name}
         for old in sorted(mine - keep):
             await self.sync.unload(old)
-        self._previous = name
         now = self._clock()
         for loaded in mine | {name}:  # the unloaded ones were loaded until now
             self._seen[loaded] = now
         await asyncio.to_thread(self._prune, keep, now)
         return name, final, written
 
-    def _write(self, source: Any, version: int) -> tuple[str, Path, int]:
+    def _write(self, source: AdapterSource, version: int) -> tuple[str, Path, int]:
+        self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".tmp-{self.run}-v{version}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         written = source.export(tmp)

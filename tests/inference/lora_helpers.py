@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import shutil
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -102,3 +103,17 @@ def adapter_tensors_digest(adapter: Path) -> str:
         module, _, part = key.removeprefix("base_model.model.").rpartition(".lora_")
         pairs.setdefault(module, {})[part.removesuffix(".weight")] = tensor
     return tensors_digest({m: (ab["A"], ab["B"] * scaling) for m, ab in pairs.items()})
+
+
+class AdapterSource:
+    """A learner `WeightSource` whose export writes a prepared adapter (as if just trained)."""
+
+    def __init__(self, adapter: Path) -> None:
+        self.adapter = adapter
+
+    def export(self, out_dir: Path) -> int:
+        shutil.copytree(self.adapter, out_dir)
+        return 0
+
+    def weight_stream(self) -> Any:
+        raise AssertionError("a LoRA adapter is pushed by file")

@@ -6,7 +6,6 @@ that may still read it."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,22 +15,8 @@ from inference.client import ClientConfig, GenerationClient, SamplingParams, Ser
 from learner.config import LearnerConfig
 from learner.lora import LoraSettings
 from learner.weights import PushResult, WeightPusher
-from tests.inference.lora_helpers import adapter_tensors_digest, make_adapter
+from tests.inference.lora_helpers import AdapterSource, adapter_tensors_digest, make_adapter
 from tests.inference.vllm_contract.conftest import VllmContract
-
-
-class AdapterSource:
-    """A `WeightSource` whose export writes a prepared adapter (what the learner trained)."""
-
-    def __init__(self, adapter: Path) -> None:
-        self.adapter = adapter
-
-    def export(self, out_dir: Path) -> int:
-        shutil.copytree(self.adapter, out_dir)
-        return 0
-
-    def weight_stream(self) -> Any:
-        raise AssertionError("a LoRA push is by file")
 
 
 def pusher(run: str, model: Path, url: str, weights: Path, keep_s: float = 600.0) -> WeightPusher:
