@@ -25,5 +25,7 @@ def thread_names() -> list[str]:
 if __name__ == "__main__":
     code = main(sys.argv[1:])
     rank = os.environ.get("RANK", "0")
-    print(f"exit-probe rank {rank} threads {json.dumps(thread_names())}", file=sys.stderr)
+    line = f"\nexit-probe rank {rank} threads {json.dumps(thread_names())}\n"
+    # one write(2) under PIPE_BUF: the ranks share torchrun's stderr, whole lines never mix
+    os.write(sys.stderr.fileno(), line.encode())
     sys.exit(code)

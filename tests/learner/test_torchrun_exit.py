@@ -32,7 +32,7 @@ from tests.conftest import RedisServer, require
 from tests.learner.test_replay import KEYS, seed_stream_and_archive
 
 RUNS = 5
-PROBE = re.compile(r"exit-probe rank (\d+) threads (\[.*\])")
+PROBE = re.compile(r"exit-probe rank (\d+) threads (\[[^\]]*\])")
 # the gloo process group's threads: its event loop and its work threads
 GROUP_THREADS = ("gloo_tcp_loop", "pt_gloo_runloop")
 
