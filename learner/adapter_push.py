@@ -95,7 +95,12 @@ class AdapterPusher:
         return name, final, written
 
     def _prune(self, loaded: set[str], now: float) -> None:
-        """Remove this run's adapter directories that no server has listed for `keep_s`."""
+        """Remove this run's adapter directories that no server has listed for `keep_s`, and
+        the half-written ones a killed learner left (`.tmp-<run>-v<N>-<pid>`; this learner's
+        own are renamed or removed before it prunes)."""
+        for path in self.root.glob(f".tmp-{self.run}-v*"):
+            if adapter_run(path.name.removeprefix(".tmp-").rsplit("-", 1)[0]) == self.run:
+                shutil.rmtree(path, ignore_errors=True)
         for path in self.root.glob(f"{self.run}-v*"):
             name = path.name
             if adapter_run(name) != self.run or not path.is_dir() or name in loaded:

@@ -68,7 +68,9 @@ async def test_a_restarted_learner_serves_its_own_version_and_cleans_up(
         clock.now += 100
         names[4], _, _ = await first.push(AdapterSource(adapters[4]), 4)
         assert not (root / names[1]).exists() and (root / names[2]).is_dir()
-        # the learner dies; the next one resumes from step 3 and trains version 4 again
+        # the learner dies (mid-export of version 5); the next one resumes from step 3 and
+        # trains version 4 again
+        (root / ".tmp-run-v5-999999").mkdir()
         second = pusher()
         again, path, _ = await second.push(AdapterSource(adapters[5]), 4)
         assert again != names[4] and adapter_version(again) == 4
