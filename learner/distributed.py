@@ -9,14 +9,15 @@ the gradients (`learner.sharding`). Collective work that rank 0 decides on
 so the other ranks join it. Gloo on CPU, NCCL on CUDA; one process without
 torchrun is the world of size one and does nothing here.
 
-`close()` ends the group for good while the interpreter is whole. A group that outlives it is
-destroyed during interpreter teardown, with its threads (gloo's event loop and two work
-threads) still running while the other rank closes its end, and a rank then died at exit with
-"terminate called without an active exception" (SIGABRT), after the run was done.
-`destroy_process_group` alone does not end the group under FSDP2: the device mesh holds it
-(`DeviceMesh._pg_registry`), and DTensor's caches (sharding propagation, in Python and in C++;
-redistribution plans) hold the mesh for the life of the process. So the one data-parallel
-mesh is made here (`device_mesh`), and `close()` takes the group out of it.
+`close()` ends the group for good while the interpreter is whole. `destroy_process_group`
+alone does not end the group under FSDP2: the device mesh holds it (`DeviceMesh._pg_registry`),
+and DTensor's caches (sharding propagation, in Python and in C++; redistribution plans) hold the
+mesh for the life of the process. The group's threads (gloo's event loop, two work threads) then
+ran on until interpreter teardown destroyed the group (`~ProcessGroupGloo` under
+`Py_FinalizeEx`'s module cleanup), while the other rank was exiting too; that is the window
+in which, with the CPU busy, a rank died after `done` with "terminate called without an active
+exception" (SIGABRT). So the one data-parallel mesh is made here (`device_mesh`), and `close()`
+takes the group out of it: the group and its threads end inside `close()`.
 """
 
 from __future__ import annotations
