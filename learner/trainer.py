@@ -122,7 +122,8 @@ class Trainer:
             enable_activation_checkpointing(self.policy)
         if dist.enabled:
             bf16 = cfg.bf16(device.type)
-            shard_policy(self.policy, device, ShardOptions(dist.world, bf16, scale.cpu_offload))
+            mesh = dist.device_mesh(device.type)
+            shard_policy(self.policy, mesh, ShardOptions(bf16, scale.cpu_offload))
         self.reference = reference  # frozen initial weights; only when the KL is a loss term
         # fused: one kernel per parameter, no parameter-sized temporaries (the per-tensor
         # loop's sqrt and division made two, 594 MiB for a 152k x 512 embedding)

@@ -46,6 +46,7 @@ ALONE = (
     "tests/learner/test_chat_template_farm.py",
     "tests/deploy/test_compose_stack.py",
     "tests/workers/test_lifecycle.py",
+    "tests/learner/test_torchrun_exit.py",  # saturates every core on purpose
 )
 # the longest of the others (over a minute; BENCHMARKS.md, "Suite time"): started first
 LONGEST = ("tests/learner/test_learning_smollm2.py",)
