@@ -13,7 +13,8 @@ vLLM keeps our set plus more of the tie at our boundary (the monolithic kernel's
 miss, see tests/inference/vllm_contract/test_vllm_gpu_sampler.py) and any other difference;
 rows where vLLM keeps part of a tie; the largest |logprob difference| over tokens both keep;
 and the learner's largest |logprob difference| at its targets. It exits 1 if any row differs
-otherwise than by boundary ties or the known temperature-0.01 top-p underflow.
+otherwise than at the boundary tie (more of it, or another share of it), by the
+minimum-logit or the temperature-0.01 top-p underflow departures.
 
 Needs the vLLM bundle on PYTHONPATH (scripts/gpu_sampler_check.sh). ``--interpret`` runs it on
 the CPU in Triton's interpreter (small sizes, the CUDA dispatch emulated) to test the script.
@@ -69,11 +70,34 @@ class Outcome:
     partial_ties: int = 0
     max_logprob_diff: float = 0.0
     max_learner_diff: float = 0.0
+    details: list[str] = field(default_factory=list)  # the first "other" rows, described
+
+
+DETAILS = 3  # "other" rows described per cell
+
+
+def _detail(ours: torch.Tensor, theirs: torch.Tensor, z: torch.Tensor, p: float) -> str:
+    """Sizes of the two kept sets, what one keeps and not the other (count, logit range),
+    and each set's mass under the row's min-p-masked distribution, against top-p."""
+    probs = torch.softmax(z.float(), dim=-1)
+    extra, missing = theirs & ~ours, ours & ~theirs
+
+    def span(mask: torch.Tensor) -> str:
+        if not mask.any():
+            return "-"
+        return f"{int(mask.sum())} z[{float(z[mask].min()):.4f},{float(z[mask].max()):.4f}]"
+
+    return (
+        f"ours {int(ours.sum())} mass {float(probs[ours].sum()):.7f}; vLLM {int(theirs.sum())} "
+        f"mass {float(probs[theirs].sum()):.7f}; p {p}; vLLM extra {span(extra)}; "
+        f"missing {span(missing)}; our floor z {float(z[ours].min()):.4f}"
+    )
 
 
 # How vLLM's kept set can differ from ours (docs/learner.md, "Ties"):
 KINDS = {
     "ties": "vLLM keeps ours plus more of the tie at our boundary",
+    "share": "vLLM keeps another share of the tie at our boundary (which or how many of it)",
     "minimum": "vLLM drops the tie at the row's smallest finite logit that our nucleus needs",
     "underflow": "T 0.01, top-p without top-k, monolithic kernel: vLLM keeps every token",
     "other": "anything else",
@@ -88,6 +112,8 @@ def _kind(ours: torch.Tensor, theirs: torch.Tensor, z: torch.Tensor, underflow: 
         return "ties"
     if not extra.any() and bool((z[missing] == z[torch.isfinite(z)].min()).all()):
         return "minimum"
+    if bool((z[extra] == floor).all()) and bool((z[missing] == floor).all()):
+        return "share"
     return "underflow" if underflow and bool(theirs[torch.isfinite(z)].all()) else "other"
 
 
@@ -137,7 +163,10 @@ def _compare(
         diff = float((ours[i] - theirs[i])[both].abs().max())
         out.max_logprob_diff = max(out.max_logprob_diff, diff)
         if not torch.equal(a, b):
-            out.differ[_kind(a, b, z[i], t == 0.01 and not k and label == "large")] += 1
+            kind = _kind(a, b, z[i], t == 0.01 and not k and label == "large")
+            out.differ[kind] += 1
+            if kind == "other" and len(out.details) < DETAILS:
+                out.details.append(_detail(a, b, z[i], p))
     sampling = merged([([samplings[0]], np.zeros(rows, np.int64))]).to(device)
     logp, _, _ = chunked_logprobs(
         hidden, head, torch.tensor(targets, device=device), sampling, rows
@@ -185,6 +214,8 @@ def main() -> int:
                 f"{o.max_learner_diff:>10.2e}{time.monotonic() - start:>6.1f}",
                 flush=True,
             )
+            for line in o.details:
+                print(f"    other: {line}", flush=True)
     print("Rows whose kept set differs from the learner's, by kind:")
     for kind, what in KINDS.items():
         print(f"  {kind}: {what}")
