@@ -20,7 +20,8 @@ from pydantic import Field, field_validator
 from broker.connection import RedisUrl
 from broker.run import RunFields
 from farm.errors import ConfigError
-from launch.settings import CommaList, RoleConfig
+from launch.settings import CommaList, RoleConfig, section
+from learner.dataspec import DataConfig
 
 
 class FarmConfig(RunFields, RoleConfig):
@@ -55,7 +56,9 @@ class FarmConfig(RunFields, RoleConfig):
         json_schema_extra={"flag_aliases": ["env"]},
     )
     tasks: Path | None = Field(
-        None, description="learner's JSONL task dataset; None writes one line with env_spec"
+        None,
+        description="learner's task dataset (JSONL, Parquet or a datasets directory); "
+        "None writes one line with env_spec",
     )
     max_steps: int = Field(0, ge=0, description="learner steps before the farm stops (0: never)")
     learner_args: list[str] = Field(
@@ -72,6 +75,7 @@ class FarmConfig(RunFields, RoleConfig):
     metrics_port: int = Field(9400, ge=0, le=65535, description="supervisor /metrics (0: none)")
     status_interval_s: float = Field(5.0, gt=0.0, le=3600.0, description="status refresh period")
     restart_max: int = Field(5, ge=0, le=1000, description="crashes per child within 5 min")
+    data: DataConfig = section(DataConfig)  # --prompt-column, --reward, ...: for the learner
 
     @field_validator("inference_urls")
     @classmethod

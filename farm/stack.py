@@ -79,7 +79,7 @@ async def prepare(cfg: FarmConfig, sink: LineSink) -> tuple[Path, Path]:
     tasks = cfg.tasks.resolve() if cfg.tasks else work / "tasks.jsonl"
     if cfg.tasks is None:
         tasks.write_text(json.dumps({"env_spec": cfg.env_spec}) + "\n")
-    elif not tasks.is_file():
+    elif not tasks.exists():  # a file, or a directory `datasets` saved
         raise StartupError(f"task file {tasks} does not exist")
     return model, tasks
 
@@ -194,6 +194,7 @@ def _learner(cfg: FarmConfig, work: Path, tasks: Path, shared: dict[str, Any]) -
             "checkpoint_dir": work / "checkpoints",
             "resume": True,
             "max_steps": cfg.max_steps,
+            "data": cfg.data,
         }
     )
     return ProcessSpec(
