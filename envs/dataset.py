@@ -89,7 +89,7 @@ def check_row(config: DatasetEnvConfig, row: Any) -> None:
 def _prompt(row: dict[str, Any], column: str) -> str:
     value = row.get(column)
     if not isinstance(value, str) or not value:
-        got = "missing" if column not in row else f"a {type(value).__name__}"
+        got = "missing" if column not in row else type(value).__name__
         raise ValueError(f"column {column!r} (the prompt) must be non-empty text, got {got}")
     return value
 
