@@ -4,6 +4,7 @@ score out; a reward function that fails is the infrastructure's failure, never a
 from __future__ import annotations
 
 import json
+from importlib.util import find_spec
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from broker.messages import ErrorCategory
 from envs.dataset import DatasetEnvConfig, check_row
 from envs.errors import EnvInfraError, EnvSpecError
 from envs.rewards import resolve
+from tests.conftest import require
 from tests.envs import rewardfns
 
 FNS = "tests.envs.rewardfns"
@@ -46,7 +48,7 @@ async def test_regex_matches_the_answer_pattern() -> None:
 
 
 async def test_math_verify_grades_equivalent_answers() -> None:
-    pytest.importorskip("math_verify")
+    require(find_spec("math_verify") is not None, "math-verify (pip install 'rollout-farm[data]')")
     env = _env(prompt_column="question", reward="math")
     half = {**ROW, "answer": "\\frac{1}{2}"}
     assert (await _reply(env, half, "So the answer is \\boxed{0.5}."))[2] == 1.0
@@ -56,7 +58,7 @@ async def test_math_verify_grades_equivalent_answers() -> None:
 
 
 async def test_math_with_an_answer_math_verify_cannot_read_is_an_infra_failure() -> None:
-    pytest.importorskip("math_verify")
+    require(find_spec("math_verify") is not None, "math-verify (pip install 'rollout-farm[data]')")
     env = _env(prompt_column="question", reward="math")
     with pytest.raises(EnvInfraError, match="cannot parse the row's answer") as caught:
         await _reply(env, {**ROW, "answer": "no number here"}, "7")
