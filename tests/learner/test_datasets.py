@@ -21,7 +21,8 @@ from learner.datasets import ArrowSource, JsonlSource, load_dataset
 from learner.dataspec import DataConfig
 from learner.errors import TaskSourceError
 from learner.tasks import TaskFeeder, TaskRow, TaskSampler
-from tests.conftest import RedisServer, require
+from tests.conftest import RedisServer
+from tests.learner.datafiles import hf_dataset, saved
 
 ROWS = [
     {"question": f"What is {a}+{b}?", "answer": str(a + b), "level": a % 3}
@@ -46,30 +47,9 @@ def _jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-def _saved(path: Path, rows: list[dict[str, Any]]) -> Path:
-    require(_has("datasets"), "Hugging Face datasets (pip install 'rollout-farm[dev]')")
-    _hf_dataset(rows).save_to_disk(str(path))
-    return path
-
-
-def _hf_dataset(rows: list[dict[str, Any]]) -> Any:
-    """A `datasets.Dataset` of `rows`, its fingerprint given: datasets 5.2 hashes a table
-    through dill, which cannot pickle pyarrow 25+'s MonthDayNano type (`from_list` fails)."""
-    import datasets
-    from datasets.table import InMemoryTable
-
-    return datasets.Dataset(InMemoryTable(pa.Table.from_pylist(rows)), fingerprint="rows")
-
-
-def _has(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
-
-
 @pytest.mark.parametrize("kind", ["jsonl", "parquet", "saved"])
 def test_every_row_is_a_dataset_task_carrying_its_fields(tmp_path: Path, kind: str) -> None:
-    write = {"jsonl": _jsonl, "parquet": _parquet, "saved": _saved}[kind]
+    write = {"jsonl": _jsonl, "parquet": _parquet, "saved": saved}[kind]
     path = write(tmp_path / f"data.{kind}", ROWS)
     source = load_dataset(path, _data(tmp_path))
     assert len(source) == len(ROWS)
@@ -133,10 +113,10 @@ def test_a_reward_that_does_not_load_and_a_bad_mapping_stop_the_start(tmp_path: 
 
 
 def test_a_dataset_dict_directory_asks_for_one_split(tmp_path: Path) -> None:
-    require(_has("datasets"), "Hugging Face datasets")
+    splits = {"train": hf_dataset(ROWS)}  # skips (locally) or fails (CI) without datasets
     import datasets
 
-    datasets.DatasetDict({"train": _hf_dataset(ROWS)}).save_to_disk(str(tmp_path / "dd"))
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "dd"))
     with pytest.raises(TaskSourceError, match="several splits \\(train\\): give one split"):
         load_dataset(tmp_path / "dd", _data(tmp_path))
     assert len(load_dataset(tmp_path / "dd" / "train", _data(tmp_path))) == len(ROWS)
