@@ -22,13 +22,14 @@ A task file's difficulties are kept as one int32 per row (the curriculum draws o
 
 from __future__ import annotations
 
+import array
 import functools
 import hashlib
 import json
 import mmap
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
@@ -58,20 +59,32 @@ class TaskRow:
 
 
 class RowReader:
-    """Turns a file's records into `TaskRow`s: `check` at start-up (ValueError), `make` after."""
+    """Turns a file's records into `TaskRow`s: `check` at start-up (ValueError), `make` after.
+
+    A file whose rows have an ``env_spec`` column is a task file, whatever the flags say (so
+    a run may train on a dataset of prompts and evaluate on a task file); any other file is
+    a dataset of prompts, every row a task of `spec` (`DataConfig.env_spec`).
+    """
 
     def __init__(self, data: DataConfig) -> None:
         self.data = data
-        self.spec = data.env_spec()
+        self.prompt_spec = data.env_spec()
+        self.spec: str | None = None  # the file's rows' spec: None for a task file
         self._checked: OrderedDict[str, None] = OrderedDict()  # specs seen, bounded
         self._env_config: Any = None
-        if self.spec is not None:
+        self._task_file = True
+        if self.prompt_spec is not None:
             from envs.dataset import DatasetEnvConfig
             from envs.rewards import resolve
 
-            _, kwargs = envs.check_spec(self.spec)
+            _, kwargs = envs.check_spec(self.prompt_spec)
             self._env_config = DatasetEnvConfig.model_validate(kwargs)
             resolve(self._env_config.reward)  # a user's reward module imports here, or fails
+
+    def read_columns(self, columns: Collection[str]) -> None:
+        """Take the file's kind from its columns (a JSONL file's first row's keys)."""
+        self.spec = None if "env_spec" in columns else self.prompt_spec
+        self._task_file = "env_spec" in columns
 
     def _check_spec(self, spec: str) -> None:
         if spec in self._checked:
@@ -83,20 +96,22 @@ class RowReader:
 
     def check(self, record: Any) -> TaskRow:
         """The task of one record; ValueError (or EnvSpecError) says what is wrong with it."""
-        if self.spec is not None:
+        if not isinstance(record, dict):
+            raise ValueError("not a JSON object")
+        if not self._task_file:
+            if self.spec is None:
+                raise ValueError(
+                    "no env_spec: a task file names each row's env_spec; for a dataset of "
+                    "prompts give --prompt-column or --messages-column, and --reward"
+                )
             from envs.dataset import check_row
 
             check_row(self._env_config, record)
             self._check_size(record)
             return TaskRow(self.spec, row=record)
-        if not isinstance(record, dict):
-            raise ValueError("not a JSON object")
         unknown = set(record) - TASK_KEYS
         if unknown:
-            raise ValueError(
-                f"unknown keys {sorted(unknown)} (a dataset of prompts needs --prompt-column "
-                "or --messages-column)"
-            )
+            raise ValueError(f"unknown keys {sorted(unknown)} in a task file's row")
         spec = record.get("env_spec")
         if not isinstance(spec, str) or not spec:
             raise ValueError("env_spec must be a non-empty string")
@@ -110,7 +125,7 @@ class RowReader:
 
     def make(self, record: dict[str, Any]) -> TaskRow:
         """The task of a record already checked."""
-        if self.spec is not None:
+        if not self._task_file and self.spec is not None:
             return TaskRow(self.spec, row=record)
         max_turns = record.get("max_turns")
         return TaskRow(
@@ -159,8 +174,7 @@ class JsonlSource(TaskSource):
 
     def __init__(self, path: Path, reader: RowReader) -> None:
         self.path, self.reader = path, reader
-        offsets: list[int] = []
-        difficulties: list[int] = []
+        offsets, difficulties = array.array("q"), array.array("i")  # no int object a row
         offset = 0
         try:
             with path.open("rb") as f:
@@ -170,15 +184,18 @@ class JsonlSource(TaskSource):
                             record = json.loads(line)
                         except ValueError as exc:
                             raise TaskSourceError(f"{path}:{number}: not JSON: {exc}") from None
+                        if not offsets:  # the first row tells a task file from prompts
+                            reader.read_columns(record if isinstance(record, dict) else ())
                         task = _checked(reader, f"{path}:{number}", record)
                         offsets.append(offset)
                         difficulties.append(task.difficulty)
                     offset += len(line)
         except OSError as exc:
             raise TaskSourceError(f"cannot read task dataset {path}: {exc}") from exc
-        self.offsets = np.asarray(offsets, dtype=np.int64)
-        if any(difficulties):
-            self.difficulties = np.asarray(difficulties, dtype=np.int32)
+        self.offsets = np.frombuffer(offsets, dtype=np.int64)
+        found = np.frombuffer(difficulties, dtype=np.int32)
+        if found.any():
+            self.difficulties = found
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -210,6 +227,7 @@ class ArrowSource(TaskSource):
         except (OSError, ValueError, pa.ArrowException) as exc:
             raise TaskSourceError(f"cannot read the Arrow data of {label}: {exc}") from exc
         self._reads = 0
+        reader.read_columns(self.table.column_names)
         self.difficulties = self._check(label)
         self.release()
 

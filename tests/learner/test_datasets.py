@@ -104,8 +104,8 @@ def test_a_reward_that_does_not_load_and_a_bad_mapping_stop_the_start(tmp_path: 
     path = _jsonl(tmp_path / "d.jsonl", ROWS)
     with pytest.raises(TaskSourceError, match="could not be loaded"):
         load_dataset(path, _data(tmp_path, reward=f"{FNS}:missing"))
-    with pytest.raises(TaskSourceError, match=r"unknown keys \['answer', 'level', 'question'\]"):
-        load_dataset(path)  # a dataset of prompts read as a task file: the flags are missing
+    with pytest.raises(TaskSourceError, match=r"d.jsonl:1: no env_spec: .* --prompt-column"):
+        load_dataset(path)  # a dataset of prompts read without its flags
     with pytest.raises(ValueError, match="needs reward"):
         DataConfig(prompt_column="question")
     with pytest.raises(ValueError, match="not both"):
@@ -163,3 +163,11 @@ async def test_the_feeder_issues_tasks_that_carry_their_row(
     assert read == issued and len(read) == 4
     for task in read:
         assert isinstance(task, Task) and task.row == ROWS[task.meta["row"]]
+
+
+def test_a_task_file_beside_a_dataset_of_prompts_is_read_as_a_task_file(tmp_path: Path) -> None:
+    """One mapping for every file of a run: a file whose rows name their env_spec (an arith
+    held-out set listed by row) is still a task file when the prompt flags are given."""
+    held = tmp_path / "held.jsonl"
+    held.write_text('{"env_spec": "arith", "row": {"index": 3}}\n')
+    assert load_dataset(held, _data(tmp_path))[0] == TaskRow("arith", row={"index": 3})
