@@ -208,3 +208,23 @@ def test_redis_cluster_overlay_scales_on_every_partitions_tasks_stream() -> None
     scaled = _named(objs, "ScaledObject", "workers")
     with pytest.raises(jsonschema.ValidationError):
         _validate({**scaled, "spec": {**scaled["spec"], "triggers": [wrong]}})
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_learner_reads_its_data_from_a_volume_not_a_config_map(overlay: str) -> None:
+    """A ConfigMap caps at 1 MiB; the task and eval files live on the `farm-data` volume
+    (a 100 MB Parquet file fits), and Parquet conversions go to the checkpoints volume."""
+    objs = _render(overlay)
+    learner = _named(objs, "Deployment", "learner")["spec"]["template"]["spec"]
+    cfg = load_config([*learner["containers"][0]["args"], "--model", "/m"])
+    mounts = {m["mountPath"]: m["name"] for m in learner["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in learner["volumes"]}
+    assert cfg.tasks is not None and mounts[str(cfg.tasks.parent)] == "data"
+    assert volumes["data"]["persistentVolumeClaim"]["claimName"] == "farm-data"
+    cache = cfg.data.dataset_cache_dir
+    assert cache is not None and mounts[str(cache.parent)] == "checkpoints"
+    assert _named(objs, "PersistentVolumeClaim", "farm-data")
+    assert not [o for o in objs if o["kind"] == "ConfigMap" and "tasks" in o["metadata"]["name"]]
+    [init] = learner["initContainers"]  # the demo's line, written only where none is
+    assert init["image"] == learner["containers"][0]["image"]
+    assert "[ -e /data/tasks.jsonl ] ||" in init["args"][0]
