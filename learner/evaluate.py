@@ -150,7 +150,7 @@ def kept_rows(
     groups: dict[int, Any],
     band: tuple[float, float],
     threshold: float,
-    prompts: bool = False,
+    prompt_spec: str | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
     """The rows whose pass rate lies in `band` (each with its rate: ``meta.pass_rate`` on a
     task line, a ``pass_rate`` column on a row of a dataset of prompts, so the file reads
@@ -166,12 +166,12 @@ def kept_rows(
         passed = [sum(t.reward for t in e.turns) >= threshold for e in group.trajectories]
         rate = sum(passed) / len(passed)
         if band[0] <= rate <= band[1]:
-            kept.append(_kept_line(row, rate, prompts))
+            kept.append(_kept_line(row, rate, prompt_spec))
     return kept, unscored
 
 
-def _kept_line(row: Any, rate: float, prompts: bool) -> dict[str, Any]:
-    if prompts:
+def _kept_line(row: Any, rate: float, prompt_spec: str | None) -> dict[str, Any]:
+    if row.row is not None and row.env_spec == prompt_spec:  # a row of a dataset of prompts
         return {**row.row, "pass_rate": rate}
     line: dict[str, Any] = {"env_spec": row.env_spec, "difficulty": row.difficulty}
     if row.max_turns is not None:
@@ -215,7 +215,7 @@ async def _filter(ctx: RoleContext[FilterConfig]) -> int:
         await evaluator.consumer.destroy_group()  # nothing reads this evaluation's group again
         await redis.aclose()
     by_row = {g.task.eval.row: g for g in current.groups.values()}  # type: ignore[union-attr]
-    kept, unscored = kept_rows(rows, by_row, band, cfg.success_threshold, cfg.data.prompts)
+    kept, unscored = kept_rows(rows, by_row, band, cfg.success_threshold, cfg.data.env_spec())
     cfg.out.write_text("".join(json.dumps(line) + "\n" for line in kept))
     print(
         f"kept {len(kept)} of {len(rows)} tasks with pass rate in [{band[0]}, {band[1]}] "

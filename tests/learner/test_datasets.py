@@ -171,3 +171,26 @@ def test_a_task_file_beside_a_dataset_of_prompts_is_read_as_a_task_file(tmp_path
     held = tmp_path / "held.jsonl"
     held.write_text('{"env_spec": "arith", "row": {"index": 3}}\n')
     assert load_dataset(held, _data(tmp_path))[0] == TaskRow("arith", row={"index": 3})
+
+
+def test_a_filtered_dataset_of_prompts_reads_back_with_the_same_flags(tmp_path: Path) -> None:
+    """`learner filter` writes a kept row of a dataset of prompts as that row plus a
+    `pass_rate` column (not a task line), so the output trains with the same flags."""
+    from broker.messages import Trajectory, TrajectoryGroup, Turn
+    from learner.evaluate import kept_rows
+
+    data = _data(tmp_path)
+    rows = load_dataset(_jsonl(tmp_path / "d.jsonl", ROWS[:3]), data)
+
+    def group(index: int, rewards: list[float]) -> TrajectoryGroup:
+        turns = [Turn([1], [2], [-0.1], 0, r, True, False) for r in rewards]
+        task = Task(f"t{index}", rows[index].env_spec, len(rewards), index, 0)
+        return TrajectoryGroup(
+            task.task_id, task, tuple(Trajectory((t,), "terminated") for t in turns), "w"
+        )
+
+    groups = {0: group(0, [1.0, 0.0]), 1: group(1, [1.0, 1.0]), 2: group(2, [0.0, 0.0])}
+    kept, unscored = kept_rows(rows, groups, (0.1, 0.9), 0.5, data.env_spec())
+    assert (kept, unscored) == ([{**ROWS[0], "pass_rate": 0.5}], 0)
+    again = load_dataset(_jsonl(tmp_path / "kept.jsonl", kept), data)
+    assert again[0].row == {**ROWS[0], "pass_rate": 0.5}
