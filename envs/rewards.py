@@ -12,7 +12,7 @@ A reward function is called with the keyword arguments it names, out of:
 
 It may be sync or async. It returns a number (bool and int count), or a dict of named
 numbers: the reward is then their sum, and each component is reported on its own (the
-worker's ``farm_worker_reward_component`` summary). Sync functions run on a small thread
+worker's ``farm_worker_reward_component`` histogram). Sync functions run on a small thread
 pool, so a slow one never stalls the worker's event loop.
 
 Invariant: a reward function that raises, times out (``reward_timeout_s``) or returns

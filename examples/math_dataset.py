@@ -12,7 +12,7 @@ file. Train on it with::
 `boxed_and_correct` is a custom reward for the same file (``--reward
 examples.math_dataset:boxed_and_correct``): two components, whether the reply puts its
 answer in ``\\boxed{}`` (the format asked for) and whether math-verify finds it correct, so
-the worker's ``farm_worker_reward_component`` summary charts each.
+the worker's ``farm_worker_reward_component`` histogram charts each.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 
-from prometheus_client import Counter, Gauge, Histogram, Summary
+from prometheus_client import Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -38,10 +38,11 @@ RETRIES = Counter(
     "Episodes re-run after an infrastructure fault",
     ["category"],
 )
-REWARD_COMPONENTS = Summary(
+REWARD_COMPONENTS = Histogram(
     "farm_worker_reward_component",
     "Named components of reward-function rewards (envs.rewards), per env",
     ["env", "component"],
+    buckets=(-1.0, -0.5, 0.0, 0.25, 0.5, 0.75, 1.0, 2.0, 5.0),
 )
 MAX_COMPONENTS = 32  # distinct component names per env; more are counted as "other"
 EPISODES_IN_FLIGHT = Gauge("farm_worker_episodes_in_flight", "Episodes running now")

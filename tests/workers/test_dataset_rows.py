@@ -4,7 +4,7 @@ recorded as the infrastructure's failure.
 Real groups through the worker's group runner against the CPU policy server (the tiny model):
 the `dataset` env's prompt is the row's column (its text is in the prompt tokens), the reward
 function sees each episode's reply and the row, and its named components reach the worker's
-``farm_worker_reward_component`` summary. A reward function that raises leaves every
+``farm_worker_reward_component`` histogram. A reward function that raises leaves every
 trajectory with the ``env`` error category: the group is infra-failed, so the learner
 skips it (`learner.batch`) instead of training a 0 against the model.
 """
