@@ -39,6 +39,11 @@ FIELD_BODY = b"b"
 
 
 def _task_to(t: Task) -> list[Any]:
+    return [*_task_to_v2(t), t.row]
+
+
+def _task_to_v2(t: Task) -> list[Any]:
+    """Task schema 2: what a group carries (its task without the row)."""
     mark = None if t.eval is None else [t.eval.set_name, t.eval.round_id, t.eval.row]
     return [
         t.task_id,
@@ -56,6 +61,15 @@ def _task_to(t: Task) -> list[Any]:
 
 
 def _task_from(v: list[Any]) -> Task:
+    if len(v) != 12:
+        raise ValueError(f"a schema-3 task has 12 fields, got {len(v)}")
+    row = v[11]
+    if row is not None and not isinstance(row, dict):
+        raise ValueError(f"a task's row must be a map, got {type(row).__name__}")
+    return dataclasses.replace(_task_from_v2(v[:11]), row=row)
+
+
+def _task_from_v2(v: list[Any]) -> Task:
     if len(v) != 11:
         raise ValueError(f"a schema-2 task has 11 fields, got {len(v)}")
     mark, temperature, max_tokens = v[8:]
@@ -240,7 +254,7 @@ def _traj_from_v1(v: list[Any]) -> Trajectory:
 def _group_to(g: TrajectoryGroup) -> list[Any]:
     return [
         g.group_id,
-        _task_to(g.task),
+        _task_to_v2(g.task),  # without the row: the trajectories stream stays lean
         [_traj_to(t) for t in g.trajectories],
         g.worker_id,
         g.created_at,
@@ -248,7 +262,7 @@ def _group_to(g: TrajectoryGroup) -> list[Any]:
 
 
 def _group_from(
-    v: list[Any], traj_from: Any = _traj_from, task_from: Any = _task_from
+    v: list[Any], traj_from: Any = _traj_from, task_from: Any = _task_from_v2
 ) -> TrajectoryGroup:
     group_id, task, trajectories, worker_id, created_at = v
     return TrajectoryGroup(
@@ -324,6 +338,7 @@ _CODECS: dict[str, tuple[type, int, Any, Any]] = {
 # (kind, older schema version) -> decoder: entries written before a bump still decode.
 _OLDER: dict[tuple[str, int], Any] = {
     (Task.KIND, 1): _task_from_v1,
+    (Task.KIND, 2): _task_from_v2,
     (TrajectoryGroup.KIND, 1): _group_from_v1,
     (TrajectoryGroup.KIND, 2): lambda v: _group_from(
         v, lambda t: _traj_from(t, _turn_from_v2), _task_from_v1

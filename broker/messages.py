@@ -89,8 +89,8 @@ class Task:
     """One unit of work: run ``group_size`` episodes of one environment spec."""
 
     KIND: ClassVar[str] = "task"
-    # 2: eval mark and per-task sampling (temperature, max tokens)
-    VERSION: ClassVar[int] = 2
+    # 2: eval mark and per-task sampling (temperature, max tokens); 3: the dataset row
+    VERSION: ClassVar[int] = 3
 
     task_id: str  # unique; the group built from it carries the same id (dedup key)
     env_spec: str  # "name@{json kwargs}", resolved by envs.make
@@ -105,6 +105,10 @@ class Task:
     eval: EvalMark | None = None
     temperature: float | None = None  # sampling temperature for this task (None: the worker's)
     max_tokens: int | None = None  # completion tokens per turn (None: the worker's)
+    # the dataset row's fields (schema 3): the environment gets them at reset
+    # (``options={"row": ...}``). At most MAX_ROW_BYTES packed, checked where rows are read
+    # (`learner.datasets`). A group carries its task without it: the learner holds the dataset.
+    row: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
@@ -124,6 +128,11 @@ class Task:
         """The sampling seed of turn `turn` of episode `index`: distinct per episode and turn,
         the same on every re-run (a redelivered task samples what the first run sampled)."""
         return mix_seed(self.seed, index, turn)
+
+
+# The most a task's row may weigh packed (msgpack): a task entry stays small beside the
+# stream's byte budget, and one oversized row cannot stall a worker's read.
+MAX_ROW_BYTES = 1 << 20
 
 
 def mix_seed(*parts: int) -> int:

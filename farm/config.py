@@ -23,6 +23,7 @@ from broker.run import RunFields
 from farm.errors import ConfigError
 from farm.gpus import GpuSettings
 from launch.settings import CommaList, RoleConfig, section
+from learner.dataspec import DataConfig
 
 
 class FarmConfig(RunFields, RoleConfig):
@@ -59,7 +60,9 @@ class FarmConfig(RunFields, RoleConfig):
         json_schema_extra={"flag_aliases": ["env"]},
     )
     tasks: Path | None = Field(
-        None, description="learner's JSONL task dataset; None writes one line with env_spec"
+        None,
+        description="learner's task dataset (JSONL, Parquet or a datasets directory); "
+        "None writes one line with env_spec",
     )
     max_steps: int = Field(0, ge=0, description="learner steps before the farm stops (0: never)")
     learner_args: list[str] = Field(
@@ -77,6 +80,7 @@ class FarmConfig(RunFields, RoleConfig):
     status_interval_s: float = Field(5.0, gt=0.0, le=3600.0, description="status refresh period")
     restart_max: int = Field(5, ge=0, le=1000, description="crashes per child within 5 min")
     gpu: GpuSettings = section(GpuSettings)  # vLLM servers and learner ranks (farm.gpus)
+    data: DataConfig = section(DataConfig)  # --prompt-column, --reward, ...: for the learner
 
     @field_validator("inference_urls")
     @classmethod

@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILES = ROOT / "deploy" / "docker"
 ENV_FILE = ROOT / "deploy" / "compose" / ".env"
 TORCH = "torch==2.13.0"  # the CPU wheel on this machine's disk (see scripts/bootstrap.sh)
-EXTRAS = ("train", "sandbox")
+EXTRAS = ("train", "sandbox", "data")  # data: Parquet datasets and --reward math
 # What the worker image copies (worker.Dockerfile); the tag hashes exactly these files.
 SOURCES = (
     "pyproject.toml",

@@ -118,7 +118,7 @@ async def prepare(cfg: FarmConfig, sink: LineSink) -> tuple[Path, Path]:
         raise StartupError(f"no model at {model} (config.json missing)")
     if cfg.tasks is None:
         tasks.write_text(json.dumps({"env_spec": cfg.env_spec}) + "\n")
-    elif not tasks.is_file():
+    elif not tasks.exists():  # a file, or a directory `datasets` saved
         raise StartupError(f"task file {tasks} does not exist")
     return model, tasks
 
@@ -286,6 +286,7 @@ def _learner(
         "checkpoint_dir": work / "checkpoints",
         "resume": True,
         "max_steps": cfg.max_steps,
+        "data": cfg.data,
     }
     if gpus.learner_device != "auto":
         own["device"] = gpus.learner_device

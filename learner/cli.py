@@ -48,15 +48,13 @@ def check_inputs(cfg: LearnerConfig) -> None:
             importlib.import_module(name)
         except ImportError as exc:
             raise TaskSourceError(f"cannot import env module {name!r}: {exc}") from exc
+    from learner.datasets import load_dataset
+
     if cfg.tasks is not None and cfg.replay is None:
-        from learner.tasks import load_dataset
-
-        load_dataset(cfg.tasks)
+        load_dataset(cfg.tasks, cfg.data)
     for name, path in cfg.evaluation.sets.items():  # every eval set, before anything is issued
-        from learner.tasks import load_dataset
-
         try:
-            load_dataset(path)
+            load_dataset(path, cfg.data)
         except TaskSourceError as exc:
             raise TaskSourceError(f"eval set {name!r}: {exc}") from exc
 

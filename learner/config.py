@@ -26,6 +26,7 @@ from broker.consumer import ConsumerSettings
 from broker.run import RunFields
 from envs.wrappers import HorizonSchedule as TurnSchedule
 from launch.settings import CommaList, RoleConfig, section
+from learner.dataspec import DataConfig
 from learner.errors import ConfigError
 from learner.lora import LoraSettings
 from learner.tracking.config import TrackingConfig
@@ -403,7 +404,8 @@ class EvalConfig:
 
     eval_tasks: CommaList = Field(
         default_factory=list,
-        description="eval sets NAME=FILE.jsonl (repeatable); their tasks are never trained",
+        description="eval sets NAME=FILE (repeatable; JSONL, Parquet or a datasets directory); "
+        "each row is scored, never trained",
     )
     eval_interval: int = Field(0, ge=0, description="evaluate every N steps (0: never)")
     eval_before_train: bool = Field(False, description="evaluate the initial weights first")
@@ -473,7 +475,9 @@ class LearnerConfig(RunFields, RoleConfig):
     )
     transfer: TransferConfig = section(TransferConfig, prefix="weight_transfer_")
     # --- task source and replay ---------------------------------------------------------------
-    tasks: Path | None = Field(None, description="JSONL dataset of env specs (None: no feeding)")
+    tasks: Path | None = Field(
+        None, description="task dataset: JSONL, Parquet or a datasets directory (None: no feeding)"
+    )
     max_failed_batches: int = Field(
         10, ge=0, description="stop after this many batches in a row spoiled by infra/spec errors"
     )
@@ -491,6 +495,7 @@ class LearnerConfig(RunFields, RoleConfig):
     loss: LossConfig = section(LossConfig)
     tracking: TrackingConfig = section(TrackingConfig)  # docs/tracking.md
     evaluation: EvalConfig = section(EvalConfig)
+    data: DataConfig = section(DataConfig)  # learner.dataspec: datasets of prompts
     lora: LoraSettings = section(LoraSettings, prefix="lora_")  # learner.lora
 
     @model_validator(mode="after")

@@ -58,7 +58,7 @@ python_env() {
   # torch first and pinned: 2.13.0 is the CPU wheel on this machine's disk; letting a
   # resolver pick torch would download a multi-gigabyte CUDA build.
   "$VENV/bin/python" -m pip install -q "torch==2.13.0"
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[train,sandbox,tracking,dev]"
+  "$VENV/bin/python" -m pip install -q -e "$ROOT[train,sandbox,tracking,data,dev]"
   echo "$want" >"$stamp"
 }
 

@@ -174,7 +174,9 @@ async def run_episode(
 async def _loop(ep: _Episode) -> Ending:
     """Reset, then the turn loop; returns how the episode ended."""
     ctx, cfg = ep.ctx, ep.cfg
-    obs, _ = await _env_call(ep, envs.areset(ep.env, seed=ep.task.seed))
+    row = ep.task.row  # a dataset row reaches the env as Gymnasium's reset options
+    options = None if row is None else {"row": row}
+    obs, _ = await _env_call(ep, envs.areset(ep.env, seed=ep.task.seed, options=options))
     chat: ChatEnv = ep.env if isinstance(ep.env, ChatEnv) else _NoChat()
     transcript = Transcript(ctx.codec, ctx.history, chat.system_prompt, chat.tools)
     transcript.first(obs)
@@ -236,6 +238,8 @@ async def _turns(
         env_steps.inc()
         if info.get("error") == ErrorCategory.FORMAT:
             metrics.ERRORS.labels(category=ErrorCategory.FORMAT.value).inc()
+        if "reward_components" in info:  # a reward function's named parts (envs.rewards)
+            metrics.observe_reward_components(ep.env_name, info["reward_components"])
         versions = [v for v in gen.weight_versions if v >= 0]  # -1: a non-integer label
         state.turns.append(
             Turn(

@@ -281,7 +281,7 @@ def test_eval_tasks_are_marked_on_the_wire_and_task_schema_1_still_decodes() -> 
     mark = EvalMark("held-out", "round-3", 7)
     task = Task("t1", "toy@{}", 4, 9, 2, eval=mark, temperature=0.0, max_tokens=5)
     fields = encode(task)
-    assert fields[b"v"] == b"2"
+    assert fields[b"v"] == b"3"
     back = decode(fields, expect=Task)
     assert back == task and back.is_eval  # type: ignore[union-attr]
     old = msgpack.packb(["t0", "toy@{}", 2, 7, 0, 1.0, None, {}], use_bin_type=True)
@@ -289,6 +289,8 @@ def test_eval_tasks_are_marked_on_the_wire_and_task_schema_1_still_decodes() -> 
     assert isinstance(v1, Task) and not v1.is_eval and v1.temperature is None
     with pytest.raises(DecodeError, match="11 fields"):  # a schema-1 body under a 2 tag
         decode({b"k": b"task", b"v": b"2", b"b": old})
+    with pytest.raises(DecodeError, match="12 fields"):  # a schema-1 body under a 3 tag
+        decode({b"k": b"task", b"v": b"3", b"b": old})
     with pytest.raises(ValueError, match="round id"):
         EvalMark("held-out", "", 0)
     with pytest.raises(ValueError, match="max_tokens"):
@@ -314,3 +316,30 @@ def test_policy_versions_name_their_adapter_and_schema_1_still_decodes() -> None
     assert encode(v1)[b"v"] == b"2"
     with pytest.raises(DecodeError, match="6 fields"):  # a schema-1 body under a 2 tag
         decode({b"k": b"policy", b"v": b"2", b"b": old})
+
+
+rows = st.none() | st.dictionaries(
+    st.text(max_size=8),
+    st.one_of(ints, text, floats, st.booleans(), st.none(), st.lists(text, max_size=3)),
+    max_size=5,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(tasks, rows)
+def test_a_tasks_row_travels_with_it(task: Task, row: dict[str, object] | None) -> None:
+    """Task schema 3 carries the dataset row; the group built from the task carries the task
+    in schema 2, without the row (the learner holds its dataset), and still decodes equal."""
+    with_row = dataclasses.replace(task, row=row)
+    assert decode(encode(with_row), expect=Task) == with_row
+    group = TrajectoryGroup("g", with_row, (), "w")
+    assert decode(encode(group)).task == task  # type: ignore[union-attr]
+
+
+def test_task_schema_2_still_decodes_and_a_bad_row_is_refused() -> None:
+    v2 = ["t2", "toy@{}", 2, 7, 0, 1.0, None, {}, ["s", "r", 3], 0.0, 4]
+    back = decode({b"k": b"task", b"v": b"2", b"b": msgpack.packb(v2)}, expect=Task)
+    assert isinstance(back, Task) and back.row is None and back.eval == EvalMark("s", "r", 3)
+    bad = msgpack.packb([*v2, ["not", "a", "map"]])
+    with pytest.raises(DecodeError, match="row must be a map"):
+        decode({b"k": b"task", b"v": b"3", b"b": bad})

@@ -171,3 +171,39 @@ def test_redis_cluster_overlay_scales_on_every_partitions_tasks_stream() -> None
     scaled = named(objs, "ScaledObject", "workers")
     with pytest.raises(jsonschema.ValidationError):
         validate({**scaled, "spec": {**scaled["spec"], "triggers": [wrong]}})
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_learner_reads_its_data_from_a_volume_not_a_config_map(overlay: str) -> None:
+    """A ConfigMap caps at 1 MiB; the task and eval files live on the `farm-data` volume
+    (a 100 MB Parquet file fits), and Parquet conversions go to the checkpoints volume."""
+    objs = render(overlay)
+    learner, deployed = _learner_pod(objs)
+    args = learner["containers"][0]["args"]
+    if "learner" in args:  # the JobSet's args: torchrun's, then the learner's after `-m learner`
+        args = args[args.index("learner") + 1 :]
+    cfg = load_config([*args, "--model", "/m"])
+    mounts = {m["mountPath"]: m["name"] for m in learner["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in learner["volumes"]}
+    assert cfg.tasks is not None and mounts[str(cfg.tasks.parent)] == "data"
+    assert volumes["data"]["persistentVolumeClaim"]["claimName"] == "farm-data"
+    cache = cfg.data.dataset_cache_dir
+    assert cache is not None and mounts[str(cache.parent)] == "checkpoints"
+    assert named(objs, "PersistentVolumeClaim", "farm-data")
+    assert not [o for o in objs if o["kind"] == "ConfigMap" and "tasks" in o["metadata"]["name"]]
+    if not deployed:  # several nodes: the user puts the dataset on the shared volume first
+        return
+    [init] = learner["initContainers"]  # the demo's line, written only where none is
+    assert init["image"] == learner["containers"][0]["image"]
+    assert "[ -e /data/tasks.jsonl ] ||" in init["args"][0]
+
+
+def _learner_pod(objs: list[dict]) -> tuple[dict, bool]:
+    """The learner's pod spec, and whether it is the one-node Deployment (else the JobSet's)."""
+    deployments = [
+        o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "learner"
+    ]
+    if deployments:
+        return deployments[0]["spec"]["template"]["spec"], True
+    [jobset] = [o for o in objs if o["kind"] == "JobSet"]
+    return jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"], False
