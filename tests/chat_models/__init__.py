@@ -409,8 +409,3 @@ def _gguf_metadata(f: Any) -> dict[str, Any]:
         key = f.read(read("Q")).decode()
         meta[key] = value(read("I"))
     return meta
-
-
-if __name__ == "__main__":
-    for family in FAMILIES:
-        print(tokenizer_dir(family))
