@@ -295,6 +295,15 @@ class BwrapBackend(_ProcessBackend):
             return None, {"cgroups": str(exc)}
         return group, {}
 
+    async def close(self) -> None:
+        """Remove this process's cgroup directory once its last jail's is gone (another
+        pool of this process may still use it: then it stays)."""
+        mounts = v1_mounts()
+        if not missing(mounts):
+            await asyncio.to_thread(
+                Groups.under_self(mounts, f"{CGROUP_ROOT}/{_owner_dir()}").remove, 0
+            )
+
     def argv(self, uid: int, socket_dir: Path) -> list[str]:
         cfg = self.config
         args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1"]

@@ -53,20 +53,16 @@ def run_shell(
             return _reply(
                 None, pending, cap, truncated=False, started=started, violation=violation
             ), None
-    if shell is None:
-        shell = Shell(workdir, tmpdir, limits)
     try:
+        if shell is None:
+            shell = Shell(workdir, tmpdir, limits)
         shell.start(req["command"])
-    except OSError as exc:  # the code made its tmp unusable: its doing
-        message = f"sandbox: cannot write the command file: {exc.strerror or exc}"
-        return _reply(
-            126,
-            pending + message.encode() + b"\n",
-            cap,
-            truncated=False,
-            started=started,
-            violation=violation,
-        ), shell
+    except OSError as exc:  # its ptys used up, its tmp unusable: the code's doing
+        message = f"sandbox: cannot run the command: {exc.strerror or exc}\n".encode()
+        reply = _reply(
+            126, pending + message, cap, truncated=False, started=started, violation=violation
+        )
+        return reply, shell
     status, out, truncated = shell.read(started + float(req["timeout"]), cap)
     timed_out = status is None and shell.alive()
     if status is None and not timed_out:

@@ -45,9 +45,11 @@ DRAIN_S = 0.2  # most time spent draining background output before a call
 RETYPE_S = 0.5  # a nonce line typed on a false ready marker is typed again after this
 INTERRUPT_GRACE_S = 2.0  # after a timeout, how long bash may take to come back
 SIGINT_GRACE_S = 0.2  # how long a timed-out job has to die of SIGINT before SIGKILL
-READY = b"\n__farm_ready__\n"
-DONE = re.compile(rb"\n__farm_done_([0-9a-f]{32})_(\d+)__\n")
-MARKERS = re.compile(rb"\n__farm_(?:ready|done_[0-9a-f]{32}_\d+)__\n")
+# bash writes a marker's leading newline (which puts it on a line of its own) apart from
+# the rest (its stdout is line-buffered), so a background job's output may come between
+READY = b"__farm_ready__\n"
+DONE = re.compile(rb"__farm_done_([0-9a-f]{32})_(\d+)__\n")
+MARKERS = re.compile(rb"\n?__farm_(?:ready|done_[0-9a-f]{32}_\d+)__\n")
 # run at every prompt: saves the status, then undoes what would break the framing (the
 # terminal descriptors are opened afresh: the command may have closed or moved them)
 PROMPT_COMMAND = (
