@@ -46,10 +46,11 @@ RETYPE_S = 0.5  # a nonce line typed on a false ready marker is typed again afte
 INTERRUPT_GRACE_S = 2.0  # after a timeout, how long bash may take to come back
 SIGINT_GRACE_S = 0.2  # how long a timed-out job has to die of SIGINT before SIGKILL
 # bash writes a marker's leading newline (which puts it on a line of its own) apart from
-# the rest (its stdout is line-buffered), so a background job's output may come between
-READY = b"__farm_ready__\n"
+# the rest (its stdout is line-buffered), so a background job's output may come between;
+# the ready marker may also come through output modes the command set (onlcr, olcuc)
+READY = re.compile(rb"__farm_ready__\r*\n", re.IGNORECASE)
 DONE = re.compile(rb"__farm_done_([0-9a-f]{32})_(\d+)__\n")
-MARKERS = re.compile(rb"\n?__farm_(?:ready|done_[0-9a-f]{32}_\d+)__\n")
+MARKERS = re.compile(rb"\r?\n?__farm_(?:ready|done_[0-9a-f]{32}_\d+)__\r*\n", re.IGNORECASE)
 # run at every prompt: saves the status, then undoes what would break the framing (the
 # terminal descriptors are opened afresh: the command may have closed or moved them)
 PROMPT_COMMAND = (
@@ -198,11 +199,9 @@ class Shell:
         for found in DONE.finditer(window):
             if found.group(1).decode() in self.nonces:
                 return int(found.group(2)), found.end()
-        start = window.find(READY)
-        while start >= 0:
-            if start + len(READY) > old and not self.ready:
+        for found in READY.finditer(window):
+            if found.end() > old and not self.ready:
                 self.ready, self.ready_at = True, time.monotonic()
-            start = window.find(READY, start + 1)
         return None
 
     def _type_nonce(self) -> None:
