@@ -198,11 +198,18 @@ class Agent:
         ):
             return _error(f"'limits' must give a positive int for each of {LIMIT_KEYS}")
         self._stop_session(sid)
-        if self.tenancy.first_uid is not None and sid not in self.slots:
+        fresh = self.tenancy.first_uid is not None and sid not in self.slots
+        if fresh:
             if not self.free:
                 return _error("no free session slot in this sandbox")
             self.slots[sid] = self.free.pop()
-        return self._open(sid, {k: limits[k] for k in LIMIT_KEYS})
+        reply: dict = {}
+        try:
+            reply = self._open(sid, {k: limits[k] for k in LIMIT_KEYS})
+        finally:
+            if fresh and not reply.get("ok"):  # never served: the slot is as it was
+                self.free.append(self.slots.pop(sid))
+        return reply
 
     def _close(self, sid: str) -> dict:
         """End the session's processes (all of its uid, or all but the other sessions'),
@@ -258,6 +265,7 @@ class Agent:
             listener.close()
         if failed:
             _signal(pid, signal.SIGKILL)
+            os.unlink(path)
             return _error(failed)
         self.sessions[sid] = pid
         return {"ok": True, "socket": os.path.basename(path), "pid": pid}

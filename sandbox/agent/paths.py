@@ -74,7 +74,8 @@ def read_capped(fd: int, cap: int) -> bytes:
 
 def own_dir(parent: int, name: str) -> int:
     """An O_PATH descriptor of the real directory ``name`` under ``parent``, made if
-    missing; a link or file that the code put there instead is removed first."""
+    missing, with its owner's modes given back; a link or file that the code put there
+    instead is removed first."""
     for _ in range(3):
         try:
             fd = os.open(
@@ -86,6 +87,7 @@ def own_dir(parent: int, name: str) -> int:
             os.unlink(name, dir_fd=parent)
         else:
             if stat.S_ISDIR(os.fstat(fd).st_mode):
+                os.chmod(f"/proc/self/fd/{fd}", 0o700)  # the descriptor, not a path: no link
                 return fd
             os.close(fd)
             os.unlink(name, dir_fd=parent)

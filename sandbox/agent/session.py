@@ -14,7 +14,6 @@ import signal
 import socket
 import time
 
-from . import call
 from .call import CEILING, ENV, Standby, _safe_path, clamp
 from .files import file_request
 from .interpreter import PyWorker
@@ -122,14 +121,14 @@ def run_request(req: dict, session: SessionState) -> dict:
     }
 
 
-def _refused(message: str, stream: str = "stderr") -> dict:
+def _refused(message: str) -> dict:
     """The call could not start because of what the code did to its own files: the
-    model's error (exit status 126, this message), never the sandbox's."""
+    model's error (exit status 126, this message on stderr), never the sandbox's."""
     return {
         "ok": True,
         "exit_code": 126,
-        "stdout": message + "\n" if stream == "stdout" else "",
-        "stderr": message + "\n" if stream == "stderr" else "",
+        "stdout": "",
+        "stderr": message + "\n",
         "stdout_truncated": False,
         "stderr_truncated": False,
         "duration_s": 0.0,
@@ -314,7 +313,8 @@ def _serve_session(
     """A session process: one connection at a time, one request at a time. ``ceiling``
     bounds every call's limits; ``ready()`` tells the agent the session is up."""
     os.umask(0o077)
-    call.CEILING.update(ceiling)
+    CEILING.update(ceiling)
+    os.chmod(slot_dir, 0o700)  # reopened after the code took its modes away: its own
     slot = os.open(slot_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     for name in ("work", "tmp"):
         os.close(own_dir(slot, name))  # a link the code left at its place is not followed

@@ -20,6 +20,7 @@ Stdlib only (ctypes for the system calls Python does not wrap).
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import os
 import socket
@@ -53,7 +54,7 @@ HIDDEN = ("/run", "/sys/fs/cgroup")  # the agent's sockets; every slot's cgroup
 def enter(slot_dir: str, work_root: str, ptys: int) -> None:
     """Give the calling process (the new session) its own namespaces; see module doc."""
     uid, gid = os.geteuid(), os.getegid()
-    _call(_LIBC.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET), "unshare")
+    _call(_libc().unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET), "unshare")
     _map_ids(uid, gid)
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     slot = os.open(slot_dir, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -84,7 +85,7 @@ def probe() -> None:
     """What `enter` needs of the kernel, tried in the calling (throw-away) process:
     raises OSError naming the step that the sandbox refuses."""
     uid, gid = os.geteuid(), os.getegid()
-    _call(_LIBC.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET), "unshare")
+    _call(_libc().unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET), "unshare")
     _map_ids(uid, gid)
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _cover("/run")
@@ -104,20 +105,20 @@ def set_caps(keep: int) -> None:
     effective and permitted sets; the inheritable set is emptied. Never raises them."""
     header = _CapHeader(_CAP_V3, 0)
     data = (_CapData * 2)()
-    _call(_LIBC.capget(ctypes.byref(header), data), "capget")
+    _call(_libc().capget(ctypes.byref(header), data), "capget")
     for word, item in enumerate(data):
         mask = (keep >> (32 * word)) & 0xFFFFFFFF
         item.effective &= mask
         item.permitted &= mask
         item.inheritable = 0
-    _call(_LIBC.capset(ctypes.byref(header), data), "capset")
+    _call(_libc().capset(ctypes.byref(header), data), "capset")
 
 
 def capabilities() -> int:
     """The effective capability mask of the caller."""
     header = _CapHeader(_CAP_V3, 0)
     data = (_CapData * 2)()
-    _call(_LIBC.capget(ctypes.byref(header), data), "capget")
+    _call(_libc().capget(ctypes.byref(header), data), "capget")
     return data[0].effective | (data[1].effective << 32)
 
 
@@ -158,8 +159,14 @@ def _mount(
     source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None
 ) -> None:
     enc = [None if v is None else v.encode() for v in (source, target, fstype, data)]
-    result = _LIBC.mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3])
+    result = _libc().mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3])
     _call(result, f"mount {target}")
+
+
+def _libc():
+    if _LIBC is None:
+        raise OSError(errno.ENOSYS, "ctypes is unavailable: no system calls for namespaces")
+    return _LIBC
 
 
 def _call(result: int, what: str) -> None:
