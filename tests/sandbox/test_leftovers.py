@@ -161,10 +161,11 @@ async def test_a_slot_is_wiped_whatever_the_session_did_to_it(pool_factory) -> N
 @pytest.mark.docker
 async def test_the_agent_survives_a_refused_fork(docker_pool_factory) -> None:
     """Docker only: there sessions share the agent (PID 1 of the container), and one
-    session can use up the container's pids. On bwrap the agent serves one session
-    at a time and forks only once that session's processes are gone."""
+    session can use up the container's pids, so neither a new session nor the wipe of a
+    closed one can be forked. On bwrap the agent serves one session at a time and forks
+    only once that session's processes are gone."""
     pool: SandboxPool = await docker_pool_factory(
-        sessions_per_sandbox=3, max_sandboxes=1, warm=1, pids=48, limits={"processes": 400}
+        sessions_per_sandbox=4, max_sandboxes=1, warm=1, pids=48, limits={"processes": 400}
     )
     # takes every pid of the container, and each one freed again at once
     hog = (
@@ -176,14 +177,18 @@ async def test_the_agent_survives_a_refused_fork(docker_pool_factory) -> None:
         "' >/dev/null 2>&1 & sleep 3; echo held"
     )
     async with pool.session() as victim, pool.session() as attacker:
+        bystander = await pool.acquire()
         assert (await victim.run_python("print('up')")).ok
         held = await attacker.shell(hog, timeout=20)
         assert held.stdout.endswith("held\n"), held
         with pytest.raises(SandboxError, match=r"could not|Resource"):
             await pool.acquire()  # the agent cannot fork a session now; it says so
+        # nor the child that wipes a closed slot: the close fails, the container will go
+        await pool.release(bystander)
+        assert victim.sandbox.draining
         ping = await victim.sandbox.control.request({"op": "ping"}, 10)
-        assert ping["ok"] and ping["pid"] == 1, ping
+        assert ping["ok"] and ping["pid"] == 1 and ping["sessions"] == 2, ping
         r = await victim.run_python("print('still here')")
         assert r.ok and r.stdout == "still here\n", r
-    async with pool.session() as again:  # the pids are back once the attacker closed
+    async with pool.session() as again:  # a fresh container once the old one emptied
         assert (await again.run_python("print(1)")).ok
