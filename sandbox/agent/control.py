@@ -330,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         tenancy.first_uid = uids[0]
     if args.session_memory_mb and uids is not None:
         slots.setup_cgroups(tenancy, uids[1], args.session_memory_mb << 20)
+    slots.drop_admin()
     if tenancy.private:
         slots.probe(tenancy)
     Agent(args.socket_dir, tenancy, args.lifeline_fd, uids, args.host_gid).serve_forever()

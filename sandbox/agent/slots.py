@@ -44,7 +44,7 @@ class Tenancy:
 
 def setup_cgroups(tenancy: Tenancy, slots: int, memory_bytes: int) -> None:
     """A memory/CPU cgroup per slot under the container's own (cgroup v1), made writable
-    for that; the capability that took (SYS_ADMIN) is dropped whatever happens."""
+    for that (with SYS_ADMIN, which `drop_admin` then gives up)."""
     try:
         mounts = v1_mounts()
         why = missing(mounts)
@@ -58,8 +58,12 @@ def setup_cgroups(tenancy: Tenancy, slots: int, memory_bytes: int) -> None:
         tenancy.cgroups = mounts
     except OSError as exc:
         tenancy.problems["cgroups"] = str(exc)
-    finally:
-        tenant.set_caps(tenant.capabilities() & ~(1 << tenant.CAP_SYS_ADMIN))
+
+
+def drop_admin() -> None:
+    """Give up SYS_ADMIN for good (effective and permitted sets): what needed it (the
+    cgroups) is done, and the agent never execs, so nothing gives it back."""
+    tenant.set_caps(tenant.capabilities() & ~(1 << tenant.CAP_SYS_ADMIN))
 
 
 def probe(tenancy: Tenancy) -> None:
