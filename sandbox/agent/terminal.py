@@ -175,10 +175,13 @@ class Shell:
                 except BlockingIOError:
                     continue
                 except OSError:
-                    chunk = b""  # EIO: bash is gone and the terminal closed
-                if not chunk:  # the terminal closed as bash exits: let it finish exiting
-                    select.select([self.pidfd], [], [], INTERRUPT_GRACE_S)
-                    return None, _clean(head, cap), truncated
+                    chunk = b""  # EIO: no process holds the terminal open now
+                if not chunk:
+                    # bash is exiting, or the command closed every descriptor of the
+                    # terminal (the prompt hook opens it again): bash's end tells which
+                    if select.select([self.pidfd], [], [], 0.01)[0]:
+                        return None, _clean(head, cap), truncated
+                    continue
                 window = tail + chunk
                 end = self._find_end(window, len(tail))
                 keep = chunk if end is None else chunk[: max(0, end[1] - len(tail))]
