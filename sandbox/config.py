@@ -111,8 +111,10 @@ class SandboxConfig(BaseModel):
     session_ptys: int = Field(
         16, ge=1, le=1024, description="Pseudo-terminals one session may hold (devpts max=)."
     )
-    cpus: float = Field(1.0, gt=0, le=256, description="CPU limit of one sandbox (docker).")
-    pids: int = Field(256, ge=16, le=1 << 20, description="pids limit of one sandbox (docker).")
+    cpus: float = Field(
+        1.0, gt=0, le=256, description="CPU limit of one sandbox (a bwrap jail: a CFS quota)."
+    )
+    pids: int = Field(256, ge=16, le=1 << 20, description="pids limit of one sandbox.")
     work_mb: int = Field(
         256, ge=1, le=1 << 20, description="Size of the tmpfs work directory, MiB."
     )

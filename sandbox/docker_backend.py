@@ -6,9 +6,10 @@ capabilities dropped but the four the agent keeps to start sessions as their own
 agent drops itself once it has made a memory/CPU cgroup per slot (its presence is also
 what lets the engine's default seccomp profile allow the namespaces each session gets),
 no-new-privileges, memory/CPU/pids limits and the optional runtime (runsc for gVisor).
-The agent is PID 1, so the code it runs cannot signal it. Every container carries labels naming its owner process; `prepare()`
-removes containers whose owner on this host is gone (an earlier crash), `stop()`
-removes one. The SDK is blocking, so every call runs in a worker thread.
+The agent is PID 1, so the code it runs cannot signal it. Every container carries
+labels naming its owner process; `prepare()` removes containers whose owner on this
+host is gone (an earlier crash), `stop()` removes one. The SDK is blocking, so every
+call runs in a worker thread.
 """
 
 from __future__ import annotations
