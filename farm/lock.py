@@ -1,21 +1,26 @@
 """The dependency locks: what they pin, and where an environment departs from them.
 
-`locks/cpu.txt` pins, with hashes, everything the project's base and its extras ``train``,
-``sandbox``, ``tracking``, ``data`` and ``dev`` need, with the CPU build of torch: the
-bootstrap (and so CI) and the compose stack's CPU images install it. `locks/gpu.txt` pins the
-base with ``train``, ``sandbox``, ``tracking``, ``data`` and ``gpu`` (vLLM 0.33 and the CUDA
-torch it requires, which cannot share a resolution with the CPU torch): the learner image and
-GPU nodes install it. Both are universal (uv's ``--universal``): one entry per package, or
-several behind markers where the platform or the python decides, so one lock serves the
-host's python and the images' alike. `scripts/upgrade-deps.sh` writes them; nothing else does.
+`locks/cpu.txt` pins, with hashes, everything the project's base and the extras of
+``LOCK_EXTRAS["cpu"]`` need, with the CPU build of torch: the bootstrap (and so CI) installs
+it whole, and the compose stack's CPU image the part its extras need. `locks/gpu.txt` pins the
+base with ``LOCK_EXTRAS["gpu"]`` (vLLM 0.33 and the CUDA torch it requires, which cannot share
+a resolution with the CPU torch): the learner image and GPU nodes (scripts/gpu_check.sh)
+install it, each keeping the torch, CUDA libraries and vLLM it already has (``STACK``). Both
+are universal (uv's ``--universal``): one entry per package, or several behind markers where
+the platform or the python decides, so one lock serves the host's python and the images'
+alike. `scripts/upgrade-deps.sh` writes them; nothing else does.
 
-    python -m farm.lock check [--lock cpu|gpu|PATH] [--report]   # exit 1 on drift
+    python -m farm.lock check [--lock cpu|gpu|PATH] [--report] [--keep-stack]  # exit 1 on drift
+    python -m farm.lock constraints [--lock L] [--python X.Y.Z] [--keep-stack] # pip -c lines
+    python -m farm.lock requirements [--lock L] [--keep-stack]   # pip -r lines, with hashes
     python -m farm.lock diff OLD NEW                              # what an upgrade changed
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
+import platform
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -31,6 +36,27 @@ from farm.errors import LockError
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCKS = {"cpu": ROOT / "locks" / "cpu.txt", "gpu": ROOT / "locks" / "gpu.txt"}
+# The extras of pyproject.toml each lock resolves (scripts/upgrade-deps.sh passes the same).
+LOCK_EXTRAS = {
+    "cpu": ("train", "sandbox", "tracking", "data", "dev"),
+    "gpu": ("train", "sandbox", "tracking", "data", "dev", "gpu"),
+}
+# What a GPU machine or a CUDA base image brings and keeps (--keep-stack): torch in the build
+# that fits its driver, the CUDA libraries and kernels built against it, and vLLM, which pins
+# torch exactly. Installing the lock's over them would swap gigabytes for a build nobody ran
+# on that machine; the report names each one kept at a version other than the lock's.
+STACK = (
+    "torch",
+    "torchvision",
+    "torchaudio",
+    "torchcodec",
+    "triton",
+    "nvidia-*",
+    "cuda-*",
+    "vllm",
+    "flashinfer-*",
+    "xformers",
+)
 
 
 @dataclass(frozen=True)
@@ -60,8 +86,8 @@ class Drift:
     installed: str | None  # None: not installed
 
     def __str__(self) -> str:
-        have = self.installed or "not installed"
-        return f"{self.name}: locked {self.locked}, installed {have}"
+        have = f"installed {self.installed}" if self.installed else "not installed"
+        return f"{self.name}: locked {self.locked}, {have}"
 
 
 def _logical_lines(text: str) -> Iterable[tuple[int, str]]:
@@ -177,24 +203,58 @@ def changes(old: Iterable[Pin], new: Iterable[Pin]) -> list[str]:
     return lines
 
 
+def in_stack(name: str) -> bool:
+    """Whether `name` (canonical) is part of a GPU machine's own STACK."""
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in STACK)
+
+
+def constraints(pins: Mapping[str, Pin], keep_stack: bool = False) -> list[str]:
+    """``name==version`` of each pin (`for_python`'s choice), for pip's ``-c``: a resolution
+    under them takes the lock's version of whatever it needs; without the STACK's pins with
+    `keep_stack`, so what the machine has of those satisfies its requirement and stays."""
+    return [
+        f"{name}=={pin.version}"
+        for name, pin in sorted(pins.items())
+        if not (keep_stack and in_stack(name))
+    ]
+
+
+def _lock_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--lock", default="cpu", help="cpu, gpu or a path (default cpu)")
+    parser.add_argument(
+        "--keep-stack",
+        action="store_true",
+        help="leave the machine's torch, CUDA libraries and vLLM alone (farm.lock.STACK)",
+    )
+
+
 def _check(args: argparse.Namespace) -> int:
-    found = drift(read(args.lock))
     label = LOCKS.get(args.lock, args.lock)
-    if not found:
-        print(f"every package of {label} that applies here is installed at its locked version")
-        return 0
-    print(f"{len(found)} package(s) here differ from {label}:")
-    for item in found:
-        print(f"  {item}")
-    return 0 if args.report else 1
+    applies = for_python(read(args.lock))
+    found = drift(applies.values())
+    kept = [d for d in found if args.keep_stack and in_stack(d.name)]
+    rest = [d for d in found if d not in kept]
+    python = platform.python_version()
+    print(f"{label}: {len(applies)} packages apply to python {python} here, ", end="")
+    print(f"{len(applies) - len(found)} at their locked versions")
+    for title, items in (("kept, the machine's own (--keep-stack)", kept), ("differ", rest)):
+        if items:
+            print(f"{title}: {len(items)}")
+            print("\n".join(f"  {item}" for item in items))
+    return 0 if args.report or not rest else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m farm.lock", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="installed versions against a lock (exit 1 on drift)")
-    check.add_argument("--lock", default="cpu", help="cpu, gpu or a path (default cpu)")
+    _lock_arguments(check)
     check.add_argument("--report", action="store_true", help="print the drift, exit 0")
+    cons = sub.add_parser("constraints", help="the lock as pip constraints (name==version)")
+    _lock_arguments(cons)
+    cons.add_argument("--python", help="the python the pins are chosen for (default this one)")
+    reqs = sub.add_parser("requirements", help="this python's pins as hashed pip requirements")
+    _lock_arguments(reqs)
     diff = sub.add_parser("diff", help="what changed between two locks")
     diff.add_argument("old", type=Path)
     diff.add_argument("new", type=Path)
@@ -202,8 +262,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "check":
             return _check(args)
-        for line in changes(read(args.old), read(args.new)):
-            print(line)
+        if args.command == "diff":
+            for line in changes(read(args.old), read(args.new)):
+                print(line)
+            return 0
+        pins = for_python(read(args.lock), getattr(args, "python", None))
+        if args.command == "constraints":
+            print("\n".join(constraints(pins, args.keep_stack)))
+            return 0
+        chosen = [p for n, p in sorted(pins.items()) if not (args.keep_stack and in_stack(n))]
+        print("\n".join(pin.requirement() for pin in chosen))
         return 0
     except LockError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -23,9 +23,10 @@ UV_VERSION=0.13.9
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/rollout-farm"
 TOOLS="$CACHE/uv-$UV_VERSION"
 FIND_LINKS="${FARM_TORCH_FIND_LINKS:-/opt/wheels}"
-# The extras each lock covers (farm/lock.py, EXTRAS: tests/farm/test_lock.py holds them equal).
+# The extras each lock covers (farm/lock.py, LOCK_EXTRAS: tests/farm/test_lock.py holds them equal);
+# dev in both: a GPU node runs tests too (scripts/gpu_check.sh).
 CPU_EXTRAS=(train sandbox tracking data dev)
-GPU_EXTRAS=(train sandbox tracking data gpu)
+GPU_EXTRAS=(train sandbox tracking data dev gpu)
 
 log() { printf '[upgrade-deps] %s\n' "$*" >&2; }
 
@@ -35,7 +36,7 @@ args="$*"
 while [ $# -gt 0 ]; do
   case "$1" in
     --package) [ $# -ge 2 ] || { log "--package needs a name"; exit 2; }
-      [ "${upgrade[0]}" = --upgrade ] && upgrade=()
+      [ "${upgrade[0]:-}" = --upgrade ] && upgrade=()
       upgrade+=(--upgrade-package "$2"); shift 2 ;;
     --keep) upgrade=(); shift ;;
     --no-test) run_tests=0; shift ;;
