@@ -208,15 +208,22 @@ def in_stack(name: str) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in STACK)
 
 
-def constraints(pins: Mapping[str, Pin], keep_stack: bool = False) -> list[str]:
+def constraints(
+    pins: Mapping[str, Pin], keep_stack: bool = False, have: Mapping[str, str] | None = None
+) -> list[str]:
     """``name==version`` of each pin (`for_python`'s choice), for pip's ``-c``: a resolution
-    under them takes the lock's version of whatever it needs; without the STACK's pins with
-    `keep_stack`, so what the machine has of those satisfies its requirement and stays."""
-    return [
-        f"{name}=={pin.version}"
-        for name, pin in sorted(pins.items())
-        if not (keep_stack and in_stack(name))
-    ]
+    under them takes the lock's version of whatever it needs. With `keep_stack`, a STACK
+    package is held at the version installed here instead (`have`, the running interpreter's
+    when None), and left out where none is, so the machine's own stays as it is."""
+    if keep_stack and have is None:
+        have = installed()
+    lines = []
+    for name, pin in sorted(pins.items()):
+        if not (keep_stack and in_stack(name)):
+            lines.append(f"{name}=={pin.version}")
+        elif have and name in have:
+            lines.append(f"{name}=={have[name]}")
+    return lines
 
 
 def _lock_arguments(parser: argparse.ArgumentParser) -> None:
@@ -232,16 +239,22 @@ def _check(args: argparse.Namespace) -> int:
     label = LOCKS.get(args.lock, args.lock)
     applies = for_python(read(args.lock))
     found = drift(applies.values())
-    kept = [d for d in found if args.keep_stack and in_stack(d.name)]
-    rest = [d for d in found if d not in kept]
+    stack = [d for d in found if args.keep_stack and in_stack(d.name)]
+    kept = [d for d in stack if d.installed]
+    absent = [d for d in found if not d.installed]
+    differ = [d for d in found if d.installed and d not in kept]
     python = platform.python_version()
     print(f"{label}: {len(applies)} packages apply to python {python} here, ", end="")
     print(f"{len(applies) - len(found)} at their locked versions")
-    for title, items in (("kept, the machine's own (--keep-stack)", kept), ("differ", rest)):
+    for title, items in (("kept, the machine's own (--keep-stack)", kept), ("differ", differ)):
         if items:
             print(f"{title}: {len(items)}")
             print("\n".join(f"  {item}" for item in items))
-    return 0 if args.report or not rest else 1
+    if absent:
+        print(f"not installed: {len(absent)}")
+        print("\n".join(f"  {d.name} {d.locked}" + (" (stack)" * (d in stack)) for d in absent))
+    failed = differ or [d for d in absent if d not in stack]
+    return 0 if args.report or not failed else 1
 
 
 def main(argv: list[str] | None = None) -> int:

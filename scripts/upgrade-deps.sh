@@ -22,7 +22,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 UV_VERSION=0.13.9
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/rollout-farm"
 TOOLS="$CACHE/uv-$UV_VERSION"
-FIND_LINKS="${FARM_TORCH_FIND_LINKS:-/opt/wheels}"
+FIND_LINKS="${FARM_TORCH_FIND_LINKS:-/opt/wheels}"  # where the CPU torch is (as scripts/bootstrap.sh)
+[ -n "${FARM_TORCH_FIND_LINKS:-}" ] || [ -d "$FIND_LINKS" ] \
+  || FIND_LINKS=https://download.pytorch.org/whl/cpu/torch/
 # The extras each lock covers (farm/lock.py, LOCK_EXTRAS: tests/farm/test_lock.py holds them equal);
 # dev in both: a GPU node runs tests too (scripts/gpu_check.sh).
 CPU_EXTRAS=(train sandbox tracking data dev)
