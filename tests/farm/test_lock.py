@@ -59,6 +59,20 @@ def test_the_locks_cover_every_extra_as_the_upgrade_script_resolves_them() -> No
     assert covered == set(_project()["optional-dependencies"])
 
 
+def test_the_libraries_whose_internals_the_farm_touches_have_upper_bounds() -> None:
+    """Without the lock, pip must still stop below a release nobody ran (the forward's cache
+    argument, FSDP2, LoRA layers, vLLM's routes)."""
+    project = _project()
+    lines = [*project["dependencies"]]
+    lines += [r for rs in project["optional-dependencies"].values() for r in rs]
+    bounded = {
+        canonicalize_name(req.name)
+        for req in map(Requirement, lines)
+        if any(spec.operator in ("<", "<=", "==", "~=") for spec in req.specifier)
+    }
+    assert {"torch", "transformers", "peft", "vllm"} <= bounded
+
+
 def test_the_installed_environment_is_the_cpu_lock() -> None:
     """The guard: every package of locks/cpu.txt is installed here at its locked version (the
     bootstrap installs the lock; a drift is this one failure, not many odd ones elsewhere)."""
