@@ -103,7 +103,11 @@ log "the vLLM contract suite"
 log "the whole test suite (scripts/test.sh)"
 FARM_VENV="$VENV" scripts/test.sh 2>&1 | tee "$WORK/suite.log"
 
-summary() { grep -E '^=+ .*(passed|failed|error).* =+$' "$1" | tr -d '=' | sed 's/^ *//;s/ *$//'; }
+# pytest's closing line of each run ("941 passed, 2 skipped in 1247.20s", with or without -q)
+summary() {
+  grep -E '[0-9]+ (passed|failed|errors?|skipped|deselected).* in [0-9.]+s' "$1" \
+    | tr -d '=' | sed 's/^ *//;s/ *$//'
+}
 {
   echo "locks: upgrade-deps $args"
   echo
