@@ -154,7 +154,11 @@ def for_python(pins: Iterable[Pin], python_version: str | None = None) -> dict[s
         if not pin.applies(env):
             continue
         if pin.name in chosen:
-            raise LockError(f"two entries of {pin.name} apply here: {chosen[pin.name]}, {pin}")
+            first = chosen[pin.name]
+            raise LockError(
+                f"two entries of {pin.name} apply here: {first.version} ; {first.marker} "
+                f"and {pin.version} ; {pin.marker}"
+            )
         chosen[pin.name] = pin
     return chosen
 
