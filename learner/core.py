@@ -110,8 +110,10 @@ class Core:
         self, groups: list[TrajectoryGroup], replay: bool
     ) -> tuple[PreparedBatch, StepStats | None]:
         """Prepare and train one batch (rank 0 announces and broadcasts it; every rank trains
-        its share). A batch with no trainable sample is not a step: the step, the policy
-        version and --max-steps stay where they are (stats None)."""
+        its share). A batch with no trainable sample, or whose every optimizer step met an
+        exactly-zero gradient (`Trainer.step` skips those), is not a step: the step, the
+        policy version, the learning-rate schedule and --max-steps stay where they are
+        (stats None)."""
         if self.dist.is_main:
             self.dist.broadcast_command(TRAIN)
             self.dist.broadcast_groups(groups)
@@ -119,13 +121,15 @@ class Core:
             learning_rate(self.cfg.optim, self.state.step, self.cfg.lr_decay_steps)
         )
         prepared = self.prepare(groups, replay)
-        stats = None
-        if prepared.samples:
-            stats = self._update(prepared)
+        stats = self._update(prepared) if prepared.samples else None
+        if stats is not None and stats.zero_gradient_steps:
+            self.state.count("zero_gradient_steps", stats.zero_gradient_steps)
+        if stats is not None and stats.optimizer_steps:
             self._adapt_kl(stats)
             self.state.step += 1
             self.state.record_step([g.group_id for g in groups])
         else:
+            stats = None
             self.state.count("skipped_batches", 1)
         self.state.count("groups", len(groups))
         self.state.count("trained_groups", len(prepared.trained_groups))

@@ -81,7 +81,12 @@ OUTSIDE_MASS = Gauge(
     "truncation) in the last step",
 )
 SKIPPED_BATCHES = Counter(
-    "farm_learner_skipped_batches", "Batches with no trainable sample (not steps: no push)"
+    "farm_learner_skipped_batches",
+    "Batches that took no step: no trainable sample, or an exactly-zero gradient (no push)",
+)
+ZERO_GRADIENT_BATCHES = Counter(
+    "farm_learner_zero_gradient_batches",
+    "Skipped batches whose samples carried an exactly-zero gradient (no optimizer step)",
 )
 EVAL_SCORE = Gauge(
     "farm_learner_eval_score",

@@ -40,6 +40,7 @@ LOSS_FIELDS = (
     "outside_mass",
     "rejected_fraction",
     "optimizer_steps",
+    "zero_gradient_steps",
     "value_loss",
     "learning_rate",
     "kl_coef",
@@ -87,7 +88,8 @@ class StepRecord:
     rejected_fraction: float | None = None  # tokens MIS left out of the loss
     learning_rate: float | None = None  # of this step's updates (--lr-schedule)
     kl_coef: float | None = None  # of this step (moved by --kl-target)
-    optimizer_steps: int | None = None  # ppo_epochs x mini_batches
+    optimizer_steps: int | None = None  # taken: ppo_epochs x mini_batches, less the below
+    zero_gradient_steps: int | None = None  # not taken: the gradient was exactly zero
     value_loss: float | None = None  # the critic's clipped value loss (ppo)
     filter_rate: float | None = None  # dynamic sampling's measured filter rate
 
@@ -184,6 +186,7 @@ def emit(record: StepRecord, prepared: PreparedBatch) -> None:
 class SkipRecord:
     """A batch that trained nothing: not a step (no version, push or --max-steps)."""
 
+    reason: str  # "no_samples": nothing trainable; "zero_gradient": no optimizer step moved
     step: int  # steps done so far (unchanged by this batch)
     version: int  # policy version the servers hold
     groups: int  # groups in the batch
@@ -201,6 +204,7 @@ class SkipRecord:
         """The record of a skipped batch."""
         returns = np.asarray(prepared.episode_returns or [0.0])
         return cls(
+            reason="zero_gradient" if prepared.samples else "no_samples",
             step=step,
             version=version,
             groups=groups,
@@ -220,6 +224,8 @@ def emit_skip(record: SkipRecord, prepared: PreparedBatch) -> None:
     """Log a skipped batch and count its groups."""
     log.info("%s", json.dumps(record.as_json()))
     m.SKIPPED_BATCHES.inc()
+    if record.reason == "zero_gradient":
+        m.ZERO_GRADIENT_BATCHES.inc()
     if prepared.episode_returns:
         m.REWARD_MEAN.set(record.reward_mean)
     m.STALE_GROUPS.labels(action="dropped").inc(record.stale_dropped)
