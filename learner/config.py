@@ -26,6 +26,7 @@ from broker.consumer import ConsumerSettings
 from broker.run import RunFields
 from envs.wrappers import HorizonSchedule as TurnSchedule
 from launch.settings import CommaList, RoleConfig, section
+from learner.collapse import CollapseRules
 from learner.errors import ConfigError
 from learner.lora import LoraSettings
 from learner.tracking.config import TrackingConfig
@@ -455,6 +456,7 @@ class LearnerConfig(RunFields, RoleConfig):
     tracking: TrackingConfig = section(TrackingConfig)  # docs/tracking.md
     evaluation: EvalConfig = section(EvalConfig)
     lora: LoraSettings = section(LoraSettings, prefix="lora_")  # learner.lora
+    collapse: CollapseRules = section(CollapseRules, prefix="collapse_")  # learner.collapse
 
     @model_validator(mode="after")
     def _consistent(self) -> LearnerConfig:

@@ -119,7 +119,7 @@ async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Deli
             # Not a step: nothing for a checkpoint to hold, so ack now (waiting for the next
             # checkpoint would let a run that trains nothing pile up pending entries).
             await live.source.commit_trained(batch.deliveries, stop)
-            emit_skip(skip_record(core, prepared, len(batch.groups), batch.wait_s), prepared)
+            emit_skip(skip_record(core, batch.groups, prepared, batch.wait_s), prepared)
             core.tracker.skip(core.state.step)
             failures.observe(batch.groups, 0)  # RunFailedError past the limit
             continue
@@ -128,7 +128,9 @@ async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Deli
         push_s = 0.0
         if live.pusher is not None and state.step % cfg.push_interval == 0:
             push_s = await _push(core, live.pusher, live.redis, live.keys, stop)
-        record = step_record(core, prepared, stats, batch.wait_s, push_s)
+        record = step_record(
+            core, batch.groups, prepared, stats, wait_s=batch.wait_s, push_s=push_s
+        )
         if live.source.sampling is not None:
             record = dataclasses.replace(record, filter_rate=round(live.source.sampling.rate, 4))
         emit(record, prepared)

@@ -125,7 +125,7 @@ def test_a_zero_gradient_batch_is_not_a_step(tiny_model_dir: Path) -> None:
     assert core.state.counters["zero_gradient_steps"] == 5
     assert core.state.counters["skipped_batches"] == 5
     assert _largest_move(before, _weights(core.trainer)) == 0.0
-    record = skip_record(core, prepared, 1, 0.0)
+    record = skip_record(core, [make_group("z4", [1.0] * 4)], prepared, 0.0)
     assert record.reason == "zero_gradient" and record.step == 1
     core.train([make_group("r1")], replay=False)
     assert core.state.step == 2  # the next real batch is step 2, at the schedule's step 2
