@@ -24,6 +24,7 @@ from pydantic.dataclasses import dataclass
 
 from broker.consumer import ConsumerSettings
 from broker.run import RunFields
+from broker.trim import StreamBounds
 from envs.wrappers import HorizonSchedule as TurnSchedule
 from launch.settings import CommaList, RoleConfig, section
 from learner.collapse import CollapseRules
@@ -446,6 +447,7 @@ class LearnerConfig(RunFields, RoleConfig):
     consumer: ConsumerSettings = section(
         ConsumerSettings, reclaim_idle_s=3600.0, max_deliveries=10
     )  # a dead learner's groups wait long: its own stay pending until a checkpoint holds them
+    streams: StreamBounds = section(StreamBounds, prefix="stream_")  # broker.trim, run by rank 0
     # --- components ---------------------------------------------------------------------------
     optim: OptimConfig = section(OptimConfig)
     scale: ScaleConfig = section(ScaleConfig)
