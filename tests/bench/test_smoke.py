@@ -33,6 +33,7 @@ SMOKES = {
     "learner --memory": (["--memory"], "| chunked | 256 |", ()),
     "lora": ([], "push per version (s)", ()),
     "sandbox": ([], "speed-up vs docker exec", ("docker",)),
+    "soak": ([], "nothing lost:", ()),
     "workers": ([], "sync batch-barrier loop", ()),
 }
 MARKS = {"bwrap": pytest.mark.bwrap, "docker": pytest.mark.docker}
