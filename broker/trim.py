@@ -176,6 +176,7 @@ class StreamKeeper:
         self.budget = budget
         self.hold_limit = hold_limit  # admission while held: one batch, so the run goes on
         self.held: str | None = None  # the reason admission is held, else None
+        self.started = False  # a hold an earlier process left in Redis is released at once
 
     async def keep(self) -> list[StreamUsage]:
         """One trim, then hold or release admission; returns the usage of every stream."""
@@ -195,10 +196,12 @@ class StreamKeeper:
                 self.hold_limit,
                 reason,
             )
-        elif not over and self.held is not None:
+        elif not over and (self.held is not None or not self.started):
             await self.budget.release_hold()
-            log.info("admission back to its limit: every stream is within its bounds")
+            if self.held is not None:
+                log.info("admission back to its limit: every stream is within its bounds")
             self.held = None
+        self.started = True
         return usage
 
     async def run(self, stop: asyncio.Event) -> None:
