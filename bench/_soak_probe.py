@@ -1,5 +1,6 @@
 """What `bench soak` samples from a running farm: its processes, its Redis, its books.
 
+- `disk_mib`: the farm's work directory on disk;
 - `processes`: the farm's process tree by role (supervisor, redis, inference, worker-N,
   learner), each with its resident memory (VmRSS) and open file descriptors, from /proc;
 - `redis_probe`: Redis's used and resident memory, the bytes of each of the run's streams
@@ -85,6 +86,18 @@ def processes(root: int) -> list[Proc]:
         if role is not None and (measured := _measure(pid)) is not None:
             out.append(Proc(role, pid, *measured))
     return out
+
+
+def disk_mib(directory: Path) -> float:
+    """What the farm's work directory holds (logs, checkpoints, weights, Redis's AOF)."""
+    total = 0
+    for root, _, files in os.walk(directory):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name)).st_size
+            except OSError:  # replaced meanwhile (a checkpoint rotating)
+                continue
+    return total / (1 << 20)
 
 
 def _usage(client: redis.Redis, key: str) -> int:

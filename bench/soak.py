@@ -8,7 +8,7 @@ skipped). One completion token a sample, 16 groups of 8 a step.
 
 Sampled every `--sample-s` (`bench._soak_probe`): each process's resident memory and
 open file descriptors; Redis's used memory, its streams' and seen sets' bytes, and the
-admission hold; the books (every task issued accounted for). After `--warmup-min` the
+admission hold; the work directory on disk; the books (every task issued accounted for). After `--warmup-min` the
 table gives, per process, the least-squares RSS slope (MiB/h, and %/h of the fitted RSS
 at the end of warm-up), and the same for Redis's used memory; the largest stream against
 `--stream-max-bytes`; the reward by tenth of the run; the tasks lost. Goals: every
@@ -38,7 +38,7 @@ import redis
 
 from bench import _report as report
 from bench._loadgen_proc import free_port
-from bench._soak_probe import books, processes, redis_probe
+from bench._soak_probe import books, disk_mib, processes, redis_probe
 from broker.keys import RunKeys
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,9 +105,10 @@ def _slope(points: list[tuple[float, float]]) -> tuple[float, float, float]:
     return per_h, 100 * per_h / max(float(at0), 1e-9), float(at0)
 
 
-def sample(root: int, client: redis.Redis, keys: RunKeys, t0: float) -> dict[str, Any]:
+def sample(root: int, client: redis.Redis, keys: RunKeys, t0: float, work: Path) -> dict[str, Any]:
     return {
         "t": time.monotonic() - t0,
+        "disk_mib": disk_mib(work),
         "procs": [p.__dict__ for p in processes(root)],
         "redis": redis_probe(client, keys),
         "books": books(client, keys),
@@ -141,10 +142,10 @@ def run(model: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
         while time.monotonic() < end:
             if proc.poll() is not None:
                 raise RuntimeError(f"farm exited: {(work.parent / 'farm.out').read_text()[-3000:]}")
-            samples.append(sample(proc.pid, client, keys, t0))
+            samples.append(sample(proc.pid, client, keys, t0, work))
             events.read()
             time.sleep(max(0.0, min(args.sample_s, end - time.monotonic())))
-        samples.append(sample(proc.pid, client, keys, t0))
+        samples.append(sample(proc.pid, client, keys, t0, work))
         events.read()
         client.close()
     finally:
@@ -200,6 +201,8 @@ def summarize(
     largest = max(s["redis"]["largest_stream_mib"] for s in samples)
     budget = args.stream_max_bytes / (1 << 20)
     lost = [s["books"]["lost"] for s in samples]
+    disk = [(s["t"], s["disk_mib"]) for s in samples if s["t"] >= warm]
+    disk_per_h, _, disk_warm = _slope(disk)
     last = samples[-1]
     steps = [r for r in events.rows if r["event"] == "step"]
     return {
@@ -218,6 +221,11 @@ def summarize(
             "streams_end_mib": round(last["redis"]["streams_mib"], 3),
             "seen_end_mib": round(last["redis"]["seen_mib"], 3),
             "held_share": round(float(np.mean([s["redis"]["held"] for s in samples])), 3),
+        },
+        "disk": {
+            "warm_mib": round(disk_warm, 1),
+            "end_mib": round(last["disk_mib"], 1),
+            "mib_per_h": round(disk_per_h, 1),
         },
         "books": {
             **last["books"],
@@ -241,7 +249,7 @@ def summarize(
 
 
 def table(result: dict[str, Any]) -> str:
-    r, b, lr = result["redis"], result["books"], result["learner"]
+    r, b, lr, d = result["redis"], result["books"], result["learner"], result["disk"]
     lines = [
         f"soak: {result['minutes']} min of `farm up` on {ENV_SPEC} (2 workers, 16 groups of 8 "
         f"a step), {result['samples']} samples; slopes after {result['warmup_min']} min warm-up",
@@ -261,6 +269,8 @@ def table(result: dict[str, Any]) -> str:
         f"  streams {r['streams_end_mib']:.2f} MiB at the end, largest ever {r['largest_stream_mib']:.2f} "
         f"MiB (budget {r['stream_budget_mib']:.1f} MiB a stream); seen sets {r['seen_end_mib']:.2f} MiB; "
         f"admission held in {100 * r['held_share']:.0f} % of samples",
+        f"work dir on disk: {d['warm_mib']:.1f} MiB at warm-up, {d['end_mib']:.1f} at the end "
+        f"({d['mib_per_h']:+.1f} MiB/h: logs, checkpoints, weights, Redis's AOF)",
         f"books: {b['issued']} tasks issued, {b['accounted']} accounted for, lost {b['lost']} "
         f"(worst sample {b['worst_lost']})",
         f"learner: {lr['steps']} steps, {lr['skipped']} skipped batches; reward by tenth of the "
@@ -281,7 +291,7 @@ def main(argv: list[str]) -> int:
         prog="python -m bench soak", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--minutes", type=float, default=60.0, help="soak length after start-up")
-    parser.add_argument("--warmup-min", type=float, default=15.0, help="left out of the slopes")
+    parser.add_argument("--warmup-min", type=float, default=20.0, help="left out of the slopes")
     parser.add_argument("--sample-s", type=float, default=30.0, help="seconds between samples")
     parser.add_argument("--stream-max-bytes", type=int, default=8 << 20, help="learner's bound")
     parser.add_argument("--seen-ttl-s", type=float, default=900.0, help="dedup ids kept (s)")
