@@ -18,7 +18,10 @@ skipped:
 
 `CollapseWatch` logs one WARNING when, over the last `window` batches, the rollout entropy
 stays under `entropy` while the mean reward has fallen `reward_drop` or more below the best
-`window`-batch mean the run has had (one INFO when either recovers). deploy/prometheus's
+`window`-batch mean the run has had, and one INFO once it has recovered: the entropy back
+to twice `entropy`, or the reward back within half of `reward_drop` (hysteresis: a policy
+hovering at either threshold would otherwise warn every few batches, as the first one-hour
+soak showed). deploy/prometheus's
 `FarmPolicyCollapsed` watches the same two figures from their gauges.
 """
 
@@ -113,7 +116,11 @@ class CollapseWatch:
             return self.collapsed
         reward, entropy = float(np.mean(self.rewards)), float(np.mean(self.entropies))
         self.best = max(self.best, reward)
-        now = entropy < self.rules.entropy and self.best - reward >= self.rules.reward_drop
+        drop, rules = self.best - reward, self.rules
+        if self.collapsed:
+            now = entropy < 2 * rules.entropy and drop >= rules.reward_drop / 2
+        else:
+            now = entropy < rules.entropy and drop >= rules.reward_drop
         if now and not self.collapsed:
             log.warning(
                 "policy collapse at step %d: rollout entropy %.4f nats/token (under %g) over "

@@ -67,6 +67,22 @@ def test_a_falling_reward_at_near_zero_entropy_warns_once(caplog: pytest.LogCapt
     assert any("collapse over" in r.getMessage() for r in caplog.records)
 
 
+def test_a_policy_hovering_at_the_thresholds_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Entropy and reward jittering around both thresholds (as in the one-hour soak): one
+    WARNING, not one every few batches; it ends only once clearly recovered."""
+    watch = CollapseWatch(RULES)
+    rng = np.random.default_rng(0)
+    with caplog.at_level(logging.INFO, logger="learner"):
+        _feed(watch, [1.0] * 10, entropy=0.04)
+        for step in range(200):
+            watch.observe(0.9 + rng.uniform(-0.02, 0.02), 0.05 + rng.uniform(-0.01, 0.01), step)
+    assert caplog.text.count("policy collapse at") == 1
+    assert "collapse over" not in caplog.text
+    with caplog.at_level(logging.INFO, logger="learner"):
+        _feed(watch, [0.97] * 5, entropy=0.05)  # the reward is back within half the drop
+    assert caplog.text.count("collapse over") == 1
+
+
 def test_a_solved_task_or_an_exploring_policy_is_not_collapse(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
