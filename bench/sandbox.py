@@ -127,7 +127,9 @@ async def live_sessions(config: SandboxConfig, n: int, per_sandbox: int) -> dict
             "warm": 0,
             "sessions_per_sandbox": per_sandbox,
             "max_sandboxes": -(-n // jail),
-            "memory_mb": max(1024, per_sandbox * 8),
+            # a small memory cgroup per session (the sandbox's memory follows from them)
+            "session_memory_mb": 32,
+            "work_mb": 8,
             "pids": per_sandbox * 3 + 64,
         }
     )

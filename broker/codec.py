@@ -39,6 +39,11 @@ FIELD_BODY = b"b"
 
 
 def _task_to(t: Task) -> list[Any]:
+    return [*_task_to_v2(t), t.row]
+
+
+def _task_to_v2(t: Task) -> list[Any]:
+    """Task schema 2: what a group carries (its task without the row)."""
     mark = None if t.eval is None else [t.eval.set_name, t.eval.round_id, t.eval.row]
     return [
         t.task_id,
@@ -56,6 +61,15 @@ def _task_to(t: Task) -> list[Any]:
 
 
 def _task_from(v: list[Any]) -> Task:
+    if len(v) != 12:
+        raise ValueError(f"a schema-3 task has 12 fields, got {len(v)}")
+    row = v[11]
+    if row is not None and not isinstance(row, dict):
+        raise ValueError(f"a task's row must be a map, got {type(row).__name__}")
+    return dataclasses.replace(_task_from_v2(v[:11]), row=row)
+
+
+def _task_from_v2(v: list[Any]) -> Task:
     if len(v) != 11:
         raise ValueError(f"a schema-2 task has 11 fields, got {len(v)}")
     mark, temperature, max_tokens = v[8:]
@@ -131,6 +145,7 @@ def _turn_to(t: Turn) -> list[Any]:
         t.segment_start,
         _sampling_to(t.sampling),
         t.cut,
+        t.reasoning_tokens,
     ]
 
 
@@ -138,13 +153,15 @@ def _turn_from(v: list[Any], sampling_from: Any = _sampling_from) -> Turn:
     # Hot path of every consumer: build the frozen Turn without __post_init__'s
     # asarray round trips, keeping its checks (frombuffer already gives int32/float32).
     prompt, completion, logprobs, weight_version, reward, terminated, truncated = v[:7]
-    segment_start, sampling, cut = v[7:]  # schema 4 has ten fields
+    segment_start, sampling, cut, reasoning = v[7:]  # schema 6 has eleven fields
     completion_ids = np.frombuffer(completion, dtype="<i4")
     lp = np.frombuffer(logprobs, dtype="<f4")
     if len(lp) != len(completion_ids):
         raise ValueError(f"{len(lp)} logprobs for {len(completion_ids)} completion tokens")
     drawn_from = sampling_from(sampling)
     drawn_from.check_drawn(completion_ids)
+    if not 0 <= reasoning <= len(completion_ids):
+        raise ValueError(f"{reasoning} reasoning tokens of {len(completion_ids)} completion tokens")
     turn = object.__new__(Turn)
     turn.__dict__.update(
         prompt_ids=np.frombuffer(prompt, dtype="<i4"),
@@ -157,8 +174,15 @@ def _turn_from(v: list[Any], sampling_from: Any = _sampling_from) -> Turn:
         segment_start=bool(segment_start),
         sampling=drawn_from,
         cut=bool(cut),
+        reasoning_tokens=int(reasoning),
     )
     return turn
+
+
+def _turn_from_v5(v: list[Any]) -> Turn:
+    if len(v) != 10:
+        raise ValueError(f"a schema-4/5 turn has 10 fields, got {len(v)}")
+    return _turn_from([*v, 0])  # reasoning went unrecorded
 
 
 def _temperature_only(temp: Any) -> Sampling:
@@ -170,7 +194,7 @@ def _temperature_only(temp: Any) -> Sampling:
 def _turn_from_v3(v: list[Any]) -> Turn:
     if len(v) != 9:
         raise ValueError(f"a schema-3 turn has 9 fields, got {len(v)}")
-    return _turn_from([*v, False], _temperature_only)  # length cuts went unrecorded
+    return _turn_from([*v, False, 0], _temperature_only)  # length cuts went unrecorded
 
 
 def _turn_from_v2(v: list[Any]) -> Turn:
@@ -178,7 +202,7 @@ def _turn_from_v2(v: list[Any]) -> Turn:
     # segment_start came later in schema 2 as an optional eighth field.
     if len(v) not in (7, 8):
         raise ValueError(f"a schema-1/2 turn has 7 or 8 fields, got {len(v)}")
-    return _turn_from([*v[:7], v[7] if len(v) > 7 else False, None, False])
+    return _turn_from([*v[:7], v[7] if len(v) > 7 else False, None, False, 0])
 
 
 _CATEGORIES = {c.value: c for c in ErrorCategory}
@@ -230,7 +254,7 @@ def _traj_from_v1(v: list[Any]) -> Trajectory:
 def _group_to(g: TrajectoryGroup) -> list[Any]:
     return [
         g.group_id,
-        _task_to(g.task),
+        _task_to_v2(g.task),  # without the row: the trajectories stream stays lean
         [_traj_to(t) for t in g.trajectories],
         g.worker_id,
         g.created_at,
@@ -238,7 +262,7 @@ def _group_to(g: TrajectoryGroup) -> list[Any]:
 
 
 def _group_from(
-    v: list[Any], traj_from: Any = _traj_from, task_from: Any = _task_from
+    v: list[Any], traj_from: Any = _traj_from, task_from: Any = _task_from_v2
 ) -> TrajectoryGroup:
     group_id, task, trajectories, worker_id, created_at = v
     return TrajectoryGroup(
@@ -314,6 +338,7 @@ _CODECS: dict[str, tuple[type, int, Any, Any]] = {
 # (kind, older schema version) -> decoder: entries written before a bump still decode.
 _OLDER: dict[tuple[str, int], Any] = {
     (Task.KIND, 1): _task_from_v1,
+    (Task.KIND, 2): _task_from_v2,
     (TrajectoryGroup.KIND, 1): _group_from_v1,
     (TrajectoryGroup.KIND, 2): lambda v: _group_from(
         v, lambda t: _traj_from(t, _turn_from_v2), _task_from_v1
@@ -321,7 +346,10 @@ _OLDER: dict[tuple[str, int], Any] = {
     (TrajectoryGroup.KIND, 3): lambda v: _group_from(
         v, lambda t: _traj_from(t, _turn_from_v3), _task_from_v1
     ),
-    (TrajectoryGroup.KIND, 4): lambda v: _group_from(v, task_from=_task_from_v1),
+    (TrajectoryGroup.KIND, 4): lambda v: _group_from(
+        v, lambda t: _traj_from(t, _turn_from_v5), _task_from_v1
+    ),
+    (TrajectoryGroup.KIND, 5): lambda v: _group_from(v, lambda t: _traj_from(t, _turn_from_v5)),
     (PolicyVersion.KIND, 1): _policy_from_v1,
 }
 

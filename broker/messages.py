@@ -89,8 +89,8 @@ class Task:
     """One unit of work: run ``group_size`` episodes of one environment spec."""
 
     KIND: ClassVar[str] = "task"
-    # 2: eval mark and per-task sampling (temperature, max tokens)
-    VERSION: ClassVar[int] = 2
+    # 2: eval mark and per-task sampling (temperature, max tokens); 3: the dataset row
+    VERSION: ClassVar[int] = 3
 
     task_id: str  # unique; the group built from it carries the same id (dedup key)
     env_spec: str  # "name@{json kwargs}", resolved by envs.make
@@ -105,6 +105,10 @@ class Task:
     eval: EvalMark | None = None
     temperature: float | None = None  # sampling temperature for this task (None: the worker's)
     max_tokens: int | None = None  # completion tokens per turn (None: the worker's)
+    # the dataset row's fields (schema 3): the environment gets them at reset
+    # (``options={"row": ...}``). At most MAX_ROW_BYTES packed, checked where rows are read
+    # (`learner.datasets`). A group carries its task without it: the learner holds the dataset.
+    row: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
@@ -126,10 +130,20 @@ class Task:
         return mix_seed(self.seed, index, turn)
 
 
+# The most a task's row may weigh packed (msgpack): a task entry stays small beside the
+# stream's byte budget, and one oversized row cannot stall a worker's read.
+MAX_ROW_BYTES = 1 << 20
+
+
 def mix_seed(*parts: int) -> int:
     """A seed derived from `parts`: equal parts, equal seed; any other, an unrelated one."""
     digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1  # 63 bits: vLLM's and the server's range
+
+
+# vLLM 0.33's `_MAX_TEMP` (vllm/sampling_params.py): the lowest temperature it samples at, so
+# only 0 is greedy (its greedy test, `< _SAMPLING_EPS` = 1e-5, then never sees (0, 1e-5))
+MIN_TEMPERATURE = 0.01
 
 
 @dataclass(frozen=True, eq=False)
@@ -137,13 +151,15 @@ class Sampling:
     """The distribution a turn's completion tokens were drawn from, as vLLM 0.33 applies it.
 
     In order: the allowed-token mask, the temperature (0: greedy, scored at 1), min-p, top-k,
-    then top-p. The turn's logprobs are under this processed, renormalised distribution (vLLM's
+    then top-p. A temperature in (0, 0.01) is raised to 0.01, as vLLM's `SamplingParams` does
+    (``vllm/sampling_params.py``: it warns and samples at 0.01), so the record holds the
+    temperature the tokens were drawn at and only exactly 0 is greedy. The turn's logprobs are under this processed, renormalised distribution (vLLM's
     ``--logprobs-mode processed_logprobs``), and the learner scores its own policy under the
     same one (`inference.sampling.processed_logits`). Schema 4; a schema-3 turn carried the
     temperature alone, and older ones nothing (decoded as the defaults).
     """
 
-    temperature: float = 1.0  # 0 = greedy
+    temperature: float = 1.0  # 0 = greedy; (0, MIN_TEMPERATURE) is raised to MIN_TEMPERATURE
     top_k: int = 0  # keep the k most likely tokens; 0 = off
     top_p: float = 1.0  # keep the smallest set whose mass reaches top_p; 1 = off
     min_p: float = 0.0  # drop tokens below min_p x the top probability; 0 = off
@@ -152,6 +168,8 @@ class Sampling:
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            object.__setattr__(self, "temperature", MIN_TEMPERATURE)
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0: off), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
@@ -166,7 +184,7 @@ class Sampling:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature < GREEDY_EPS
+        return self.temperature == 0.0
 
     @property
     def truncated(self) -> bool:
@@ -206,7 +224,6 @@ class Sampling:
 
 
 DEFAULT_SAMPLING = Sampling()
-GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it samples greedily
 
 
 @dataclass(frozen=True, eq=False)
@@ -228,6 +245,9 @@ class Turn:
     # the completion ended at a length limit (max tokens, the context left, a token budget),
     # not at a stop token (schema 4; DAPO's overlong rules read it)
     cut: bool = False
+    # how many completion tokens, from the start, are the model's reasoning with its markers
+    # (the run's reasoning parser split them off; the environment got the rest) (schema 6)
+    reasoning_tokens: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", _as_i32(self.prompt_ids))
@@ -238,6 +258,10 @@ class Turn:
                 f"{len(self.logprobs)} logprobs for {len(self.completion_ids)} completion tokens"
             )
         self.sampling.check_drawn(self.completion_ids)
+        if not 0 <= self.reasoning_tokens <= len(self.completion_ids):
+            raise ValueError(
+                f"{self.reasoning_tokens} reasoning tokens of {len(self.completion_ids)} completion tokens"
+            )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Turn):
@@ -253,6 +277,7 @@ class Turn:
             and self.segment_start == other.segment_start
             and self.sampling == other.sampling
             and self.cut == other.cut
+            and self.reasoning_tokens == other.reasoning_tokens
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -291,8 +316,8 @@ class TrajectoryGroup:
 
     KIND: ClassVar[str] = "group"
     # 2: finish reason enum + truncation cause; 3: Turn.temperature; 4: Turn.sampling, .cut;
-    # 5: its task in task schema 2 (eval mark, per-task sampling)
-    VERSION: ClassVar[int] = 5
+    # 5: its task in task schema 2 (eval mark, per-task sampling); 6: Turn.reasoning_tokens
+    VERSION: ClassVar[int] = 6
 
     group_id: str  # equals the task's task_id; consumers dedup on it
     task: Task  # the task this group answers

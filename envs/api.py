@@ -20,7 +20,7 @@ import functools
 import inspect
 from typing import Any
 
-from envs.errors import EnvStateError
+from envs.errors import EnvSpecError, EnvStateError
 
 StepResult = tuple[Any, float, bool, bool, dict[str, Any]]
 ResetResult = tuple[Any, dict[str, Any]]
@@ -53,6 +53,8 @@ class Env:
     action_vocabulary: tuple[str, ...] | None = None  # restrict sampling to these strings
 
     def reset(self, *, seed: int | None = None) -> ResetResult:
+        """Start an episode. An environment that takes its problem from a dataset row adds
+        ``options: dict | None = None`` and reads ``options["row"]``."""
         raise NotImplementedError
 
     def step(self, action: Any) -> StepResult:
@@ -63,37 +65,48 @@ class Env:
 
 
 @functools.lru_cache(maxsize=1024)
-def _function_accepts_seed(function: Any) -> bool:
+def _function_accepts(function: Any, name: str) -> bool:
     try:
         params = inspect.signature(function).parameters
     except (TypeError, ValueError):
         return True
-    return "seed" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
-def _accepts_seed(method: Any) -> bool:
+def _accepts(method: Any, name: str) -> bool:
     # Signatures are cached per underlying function: inspecting on every reset costs more
     # than a toy episode.
     function = getattr(method, "__func__", method)
     try:
-        return _function_accepts_seed(function)
+        return _function_accepts(function, name)
     except TypeError:  # unhashable callable
-        return _function_accepts_seed.__wrapped__(function)
+        return _function_accepts.__wrapped__(function, name)
 
 
 async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-async def areset(env: Any, seed: int | None = None) -> ResetResult:
+async def areset(
+    env: Any, seed: int | None = None, options: dict[str, Any] | None = None
+) -> ResetResult:
     """Reset ``env`` (sync or async) and return ``(observation, info)``.
 
-    Old-style environments whose ``reset`` takes no seed are reset without one; a
-    ``reset`` that returns a bare observation gets an empty info dict.
+    ``options`` is Gymnasium's reset argument; a task's dataset row arrives in it as
+    ``{"row": {...}}``. Old-style environments whose ``reset`` takes no seed are reset
+    without one; options given to a ``reset`` that takes none raise ``EnvSpecError`` (the
+    task cannot run there: its row would be dropped unseen). A ``reset`` that returns a
+    bare observation gets an empty info dict.
     """
     method = getattr(env, "areset", None) or env.reset
-    result = method(seed=seed) if _accepts_seed(method) else method()
-    result = await _maybe_await(result)
+    kwargs: dict[str, Any] = {"seed": seed} if _accepts(method, "seed") else {}
+    if options is not None:
+        if not _accepts(method, "options"):
+            raise EnvSpecError(
+                f"{type(env).__name__} takes no dataset row: its reset has no 'options' parameter"
+            )
+        kwargs["options"] = options
+    result = await _maybe_await(method(**kwargs))
     _set_ended(env, False)
     if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict):
         return result[0], result[1]

@@ -18,12 +18,15 @@ Splits: the problems are every ``a op b`` with ``0 <= a, b <= max_operand`` (for
 ``heldout`` split and the rest the ``train`` split. The split depends only on
 ``max_operand``, ``ops`` and ``heldout_fraction``, so ``arith@{"split": "heldout"}`` next to
 ``arith`` names disjoint problems, and an evaluation passes the held-out spec as its own task.
-``reset(seed)`` draws one problem of the split from the seed.
+``reset(seed)`` draws one problem of the split from the seed; a task whose row names a
+problem (``{"index": i}``, the split's i-th) gets that one instead, so an eval set that lists
+every index of the held-out split (`split_lines`) scores each problem exactly once.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import random
 import re
 from typing import Any, Literal
@@ -31,7 +34,7 @@ from typing import Any, Literal
 import pydantic
 
 from envs.api import Env, ResetResult, StepResult
-from envs.errors import EnvStateError
+from envs.errors import EnvSpecError, EnvStateError
 from envs.registry import spec_config
 from envs.toy import TRAILING_SPECIALS
 
@@ -97,8 +100,14 @@ class ArithEnv(Env):
         self.problems = split_problems(c.max_operand, c.ops, c.heldout_fraction)[c.split]
         self._problem: Problem | None = None
 
-    def reset(self, *, seed: int | None = None) -> ResetResult:
-        self._problem = random.Random(seed).choice(self.problems)
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> ResetResult:
+        row = (options or {}).get("row")
+        if row is None:
+            self._problem = random.Random(seed).choice(self.problems)
+        else:
+            self._problem = self.problems[_index(row, len(self.problems))]
         a, op, b = self._problem
         observation = f"What is {a}{op}{b}? Answer with the number only."
         return observation, {"split": self.config.split, "problem": f"{a}{op}{b}"}
@@ -109,6 +118,24 @@ class ArithEnv(Env):
         answer, self._problem = answer_of(self._problem), None
         reward = score(str(action), answer, strict=self.config.strict)
         return "", reward, True, False, {"correct": reward == 1.0, "answer": str(answer)}
+
+
+def _index(row: Any, count: int) -> int:
+    index = row.get("index") if isinstance(row, dict) else None
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < count:
+        raise EnvSpecError(
+            f"arith: a row names a problem as {{'index': 0..{count - 1}}}, got {row!r}"
+        )
+    return index
+
+
+def split_lines(split: str = "heldout", **kwargs: Any) -> list[str]:
+    """A task file (JSONL lines) naming every problem of `split` once, by its index; `kwargs`
+    are the other `ArithConfig` fields. ``--eval-tasks heldout=FILE`` then scores each once."""
+    config = ArithConfig(split=split, **kwargs)  # type: ignore[arg-type]
+    count = len(split_problems(config.max_operand, config.ops, config.heldout_fraction)[split])
+    spec = "arith@" + json.dumps(config.model_dump(exclude_defaults=True) | {"split": split})
+    return [json.dumps({"env_spec": spec, "row": {"index": i}}) for i in range(count)]
 
 
 @spec_config(ArithConfig)

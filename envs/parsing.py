@@ -1,6 +1,12 @@
 """Tool-call parsing: the model's text to ``ToolCall``s, never raising.
 
-Three syntaxes are recognised, tried in this order:
+A run names its parser (`--tool-parser`): ``auto`` (the default, below) or one of vLLM's
+family parsers (`envs.toolparsers`: hermes, qwen3_json, llama3_json, mistral, pythonic).
+The worker parses each answer with the run's parser and hands the environment an ``Action``:
+the answer text, carrying the parse, which ``parse_tool_calls`` returns as it is. So every
+environment that parses its action reads the calls the model's family writes.
+
+``auto`` recognises three syntaxes, tried in this order:
 
 - OpenAI/Hermes: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (one or
   more blocks; ``arguments`` may also be a JSON-encoded string);
@@ -21,6 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from envs import toolparsers
 from envs.tools import ToolCall
 
 _HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -36,7 +43,37 @@ class ParsedAction:
     calls: tuple[ToolCall, ...]  # the well-formed calls, in order
     content: str  # the text outside any call syntax, stripped
     error: str | None = None  # set when a call was attempted but is malformed
-    syntax: str = "none"  # "hermes", "codegym", "json" or "none"
+    syntax: str = "none"  # "hermes", "codegym", "json", "none", or a family parser's name
+
+
+class Action(str):
+    """The model's answer as an environment receives it: the text (reasoning removed), with
+    the tool calls the run's parser found in it and the reasoning beside it."""
+
+    parsed: ParsedAction | None  # the run's parse of this text (None: parse on demand)
+    reasoning: str  # the reasoning the answer followed ("" when none)
+
+    def __new__(cls, text: str, parsed: ParsedAction | None = None, reasoning: str = "") -> Action:
+        action = super().__new__(cls, text)
+        action.parsed = parsed
+        action.reasoning = reasoning
+        return action
+
+
+PARSER_NAMES = ("auto", *toolparsers.PARSERS)
+
+
+def parse_with(parser: str, text: str) -> ParsedAction:
+    """Parse `text` with the parser named `parser` (`PARSER_NAMES`); never raises."""
+    if parser == "auto":
+        return parse_tool_calls(str(text))
+    if len(text) > _MAX_TEXT:
+        return ParsedAction((), "", f"action longer than {_MAX_TEXT} characters", parser)
+    try:
+        calls, content, error = toolparsers.PARSERS[parser](text)
+    except RecursionError:
+        return ParsedAction((), "", "tool call nested too deeply", parser)
+    return ParsedAction(tuple(calls), content or "", error, parser)
 
 
 def _loads(text: str) -> Any:
@@ -118,7 +155,10 @@ def _parse_bare(text: str) -> ParsedAction | None:
 
 
 def parse_tool_calls(text: Any) -> ParsedAction:
-    """Parse tool calls out of a model action; never raises."""
+    """Parse tool calls out of a model action; never raises. An `Action` carries the run's
+    own parse, which is returned as it is."""
+    if isinstance(text, Action) and text.parsed is not None:
+        return text.parsed
     if not isinstance(text, str):
         return ParsedAction((), "", f"action must be text, got {type(text).__name__}")
     if len(text) > _MAX_TEXT:

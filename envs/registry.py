@@ -43,6 +43,7 @@ _BUILTINS: dict[str, str] = {
     "stateful": "envs.stateful:make_stateful_env",
     "agent": "envs.agent:make_agent_env",
     "terminal": "envs.terminal:make_terminal_env",
+    "dataset": "envs.dataset:make_dataset_env",
 }
 _registry: dict[str, Factory | str] = dict(_BUILTINS)
 

@@ -6,7 +6,9 @@ model then works with the tools ``shell``, ``read_file``, ``write_file``, ``edit
 and ``list_dir`` (OpenAI tool schemas, from `ToolEnv`), and calls ``submit`` when done.
 The check runs in the same session, as a fresh process beside the shell's background
 jobs (so a server the model started is reachable on the loopback): reward 1.0 when it
-exits 0, else 0.0. The session, with every background job, ends with the episode.
+exits 0, else 0.0. Every session has a loopback of its own (its own network namespace),
+so the tasks' fixed ports never collide between episodes sharing a sandbox, and a check
+reaches only its own episode's server. The session, with every background job, ends with the episode.
 Sandbox failures become ``EnvInfraError(category=SANDBOX)``, never the model's fault.
 """
 

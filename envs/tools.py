@@ -30,7 +30,10 @@ class ToolCall:
     """One parsed tool call."""
 
     name: str  # tool (method) name
-    arguments: dict[str, Any] = field(default_factory=dict)  # keyword arguments
+    # keyword arguments; a family parser (envs.toolparsers) keeps whatever JSON value the
+    # model wrote, and binding a non-object fails as a ToolCallError
+    arguments: dict[str, Any] = field(default_factory=dict)
+    id: str = ""  # the call's id, echoed by a tool message's tool_call_id ("" when none)
 
     def key(self) -> str:
         """Canonical text of the call, equal for identical calls (repeat detection)."""

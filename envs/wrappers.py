@@ -33,8 +33,10 @@ class Wrapper:
     def unwrapped(self) -> Any:
         return self.env.unwrapped if isinstance(self.env, Wrapper) else self.env
 
-    async def areset(self, seed: int | None = None) -> ResetResult:
-        return await areset(self.env, seed=seed)
+    async def areset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> ResetResult:
+        return await areset(self.env, seed=seed, options=options)
 
     async def astep(self, action: Any) -> StepResult:
         return await astep(self.env, action)
@@ -79,10 +81,12 @@ class MaxTurns(Wrapper):
         """Move along the schedule; takes effect at the next reset."""
         self.training_step = training_step
 
-    async def areset(self, seed: int | None = None) -> ResetResult:
+    async def areset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> ResetResult:
         self.turns = 0
         self._episode_limit = self.max_turns
-        return await super().areset(seed)
+        return await super().areset(seed, options)
 
     async def astep(self, action: Any) -> StepResult:
         obs, reward, terminated, truncated, info = await super().astep(action)
@@ -122,8 +126,10 @@ class ObservationFormat(Wrapper):
         text = "\n".join(self._parts)
         return text if self.max_chars is None else text[-self.max_chars :]
 
-    async def areset(self, seed: int | None = None) -> ResetResult:
-        obs, info = await super().areset(seed)
+    async def areset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> ResetResult:
+        obs, info = await super().areset(seed, options)
         self._parts = [f"{self.observation_prefix}{obs}"]
         return self._render(obs), info
 
@@ -136,9 +142,11 @@ class ObservationFormat(Wrapper):
 class EpisodeTracker(Wrapper):
     """Report the step count and the cumulative reward in every step's info."""
 
-    async def areset(self, seed: int | None = None) -> ResetResult:
+    async def areset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> ResetResult:
         self.steps, self.episode_return = 0, 0.0
-        obs, info = await super().areset(seed)
+        obs, info = await super().areset(seed, options)
         info.update(episode_steps=0, episode_return=0.0)
         return obs, info
 
@@ -176,9 +184,11 @@ class ToolCallLimit(Wrapper):
         self.calls = 0
         self._seen: Counter[str] = Counter()
 
-    async def areset(self, seed: int | None = None) -> ResetResult:
+    async def areset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> ResetResult:
         self.calls, self._seen = 0, Counter()
-        return await super().areset(seed)
+        return await super().areset(seed, options)
 
     async def astep(self, action: Any) -> StepResult:
         parsed = parse_tool_calls(action)

@@ -21,7 +21,7 @@ from broker.keys import RunKeys
 from farm.config import FarmConfig
 from farm.console import Console
 from farm.errors import StartupError
-from farm.stack import Stack, build_stack, prepare
+from farm.stack import Stack, build_stack, command_line, prepare
 from farm.supervisor import RestartPolicy, Supervisor
 from farm.view import FarmStatus, FarmView
 
@@ -44,7 +44,7 @@ async def run_farm(
     stack = build_stack(cfg, model, tasks)
     console.line("farm", "config " + cfg.model_dump_json())
     for spec in stack.specs:
-        console.line("farm", f"process {spec.name}: {' '.join(spec.argv)}")
+        console.line("farm", f"process {spec.name}: {command_line(spec)}")
     supervisor = Supervisor(stack.specs, console.line, RestartPolicy(max_restarts=cfg.restart_max))
     supervisor.install_signal_handlers()
     redis = RedisSettings.from_url(

@@ -1,6 +1,6 @@
 """`farm` command line: `up`, `demo`, `eval`, `filter`, `status` and `images`.
 
-`farm up` runs the local stack until Ctrl-C; `farm demo` runs it with demo
+`farm up` runs the local stack until Ctrl-C (`--dry-run` prints its commands instead); `farm demo` runs it with demo
 settings in a fresh directory and writes a reward curve and a summary; `farm
 status` prints a running farm's state from Redis with the broker's own
 `run_state`/`format_state`; `farm eval` and `farm filter` bring the stack up without its
@@ -49,6 +49,9 @@ def parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run the local stack until Ctrl-C")
     _config_flags(up)
     up.add_argument("--quiet", action="store_true", help="children's logs to files only")
+    up.add_argument(
+        "--dry-run", action="store_true", help="print every command it would run, start nothing"
+    )
     demo = sub.add_parser("demo", help="train the toy environment and plot the reward")
     _config_flags(demo)
     demo.add_argument("--time-limit-s", type=float, help="stop training after (s; default 270)")
@@ -71,6 +74,19 @@ def parser() -> argparse.ArgumentParser:
         "--env-file",
         type=Path,
         help="where to write the tags (default: deploy/compose/.env, which docker-compose reads)",
+    )
+    build.add_argument(
+        "--with",
+        dest="with_paths",
+        type=Path,
+        action="append",
+        metavar="PATH",
+        help="your package (a project directory or a wheel) in the worker image (repeatable)",
+    )
+    build.add_argument(
+        "--learner-image",
+        metavar="IMAGE",
+        help="also add the --with packages to this local learner image (FARM_LEARNER_IMAGE)",
     )
     build.add_argument("--quiet", action="store_true", help="print only errors")
     build.add_argument("--force", action="store_true", help="rebuild even if tagged")
@@ -106,6 +122,11 @@ async def _up(args: argparse.Namespace) -> int:
     from farm.console import Console
 
     cfg = load_config(args.config, **flag_values(args, FarmConfig))
+    if args.dry_run:
+        from farm.stack import dry_run
+
+        print("\n".join(dry_run(cfg)))
+        return 0
     console = Console(log_dir=cfg.work_dir / "logs", echo_children=not args.quiet)
     outcome = await run_farm(cfg, console)
     print(f"farm stopped ({outcome.stop_reason})")

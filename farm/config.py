@@ -3,8 +3,9 @@
 `FarmConfig` (resolved by `launch.settings`, like every role's) holds what `farm up`
 and `farm demo` need to build the stack: where
 Redis and the inference servers are (started locally when not given), how many
-workers, what the learner trains on and for how long, and where the run's files
-go. Flags given on the command line win, then `FARM_*` environment variables, then
+workers, what the learner trains on and for how long, where the run's files
+go, and (the `gpu` section, `farm.gpus`) which GPUs the vLLM servers and the learner's
+ranks run on. Flags given on the command line win, then `FARM_*` environment variables, then
 a TOML file given with `--config`. Unknown keys are rejected everywhere. This module
 imports neither torch nor transformers, so `farm --help` answers at once.
 """
@@ -20,7 +21,9 @@ from pydantic import Field, field_validator
 from broker.connection import RedisUrl
 from broker.run import RunFields
 from farm.errors import ConfigError
-from launch.settings import CommaList, RoleConfig
+from farm.gpus import GpuSettings
+from launch.settings import CommaList, RoleConfig, section
+from learner.dataspec import DataConfig
 
 
 class FarmConfig(RunFields, RoleConfig):
@@ -35,9 +38,11 @@ class FarmConfig(RunFields, RoleConfig):
     redis_port: int = Field(0, ge=0, le=65535, description="port of the private Redis (0: free)")
     inference_urls: CommaList = Field(
         default_factory=list,
-        description="inference servers (comma-separated); empty starts the CPU policy server",
+        description="inference servers (comma-separated); empty starts them (--inference)",
     )
-    inference_port: int = Field(0, ge=0, le=65535, description="CPU policy server port (0: free)")
+    inference_port: int = Field(
+        0, ge=0, le=65535, description="first inference server's port, +1 per server (0: free)"
+    )
     model: Path | None = Field(
         None, description="Hugging Face model directory; None builds the tiny model in work_dir"
     )
@@ -55,7 +60,9 @@ class FarmConfig(RunFields, RoleConfig):
         json_schema_extra={"flag_aliases": ["env"]},
     )
     tasks: Path | None = Field(
-        None, description="learner's JSONL task dataset; None writes one line with env_spec"
+        None,
+        description="learner's task dataset (JSONL, Parquet or a datasets directory); "
+        "None writes one line with env_spec",
     )
     max_steps: int = Field(0, ge=0, description="learner steps before the farm stops (0: never)")
     learner_args: list[str] = Field(
@@ -72,6 +79,8 @@ class FarmConfig(RunFields, RoleConfig):
     metrics_port: int = Field(9400, ge=0, le=65535, description="supervisor /metrics (0: none)")
     status_interval_s: float = Field(5.0, gt=0.0, le=3600.0, description="status refresh period")
     restart_max: int = Field(5, ge=0, le=1000, description="crashes per child within 5 min")
+    gpu: GpuSettings = section(GpuSettings)  # vLLM servers and learner ranks (farm.gpus)
+    data: DataConfig = section(DataConfig)  # --prompt-column, --reward, ...: for the learner
 
     @field_validator("inference_urls")
     @classmethod

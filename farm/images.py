@@ -13,9 +13,12 @@ debootstrap base (`sandbox.image.ensure_base`):
 
 A tag exists only once its build succeeded, so `build` skips every image whose tag is
 present: a second run costs a few hashes, and a source change rebuilds only the worker
-layer. `build` writes the tags into an env file that docker-compose reads.
+layer. `build` writes the tags into an env file that docker-compose reads. ``--with PATH``
+(repeatable) adds the user's own packages to the worker image, and to a learner image given
+with ``--learner-image``, as one more layer (`farm.plugins`); the env file then names those.
 
-    farm images build [--env-file deploy/compose/.env] [--quiet] [--force]
+    farm images build [--with PATH ...] [--learner-image IMAGE] [--env-file deploy/compose/.env]
+                      [--quiet] [--force]
     farm images tags
 """
 
@@ -23,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import logging
 import subprocess
 import sys
@@ -31,14 +33,14 @@ import tarfile
 import tempfile
 import time
 import tomllib
-import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from farm.errors import ImageError
+from farm.image_build import add_bytes, build_image, constraints_text, missing, unmet
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -49,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILES = ROOT / "deploy" / "docker"
 ENV_FILE = ROOT / "deploy" / "compose" / ".env"
 TORCH = "torch==2.13.0"  # the CPU wheel on this machine's disk (see scripts/bootstrap.sh)
-EXTRAS = ("train", "sandbox")
+EXTRAS = ("train", "sandbox", "data")  # data: Parquet datasets and --reward math
 # What the worker image copies (worker.Dockerfile); the tag hashes exactly these files.
 SOURCES = (
     "pyproject.toml",
@@ -79,6 +81,8 @@ PYTHON = Image("FARM_PYTHON_IMAGE", "rollout-farm/python", "python.Dockerfile")
 WORKER = Image("FARM_WORKER_IMAGE", "rollout-farm/worker", "worker.Dockerfile")
 REDIS = Image("FARM_REDIS_IMAGE", "rollout-farm/redis", "redis.Dockerfile")
 PROMETHEUS = Image("FARM_PROMETHEUS_IMAGE", "rollout-farm/prometheus", "prometheus.Dockerfile")
+# Built elsewhere (it needs a registry); here only given plug-ins (--learner-image).
+LEARNER = Image("FARM_LEARNER_IMAGE", "rollout-farm/learner", "learner.Dockerfile")
 
 
 def _digest(*parts: bytes) -> str:
@@ -120,16 +124,6 @@ def tags(base: str) -> dict[Image, str]:
     }
 
 
-def _constraints() -> str:
-    """Pins of every distribution in the running environment (the versions the tests ran)."""
-    pins = {}
-    for dist in metadata.distributions():
-        name = dist.metadata["Name"]
-        if name and name.lower() not in ("rollout-farm", "torch"):
-            pins[name.lower()] = f"{name}=={dist.version}"
-    return "\n".join(sorted(pins.values())) + "\n"
-
-
 def wheelhouse(into: Path, python_version: str, quiet: bool) -> None:
     """Download every wheel the python image installs (and pip itself) into `into`.
 
@@ -140,11 +134,11 @@ def wheelhouse(into: Path, python_version: str, quiet: bool) -> None:
     """
     (into / "requirements.txt").write_text("\n".join(requirements()) + "\n")
     constraints = into.parent / "constraints.txt"
-    constraints.write_text(_constraints())
+    constraints.write_text(constraints_text())
     wanted = [*requirements(), f"pip=={metadata.version('pip')}"]
     for _ in range(5):
         _pip_download(into, constraints, wanted, quiet)
-        wanted = _unmet(into, python_version)
+        wanted = unmet(into, python_version)
         if not wanted:
             return
         log.info("for python %s the wheelhouse also needs %s", python_version, wanted)
@@ -172,37 +166,6 @@ def _pip_download(into: Path, constraints: Path, wanted: list[str], quiet: bool)
         raise ImageError(f"pip download failed: {(result.stderr or '')[-2000:]}")
 
 
-def _unmet(into: Path, python_version: str) -> list[str]:
-    """Requirements of the wheels in `into` that apply on `python_version` and no wheel meets."""
-    from email.parser import Parser
-
-    from packaging.markers import default_environment
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name, parse_wheel_filename
-
-    env = {
-        **default_environment(),
-        "python_full_version": python_version,
-        "python_version": ".".join(python_version.split(".")[:2]),
-        "extra": "",
-    }
-    wheels = sorted(into.glob("*.whl"))
-    have = {canonicalize_name(parse_wheel_filename(w.name)[0]) for w in wheels}
-    unmet: set[str] = set()
-    for wheel in wheels:
-        with zipfile.ZipFile(wheel) as zf:
-            name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-            meta = Parser().parsestr(zf.read(name).decode(errors="replace"))
-        for line in meta.get_all("Requires-Dist") or []:
-            req = Requirement(line)
-            if canonicalize_name(req.name) in have:
-                continue
-            if req.marker is None or req.marker.evaluate(env):
-                req.marker = None
-                unmet.add(str(req))
-    return sorted(unmet)
-
-
 def _image_python(client: DockerClient, base: str) -> str:
     """The python3 version in `base` (the wheelhouse is resolved for it)."""
     out = client.containers.run(
@@ -217,63 +180,37 @@ def _image_python(client: DockerClient, base: str) -> str:
 def _tar_dir(directory: Path, dockerfile: bytes, out: Path) -> None:
     with tarfile.open(out, "w") as tar:
         tar.add(directory, arcname=".")
-        _add_bytes(tar, "Dockerfile", dockerfile)
+        add_bytes(tar, "Dockerfile", dockerfile)
 
 
 def _tar_sources(dockerfile: bytes, out: Path) -> None:
     with tarfile.open(out, "w") as tar:
         for f in source_files():
             tar.add(f, arcname=str(f.relative_to(ROOT)), recursive=False)
-        _add_bytes(tar, "Dockerfile", dockerfile)
-
-
-def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mode = len(data), 0o644
-    tar.addfile(info, io.BytesIO(data))
-
-
-def _build(client: DockerClient, tag: str, context: Path, buildargs: dict[str, str]) -> None:
-    from docker.errors import BuildError
-
-    log.info("building %s", tag)
-    try:
-        with context.open("rb") as fileobj:
-            client.images.build(
-                fileobj=fileobj,
-                custom_context=True,
-                tag=tag,
-                rm=True,
-                forcerm=True,
-                buildargs=buildargs,
-            )
-    except BuildError as exc:
-        tail = "".join(str(c.get("stream", c.get("error", ""))) for c in exc.build_log)[-3000:]
-        raise ImageError(f"building {tag} failed: {exc}\n{tail}") from exc
-
-
-def _missing(client: DockerClient, tag: str, force: bool) -> bool:
-    from docker.errors import ImageNotFound
-
-    if force:
-        return True
-    try:
-        client.images.get(tag)
-        return False
-    except ImageNotFound:
-        return True
+        add_bytes(tar, "Dockerfile", dockerfile)
 
 
 def build(
-    quiet: bool = False, force: bool = False, env_file: Path | None = ENV_FILE
+    quiet: bool = False,
+    force: bool = False,
+    env_file: Path | None = ENV_FILE,
+    plugins: Sequence[Path] = (),
+    learner_image: str | None = None,
 ) -> dict[Image, str]:
-    """Build each image whose tag is missing (all with `force`), write `env_file`, return tags."""
+    """Build each image whose tag is missing (all with `force`), write `env_file`, return tags.
+
+    With `plugins` (`--with`), the worker image's tag is that of the worker image with the
+    plug-ins installed (`farm.plugins`), and so is `learner_image`'s, given, under LEARNER."""
     import docker
     from docker.errors import DockerException
 
+    from farm.plugins import build_layer, check_sources
     from sandbox.errors import ImageBuildError
     from sandbox.image import ensure_base
 
+    sources = check_sources(plugins)  # before anything is built
+    if learner_image and not sources:
+        raise ImageError("--learner-image adds plug-ins to a learner image: give --with PATH")
     try:
         client = docker.from_env(timeout=1800)
     except DockerException as exc:
@@ -283,6 +220,10 @@ def build(
         wanted = tags(base)
         with tempfile.TemporaryDirectory(prefix="rf-images-") as tmp:
             _build_missing(client, base, wanted, Path(tmp), quiet=quiet, force=force)
+        if sources:
+            wanted[WORKER] = build_layer(client, wanted[WORKER], sources, quiet=quiet, force=force)
+        if learner_image:
+            wanted[LEARNER] = build_layer(client, learner_image, sources, quiet=quiet, force=force)
     except (DockerException, ImageBuildError) as exc:
         raise ImageError(f"building the compose images failed: {exc}") from exc
     finally:
@@ -302,21 +243,21 @@ def _build_missing(
     force: bool,
 ) -> None:
     # The python image first: the worker image is built on it.
-    if _missing(client, wanted[PYTHON], force):
+    if missing(client, wanted[PYTHON], force):
         wheels = tmp / "wheels"
         wheels.mkdir()
         wheelhouse(wheels, _image_python(client, base), quiet)
         _tar_dir(wheels, _dockerfile(PYTHON), tmp / "python.tar")
-        _build(client, wanted[PYTHON], tmp / "python.tar", {"BASE": base})
-    if _missing(client, wanted[WORKER], force):
+        build_image(client, wanted[PYTHON], tmp / "python.tar", {"BASE": base})
+    if missing(client, wanted[WORKER], force):
         _tar_sources(_dockerfile(WORKER), tmp / "worker.tar")
-        _build(client, wanted[WORKER], tmp / "worker.tar", {"PYTHON_IMAGE": wanted[PYTHON]})
+        build_image(client, wanted[WORKER], tmp / "worker.tar", {"PYTHON_IMAGE": wanted[PYTHON]})
     for image in (REDIS, PROMETHEUS):
-        if _missing(client, wanted[image], force):
+        if missing(client, wanted[image], force):
             context = tmp / f"{image.dockerfile}.tar"
             with tarfile.open(context, "w") as tar:
-                _add_bytes(tar, "Dockerfile", _dockerfile(image))
-            _build(client, wanted[image], context, {"BASE": base})
+                add_bytes(tar, "Dockerfile", _dockerfile(image))
+            build_image(client, wanted[image], context, {"BASE": base})
 
 
 def _dockerfile(image: Image) -> bytes:
@@ -341,7 +282,13 @@ def main_images(args: argparse.Namespace) -> int:
     if args.quiet:
         logging.getLogger().setLevel(logging.WARNING)
     started = time.monotonic()
-    wanted = build(quiet=args.quiet, force=args.force, env_file=args.env_file or ENV_FILE)
+    wanted = build(
+        quiet=args.quiet,
+        force=args.force,
+        env_file=args.env_file or ENV_FILE,
+        plugins=args.with_paths or (),
+        learner_image=args.learner_image,
+    )
     if not args.quiet:
         print(
             f"images ready in {time.monotonic() - started:.0f} s; tags in {args.env_file or ENV_FILE}"

@@ -2,7 +2,8 @@
 
 `Supervisor` runs each child described by a `ProcessSpec` as an asyncio subprocess
 under one `asyncio.TaskGroup`. Children start in the order given; the next starts
-once the previous one's readiness probe passes. A child that exits while the farm
+once the previous one's readiness probe passes (consecutive children of one
+`start_group`, such as vLLM servers, start together and are waited for together). A child that exits while the farm
 runs is restarted with exponential backoff, until it crashes more than its
 `RestartPolicy` allows within the window, which stops the whole farm loudly
 (`ChildFailed`). A child marked `finishes_stack` that exits 0 (the learner after
@@ -74,6 +75,9 @@ class ProcessSpec:
     # farm stops at once with the child's last error line instead of restarting it.
     fatal_exit_codes: frozenset[int] = frozenset()
     metrics_url: str | None = None  # its /metrics endpoint, for the console view
+    # Consecutive children of one group start together, and the next child starts once all
+    # of them are ready (servers that each take minutes to load a model).
+    start_group: str | None = None
 
 
 def _set_parent_death_signal() -> None:
@@ -262,9 +266,11 @@ class Supervisor:
         """Run until a stop request; raises ChildFailed/StartupError after stopping all."""
         try:
             async with asyncio.TaskGroup() as tg:
-                for child in self.children:
-                    tg.create_task(child.supervise(), name=f"supervise-{child.spec.name}")
-                    await self._until_ready(child)
+                for batch in self._start_batches():
+                    for child in batch:
+                        tg.create_task(child.supervise(), name=f"supervise-{child.spec.name}")
+                    for child in batch:
+                        await self._until_ready(child)
                     if self._stopping.is_set():
                         break
                 else:
@@ -284,6 +290,17 @@ class Supervisor:
         finally:
             self._stopping.set()
             await asyncio.shield(self._shutdown())
+
+    def _start_batches(self) -> list[list[_Child]]:
+        """The children in start order, consecutive ones of one `start_group` together."""
+        batches: list[list[_Child]] = []
+        for child in self.children:
+            group = child.spec.start_group
+            if batches and group is not None and batches[-1][0].spec.start_group == group:
+                batches[-1].append(child)
+            else:
+                batches.append([child])
+        return batches
 
     async def _until_ready(self, child: _Child) -> None:
         ready = asyncio.create_task(child.ready.wait(), name=f"{child.spec.name}-ready-wait")

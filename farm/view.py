@@ -202,7 +202,11 @@ def _int(value: float | None) -> int | None:
 
 
 def _served(samples: Samples) -> tuple[int, ...]:
-    values = samples.get("farm_inference_weight_version", [])
+    # The CPU policy server exports its version; vLLM does not, so the versions the
+    # learner verified on each server (/weight_info after a push) stand in for them.
+    values = samples.get("farm_inference_weight_version") or samples.get(
+        "farm_weight_sync_served_version", []
+    )
     return tuple(sorted({int(v) for _, v in values}))
 
 

@@ -1,8 +1,8 @@
 """The adapter-sync client: serve each LoRA version as a named adapter on every server, verified.
 
-A LoRA run pushes version N as the peft adapter directory the learner wrote, served under the
-name `adapter_name(run, N)` = `<run>-vN`, through vLLM 0.33's own runtime-LoRA routes (vLLM
-needs `--enable-lora`, `--max-lora-rank`, `--max-loras` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`):
+A LoRA run pushes version N as the peft adapter directory the learner wrote, through vLLM 0.33's
+own runtime-LoRA routes (vLLM needs `--enable-lora`, `--max-lora-rank`, `--max-loras` and
+`VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`):
 
 - `load(name, path, version)`: `POST /v1/load_lora_adapter {"lora_name", "lora_path"}` on every
   server at once (no pause: generation under other adapters and the base goes on), then
@@ -10,25 +10,40 @@ needs `--enable-lora`, `--max-lora-rank`, `--max-loras` and `VLLM_ALLOW_RUNTIME_
   `WeightSyncError` (the file push's error) names each server that does not serve it, and
   `farm_weight_sync_served_version{server}` is set to the version where it does. A
   connection error or 5xx is retried `attempts` times; a 4xx is the request's fault and is not.
-  A 400 "already been loaded" (a retry whose first answer was lost, or a learner that resumed
-  and pushes its checkpoint's version again) counts only if the check then finds the same path
-  under the name: write version N's adapter at one fixed path (say `<root_dir>/<run>-vN`).
+  A 400 "already been loaded" (a retry whose first answer was lost) counts only if the check
+  then finds the same path under the name.
 - `unload(name)`: `POST /v1/unload_lora_adapter {"lora_name"}` on every server; a 404 (not
   loaded there) is already the wanted end state.
+- `served()`: every server's adapters, name -> path, from `GET /v1/models`.
 
-Why the version is the name: vLLM's `weight_versions` is one engine-wide label (set by
+**A name names the bytes.** The learner serves version N of run R as
+`adapter_name(R, N, adapter_digest(dir))` = `R-vN-<digest>`, the digest being of the adapter's
+two files. vLLM 0.33 keys everything about an adapter on its name: a name already loaded is
+refused (`load_inplace` aside), and its `LoRARequest` hashes and compares by name alone. A learner
+that resumes from a checkpoint trains versions again that the servers may still hold under
+the old weights; a fixed name per version would either keep serving those ("already loaded")
+or need one of the two ways to replace a name, both unsafe in 0.33 (`docs/inference.md`,
+"Replacing an adapter"): `load_inplace` keeps the old `lora_int_id`, and running requests that
+still carry the old path make the worker re-read the old directory when the adapter is evicted
+from its CPU cache; unload-and-reload gives the name a second `lora_int_id`, and a batch holding
+requests of both ids collapses them into one set entry (by name), so one id is never activated.
+With the digest in the name, a re-trained version is a new adapter, and an identical one (a
+retried push) is the same adapter at the same path. This client never sends `load_inplace`.
+
+Why the version is in the name at all: vLLM's `weight_versions` is one engine-wide label (set by
 `/update_weight_version`), the same for every adapter and for the base, so it cannot tell two
-runs' adapters apart. An adapter name is loaded once and never replaced (this client never sends
-`load_inplace`), so every token generated with `model=<run>-vN` comes from version N: the name
-`<run>-vN` is what a worker records as version N, and `load` refuses a name whose `-vN` suffix
-disagrees with `version`. The adapter directory must be readable by the servers at the same
-path (shared or local disk) for as long as the adapter is loaded: vLLM may evict an adapter
-from its CPU cache (`--max-cpu-loras`) and read it again.
+runs' adapters apart. A worker records the version the published `PolicyVersion` gives with the
+name, and `load` refuses a name whose `-vN` disagrees with `version`. The adapter directory must
+be readable by the servers at the same path (shared or local disk) while any request may still
+use the adapter: vLLM may evict an adapter from its CPU cache (`--max-cpu-loras`) and read it
+again from its path, also for a request admitted before the adapter was unloaded
+(`learner.adapter_push` keeps directories by that rule).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,22 +54,47 @@ from inference.config import WeightSyncConfig
 from inference.errors import WeightSyncError
 from inference.weight_sync import _ControlClient, _StepFailed
 
-_NAME = re.compile(r"(?P<run>.+)-v(?P<version>\d+)")
+DIGEST_CHARS = 12  # 48 bits of sha256: two re-trainings of one version never share a name
+_NAME = re.compile(rf"(?P<run>.+)-v(?P<version>\d+)(?:-(?P<digest>[0-9a-f]{{{DIGEST_CHARS}}}))?")
+# what the digest covers: the files vLLM (and peft, and the CPU server) read
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
-def adapter_name(run: str, version: int) -> str:
-    """The served name of a run's adapter version: `<run>-v<version>`."""
+def adapter_name(run: str, version: int, digest: str = "") -> str:
+    """The served name of a run's adapter version: `<run>-v<version>`, with `-<digest>`
+    (`adapter_digest` of its directory) when given, as the learner names what it pushes."""
     if not run:
         raise ValueError("the run name must not be empty")
     if version < 0:
         raise ValueError(f"version must be >= 0, not {version}")
-    return f"{run}-v{version}"
+    if digest and not re.fullmatch(rf"[0-9a-f]{{{DIGEST_CHARS}}}", digest):
+        raise ValueError(f"digest must be {DIGEST_CHARS} lowercase hex digits, not {digest!r}")
+    return f"{run}-v{version}-{digest}" if digest else f"{run}-v{version}"
 
 
 def adapter_version(name: str) -> int | None:
-    """The version an adapter name carries (`<run>-v<N>` -> N), or None for another name."""
+    """The version an adapter name carries (`<run>-v<N>[-<digest>]` -> N), or None."""
     match = _NAME.fullmatch(name)
     return int(match.group("version")) if match else None
+
+
+def adapter_run(name: str) -> str | None:
+    """The run an adapter name belongs to (`<run>-v<N>[-<digest>]` -> run), or None."""
+    match = _NAME.fullmatch(name)
+    return match.group("run") if match else None
+
+
+def adapter_digest(directory: Path) -> str:
+    """The digest of a peft adapter directory's files, for `adapter_name`; OSError if one of
+    them is missing."""
+    sha = hashlib.sha256()
+    for file in ADAPTER_FILES:
+        path = Path(directory) / file
+        sha.update(f"{file}:{path.stat().st_size}\n".encode())  # where one file ends
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                sha.update(chunk)
+    return sha.hexdigest()[:DIGEST_CHARS]
 
 
 class AdapterSync(_ControlClient):
@@ -95,27 +135,41 @@ class AdapterSync(_ControlClient):
     ) -> None:
         """Every server must list `name` from `path` on /v1/models; WeightSyncError otherwise."""
         failures = dict(failures or {})
-        async with self._session() as session:
-            for url in self.urls:
-                if url in failures:
-                    continue
-                try:
-                    listing = await self._call(session, "GET", f"{url}/v1/models")
-                except _StepFailed as exc:
-                    failures[url] = str(exc)
-                    continue
-                roots = _adapter_roots(listing)
-                if roots.get(name) == path:
-                    # this run's served version, as the file push sets it (alerts compare it)
-                    metrics.SYNC_SERVED_VERSION.labels(server=url).set(version)
-                else:
-                    failures[url] = (
-                        f"does not serve adapter {name!r} from {path}"
-                        if name not in roots
-                        else f"serves adapter {name!r} from {roots[name]}, not {path}"
-                    )
+        listings = await self._listings([u for u in self.urls if u not in failures])
+        for url, roots in listings.items():
+            if isinstance(roots, str):
+                failures[url] = roots
+                continue
+            if roots.get(name) == path:
+                # this run's served version, as the file push sets it (alerts compare it)
+                metrics.SYNC_SERVED_VERSION.labels(server=url).set(version)
+            else:
+                failures[url] = (
+                    f"does not serve adapter {name!r} from {path}"
+                    if name not in roots
+                    else f"serves adapter {name!r} from {roots[name]}, not {path}"
+                )
         if failures:
             raise WeightSyncError(version, failures, f"adapter {name} not served everywhere")
+
+    async def served(self) -> dict[str, dict[str, str]]:
+        """Each server's adapters (name -> path); WeightSyncError if a server cannot say."""
+        listings = await self._listings(self.urls)
+        failures = {url: roots for url, roots in listings.items() if isinstance(roots, str)}
+        if failures:
+            raise WeightSyncError(-1, failures, "adapters not listed")
+        return {url: roots for url, roots in listings.items() if isinstance(roots, dict)}
+
+    async def _listings(self, urls: Sequence[str]) -> dict[str, dict[str, str] | str]:
+        """GET /v1/models of each of `urls`: its adapters, or why it gave none."""
+        out: dict[str, dict[str, str] | str] = {}
+        async with self._session() as session:
+            for url in urls:
+                try:
+                    out[url] = _adapter_roots(await self._call(session, "GET", f"{url}/v1/models"))
+                except _StepFailed as exc:
+                    out[url] = str(exc)
+        return out
 
     async def unload(self, name: str) -> None:
         """Stop serving `name` on every server (requests already running under it finish)."""

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from broker.messages import GREEDY_EPS, Sampling
+from broker.messages import Sampling
 from inference import metrics
 from inference.config import ClientConfig
 from inference.errors import (
@@ -79,7 +79,7 @@ class SamplingParams:
 
     def distribution(self) -> Sampling:
         """The distribution these settings sample from, as recorded on a turn."""
-        if self.temperature < GREEDY_EPS:  # greedy: vLLM resets the truncation
+        if self.temperature == 0.0:  # greedy: vLLM resets the truncation
             return Sampling(self.temperature, allowed_token_ids=self.allowed_token_ids)
         return Sampling(
             self.temperature, self.top_k, self.top_p, self.min_p, self.allowed_token_ids

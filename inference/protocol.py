@@ -18,7 +18,7 @@ from typing import Annotated, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
-from broker.messages import GREEDY_EPS, Sampling
+from broker.messages import Sampling
 from inference.openai.models import NEUTRAL_VALUES
 from inference.sampling import SampleSpec
 from inference.sequence import GenParams, GenRequest
@@ -90,7 +90,7 @@ class _Sampled(Protocol):
 def engine_params(req: _Sampled, max_tokens: int, top_logprobs: int) -> GenParams:
     """The engine's parameters of an already validated request; defaults follow vLLM."""
     temperature = 1.0 if req.temperature is None else req.temperature
-    greedy = temperature < GREEDY_EPS  # vLLM resets truncation for greedy requests
+    greedy = temperature == 0.0  # vLLM resets truncation for greedy requests only
     sampling = Sampling(
         temperature=temperature,
         top_k=0 if greedy else max(req.top_k or 0, 0),  # -1 and 0 both mean off

@@ -101,18 +101,23 @@ def build_tiny_model(
     num_heads: int = 4,
     num_kv_heads: int = 2,
     initializer_range: float = 0.02,
+    tokenizer: object | None = None,
 ) -> Path:
     """Write a randomly initialised Llama-architecture causal LM plus tokenizer to `out_dir`; return it.
 
     Deterministic by `seed` (the global torch RNG is left untouched). Weights are float32
     safetensors. Takes well under a second once torch and transformers are imported.
+    `tokenizer` (a transformers tokenizer with a chat template) replaces the byte-level one:
+    a real model's tokenizer and template over the same tiny network (tests/chat_models).
     """
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer() if tokenizer is None else tokenizer
+    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -123,17 +128,16 @@ def build_tiny_model(
         max_position_embeddings=4096,
         initializer_range=initializer_range,
         tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=eos,
+        pad_token_id=pad,
         dtype="float32",
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
     model.generation_config = GenerationConfig(
-        eos_token_id=[config.eos_token_id, tokenizer.pad_token_id],
-        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=list(dict.fromkeys([eos, pad])), pad_token_id=pad
     )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

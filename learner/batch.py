@@ -17,12 +17,20 @@ extend the tokens before it. No torch here: sequences are numpy arrays, collated
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from broker.messages import ErrorCategory, Sampling, Trajectory, TrajectoryGroup, Truncation
+from broker.messages import (
+    ErrorCategory,
+    FinishReason,
+    Sampling,
+    Trajectory,
+    TrajectoryGroup,
+    Truncation,
+)
 from learner.algorithms import (
     AdvantageRules,
     compute_advantages,
@@ -31,8 +39,10 @@ from learner.algorithms import (
 )
 from learner.config import BatchRules, Overlong
 
-# (group_id, sample_index) -> per-turn amounts subtracted from the rewards (KL reward penalty)
-TurnPenalties = Mapping[tuple[str, int], np.ndarray]
+# (group_id, sample_index) -> {turn: the penalty on each of its completion tokens} (a KL
+# reward penalty). A turn's array may lack its first token (a sequence's position 0, which
+# nothing scores): it covers the turn's last tokens, and the missing one has penalty 0.
+TokenPenalties = Mapping[tuple[str, int], Mapping[int, np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -49,7 +59,12 @@ class Sample:
     group_id: str
     episode: int = 0  # the trajectory's sample_index in its group
     turn_index: np.ndarray | None = None  # int32: the turn of each completion token, -1 elsewhere
-    turn_rewards: np.ndarray | None = None  # float64, each turn's reward after shaping
+    turn_rewards: np.ndarray | None = None  # float64, each turn's reward after overlong shaping
+    # float64: a per-token reward penalty (KL reward) on completion tokens, 0 elsewhere
+    token_penalty: np.ndarray | None = None
+    # the episode was truncated (a limit, not the environment, ended it) and this is its last
+    # sequence: GAE bootstraps from the value of the state after its last token
+    bootstrap: bool = False
     prox_logp: np.ndarray | None = None  # proximal logprobs, set by the trainer before updating
     ref_logp: np.ndarray | None = None  # reference-model logprobs (KL loss), set by the trainer
     old_values: np.ndarray | None = None  # critic values before the update (ppo)
@@ -99,9 +114,12 @@ def samplings_of(trajectory: Trajectory) -> tuple[tuple[Sampling, ...], list[int
     return tuple(table), rows
 
 
-def assemble(trajectory: Trajectory, turn_advantages: Sequence[float]) -> tuple[np.ndarray, ...]:
+def assemble(
+    trajectory: Trajectory, turn_advantages: Sequence[float | np.ndarray]
+) -> tuple[np.ndarray, ...]:
     """(input_ids, loss_mask, behaviour_logp, advantages, sampling_index, turn_index) of one
-    trajectory; `sampling_index` points into `samplings_of(trajectory)[0]`."""
+    trajectory; `sampling_index` points into `samplings_of(trajectory)[0]`. Each turn's
+    advantage is one number for all its completion tokens, or one per token."""
     ids: list[np.ndarray] = []
     mask: list[np.ndarray] = []
     logp: list[np.ndarray] = []
@@ -114,7 +132,7 @@ def assemble(trajectory: Trajectory, turn_advantages: Sequence[float]) -> tuple[
         ids += [turn.prompt_ids, turn.completion_ids]
         mask += [np.zeros(n_p, np.float32), np.ones(n_c, np.float32)]
         logp += [np.zeros(n_p, np.float32), turn.logprobs.astype(np.float32)]
-        adv += [np.zeros(n_p, np.float32), np.full(n_c, a, np.float32)]
+        adv += [np.zeros(n_p, np.float32), np.broadcast_to(np.float32(a), n_c).astype(np.float32)]
         dist += [np.full(n_p, -1, np.int32), np.full(n_c, rows[k], np.int32)]
         turn_index += [np.full(n_p, -1, np.int32), np.full(n_c, k, np.int32)]
     out = (
@@ -143,10 +161,31 @@ def _stale_action(staleness: int, rules: BatchRules) -> str:
     return "drop" if rules.drop_stale else "correct"
 
 
+def truncated(trajectory: Trajectory) -> bool:
+    """Whether a limit cut the episode (max turns, context, wall time, a token budget, the
+    environment's truncated=True): the task would have gone on, so a value bootstraps it."""
+    return trajectory.finish_reason is FinishReason.TRUNCATED
+
+
+def turn_token_penalties(
+    trajectory: Trajectory, found: Mapping[int, np.ndarray] | None
+) -> list[np.ndarray]:
+    """Each turn's per-completion-token penalty (float64, the turn's length; 0 where none)."""
+    out = []
+    for k, turn in enumerate(trajectory.turns):
+        full = np.zeros(len(turn.completion_ids), np.float64)
+        got = (found or {}).get(k)
+        if got is not None and len(got):
+            full[len(full) - len(got) :] = got
+        out.append(full)
+    return out
+
+
 def shaped_rewards(
     trajectory: Trajectory, rules: BatchRules, penalty: np.ndarray | None = None
 ) -> np.ndarray:
-    """Each turn's reward after the soft overlong punishment and a KL penalty."""
+    """Each turn's reward after the soft overlong punishment, less `penalty` (per turn: the
+    sum of a per-token KL penalty over the turn's tokens)."""
     rewards = np.array([t.reward for t in trajectory.turns], dtype=np.float64)
     if penalty is not None:
         rewards -= penalty
@@ -199,41 +238,56 @@ def prepare_batch(
     groups: Sequence[TrajectoryGroup],
     rules: BatchRules,
     version: int,
-    penalties: TurnPenalties | None = None,
+    penalties: TokenPenalties | None = None,
     judge_staleness: bool = True,
 ) -> PreparedBatch:
     """Filter the groups of one batch, shape rewards, and assemble the sequences to train.
 
-    `judge_staleness=False` trains every group as fresh (a replay: its versions are not
-    this run's); staleness is still measured.
+    `penalties` is a per-token reward penalty (KL): a token's return counts the penalties
+    from that token on. `judge_staleness=False` trains every group as fresh (a replay: its
+    versions are not this run's); staleness is still measured.
     """
     out = PreparedBatch()
     candidates = _screen(groups, rules, version, out, judge_staleness)
     penalties = penalties or {}
-    rewards = [
+    per_token = [
         [
-            shaped_rewards(tr, rules, penalties.get((g.group_id, tr.sample_index)))
+            turn_token_penalties(tr, penalties.get((g.group_id, tr.sample_index)))
             for tr in g.trajectories
         ]
         for g, _ in candidates
     ]
+    rewards = [
+        [
+            shaped_rewards(tr, rules, np.array([p.sum() for p in turns]))
+            for tr, turns in zip(g.trajectories, g_pen, strict=True)
+        ]
+        for (g, _), g_pen in zip(candidates, per_token, strict=True)
+    ]
     tokens = [
         [[len(t.completion_ids) for t in tr.turns] for tr in g.trajectories] for g, _ in candidates
     ]
-    advs = compute_advantages(rewards, advantage_rules(rules), tokens)
-    for (group, stale), group_rewards, group_adv, zero_var in zip(
-        candidates, rewards, advs.values, advs.zero_variance, strict=True
+    offsets = [[[np.cumsum(p) - p for p in turns] for turns in g] for g in per_token]
+    advs = compute_advantages(rewards, advantage_rules(rules), tokens, offsets)
+    for (group, stale), g_pen, g_off, group_adv, zero_var in zip(
+        candidates, per_token, offsets, advs.values, advs.zero_variance, strict=True
     ):
         if zero_var:
             out.zero_variance.append(group.group_id)
             if rules.skip_zero_variance:
                 continue
         out.trained_groups.append(group.group_id)
-        for trajectory, turn_rewards, turn_adv in zip(
-            group.trajectories, group_rewards, group_adv, strict=True
+        for trajectory, turn_pen, turn_off, turn_adv in zip(
+            group.trajectories, g_pen, g_off, group_adv, strict=True
         ):
+            token_adv = [a + advs.token_scale * o for a, o in zip(turn_adv, turn_off, strict=True)]
             samples = _samples(
-                trajectory, turn_rewards, turn_adv, stale, group.group_id, rules=rules, out=out
+                trajectory,
+                Scored(shaped_rewards(trajectory, rules), token_adv, turn_pen),
+                stale,
+                group.group_id,
+                rules=rules,
+                out=out,
             )
             if samples:
                 out.advantages += [float(a) for a in turn_adv]
@@ -241,10 +295,18 @@ def prepare_batch(
     return out
 
 
+@dataclass(frozen=True)
+class Scored:
+    """What the learner computed for one trajectory's turns."""
+
+    rewards: np.ndarray  # each turn's reward after overlong shaping (no KL penalty)
+    advantages: list[np.ndarray]  # per turn, one advantage per completion token
+    penalties: list[np.ndarray]  # per turn, the per-token reward penalty (KL)
+
+
 def _samples(
     trajectory: Trajectory,
-    turn_rewards: np.ndarray,
-    turn_adv: np.ndarray,
+    scored: Scored,
     stale: bool,
     group_id: str,
     *,
@@ -259,7 +321,7 @@ def _samples(
             return []  # overlong filtering: its reward still counted in the baseline
     samples = []
     table, _ = samplings_of(trajectory)
-    arrays = assemble(trajectory, turn_adv)
+    arrays = assemble(trajectory, scored.advantages)
     for ids, mask, logp, adv, dist, turn_index in split_segments(trajectory, arrays):
         if mask.sum() > 0:
             sample = Sample(
@@ -272,11 +334,25 @@ def _samples(
                 group_id=group_id,
                 episode=trajectory.sample_index,
                 turn_index=turn_index,
-                turn_rewards=turn_rewards,
+                turn_rewards=scored.rewards,
+                token_penalty=_laid_out(turn_index, scored.penalties),
                 samplings=table,
             )
             samples.append(sample)
+    if samples and truncated(trajectory):
+        samples[-1] = dataclasses.replace(samples[-1], bootstrap=True)
     return samples
+
+
+def _laid_out(turn_index: np.ndarray, per_turn: Sequence[np.ndarray]) -> np.ndarray:
+    """Per-turn token values in a sequence's coordinates: turn k's on the positions whose turn
+    index is k (its last tokens, where position 0 took its first), 0 elsewhere."""
+    out = np.zeros(len(turn_index), np.float64)
+    for k, values in enumerate(per_turn):
+        where = np.flatnonzero(turn_index == k)
+        if len(where):
+            out[where] = values[len(values) - len(where) :]
+    return out
 
 
 def split_segments(

@@ -19,12 +19,18 @@ import importlib
 import json
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from launch.runner import Role, RoleContext, parse, process_rank, start
 from launch.settings import masked
 from learner.config import LearnerConfig
 from learner.errors import LearnerError, RunFailedError, TaskSourceError
 from learner.tracking.base import missing_packages, open_tracker
+
+if TYPE_CHECKING:  # torch is imported only once the config and the dataset are checked
+    import torch
+
+    from learner.distributed import DistContext
 
 log = logging.getLogger("learner")
 
@@ -42,15 +48,13 @@ def check_inputs(cfg: LearnerConfig) -> None:
             importlib.import_module(name)
         except ImportError as exc:
             raise TaskSourceError(f"cannot import env module {name!r}: {exc}") from exc
+    from learner.datasets import load_dataset
+
     if cfg.tasks is not None and cfg.replay is None:
-        from learner.tasks import load_dataset
-
-        load_dataset(cfg.tasks)
+        load_dataset(cfg.tasks, cfg.data)
     for name, path in cfg.evaluation.sets.items():  # every eval set, before anything is issued
-        from learner.tasks import load_dataset
-
         try:
-            load_dataset(path)
+            load_dataset(path, cfg.data)
         except TaskSourceError as exc:
             raise TaskSourceError(f"eval set {name!r}: {exc}") from exc
 
@@ -79,30 +83,38 @@ async def _train(ctx: RoleContext[LearnerConfig]) -> None:
 
     import torch  # noqa: F401  (heavy imports only after the config and dataset checked)
 
-    from learner.core import build_core, resolve_device, run_follower
+    from learner.core import resolve_device
     from learner.distributed import init_distributed
-    from learner.replay import run_replay
-    from learner.service import run_live
 
     cfg = ctx.config
     device = resolve_device(cfg, int(os.environ.get("LOCAL_RANK", "0")))
     dist = init_distributed(device)
     try:
-        core = build_core(cfg, dist, device)
-        if not dist.is_main:
-            run_follower(core)
-            return
-        run = run_replay if cfg.replay else run_live
-        core.tracker = open_tracker(cfg.tracking, cfg.run, masked(cfg), cfg.model)
-        try:
-            state = await run(core, ctx.stop)
-        finally:  # however rank 0's loop ended, the other ranks must not wait forever
-            core.stop_followers()
-            core.tracker.close()
-        done = {"event": "done", "step": state.step, "version": state.version}
-        log.info("%s", json.dumps({**done, "counters": state.counters}))
-    finally:
+        await _run(ctx, dist, device)
+    finally:  # once _run's model is out of scope: nothing of it holds the group any more
         dist.close()
+
+
+async def _run(ctx: RoleContext[LearnerConfig], dist: DistContext, device: torch.device) -> None:
+    """Build the model and train: rank 0 runs the loop, the other ranks follow it."""
+    from learner.core import build_core, run_follower
+    from learner.replay import run_replay
+    from learner.service import run_live
+
+    cfg = ctx.config
+    core = build_core(cfg, dist, device)
+    if not dist.is_main:
+        run_follower(core)
+        return
+    run = run_replay if cfg.replay else run_live
+    core.tracker = open_tracker(cfg.tracking, cfg.run, masked(cfg), cfg.model)
+    try:
+        state = await run(core, ctx.stop)
+    finally:  # however rank 0's loop ended, the other ranks must not wait forever
+        core.stop_followers()
+        core.tracker.close()
+    done = {"event": "done", "step": state.step, "version": state.version}
+    log.info("%s", json.dumps({**done, "counters": state.counters}))
 
 
 ROLE = Role(

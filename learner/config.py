@@ -28,6 +28,7 @@ from broker.trim import StreamBounds
 from envs.wrappers import HorizonSchedule as TurnSchedule
 from launch.settings import CommaList, RoleConfig, section
 from learner.collapse import CollapseRules
+from learner.dataspec import DataConfig
 from learner.errors import ConfigError
 from learner.lora import LoraSettings
 from learner.tracking.config import TrackingConfig
@@ -170,7 +171,11 @@ class OptimConfig:
     tis_cap: float = Field(2.0, ge=1.0, description="C: TIS cap, MIS band [1/C, C]")
     max_grad_norm: float = Field(1.0, gt=0.0, description="gradient clipping norm")
     micro_batch_size: int = Field(8, ge=1, description="sequences per forward/backward pass")
-    aggregation: Aggregation = Field(Aggregation.TOKEN_MEAN, description="loss aggregation")
+    aggregation: Aggregation | None = Field(
+        None,
+        description="loss aggregation (default: token-mean; seq-mean with --policy-ratio "
+        "sequence, GSPO's seq-mean-token-mean)",
+    )
     norm_tokens: int | None = Field(
         None, ge=1, description="L of seq-mean-token-sum-norm (Dr. GRPO: the max response length)"
     )
@@ -271,7 +276,12 @@ class LossConfig:
 
     ppo_epochs: int = Field(1, ge=1, le=64, description="passes over each batch")
     mini_batches: int = Field(1, ge=1, le=1024, description="optimizer steps per pass")
-    dual_clip: float = Field(3.0, gt=1.0, description="dual-clip c: loss <= -c*A for A < 0")
+    dual_clip: float | None = Field(
+        None,
+        ge=0.0,
+        description="dual-clip c > 1: loss <= -c*A for A < 0; 0: off (default: 3 for the "
+        "token ratio, off for GSPO's sequence ratio)",
+    )
     policy_ratio: PolicyRatio = Field(
         PolicyRatio.TOKEN, description="clipped ratio: token (PPO) | sequence (GSPO)"
     )
@@ -295,6 +305,22 @@ class LossConfig:
     value_clip: float = Field(0.2, gt=0.0, description="value-loss clip range (ppo)")
     critic_learning_rate: float = Field(1e-5, gt=0.0, le=1.0, description="critic AdamW (ppo)")
 
+    @field_validator("dual_clip")
+    @classmethod
+    def _dual(cls, value: float | None) -> float | None:
+        if value is not None and 0.0 < value <= 1.0:
+            raise ValueError(f"dual_clip must be > 1 (or 0: off), got {value}")
+        return value
+
+    @property
+    def dual_clip_c(self) -> float | None:
+        """The dual clip's c, or None when it is off: --dual-clip, else 3 for the token ratio
+        and off for GSPO's (verl's GSPO has none: a sequence ratio above c would zero the
+        gradient of a whole sequence with A < 0)."""
+        if self.dual_clip is None:
+            return 3.0 if self.policy_ratio is PolicyRatio.TOKEN else None
+        return self.dual_clip or None
+
     @property
     def needs_proximal(self) -> bool:
         """One optimizer step per batch: pi_prox is pi_theta before its update, no recompute."""
@@ -303,6 +329,18 @@ class LossConfig:
     @property
     def kl_loss(self) -> bool:
         return self.kl_coef > 0 and self.kl_mode is KLMode.LOSS
+
+
+def loss_aggregation(optim: OptimConfig, loss: LossConfig) -> Aggregation:
+    """--aggregation, or its default: seq-mean (seq-mean-token-mean) with GSPO's sequence
+    ratio, as GSPO's paper and verl's ``gspo`` aggregate; token-mean otherwise."""
+    if optim.aggregation is not None:
+        return optim.aggregation
+    return (
+        Aggregation.SEQ_MEAN
+        if loss.policy_ratio is PolicyRatio.SEQUENCE
+        else Aggregation.TOKEN_MEAN
+    )
 
 
 @dataclass(frozen=True, config=COMPONENT)
@@ -368,7 +406,8 @@ class EvalConfig:
 
     eval_tasks: CommaList = Field(
         default_factory=list,
-        description="eval sets NAME=FILE.jsonl (repeatable); their tasks are never trained",
+        description="eval sets NAME=FILE (repeatable; JSONL, Parquet or a datasets directory); "
+        "each row is scored, never trained",
     )
     eval_interval: int = Field(0, ge=0, description="evaluate every N steps (0: never)")
     eval_before_train: bool = Field(False, description="evaluate the initial weights first")
@@ -438,7 +477,9 @@ class LearnerConfig(RunFields, RoleConfig):
     )
     transfer: TransferConfig = section(TransferConfig, prefix="weight_transfer_")
     # --- task source and replay ---------------------------------------------------------------
-    tasks: Path | None = Field(None, description="JSONL dataset of env specs (None: no feeding)")
+    tasks: Path | None = Field(
+        None, description="task dataset: JSONL, Parquet or a datasets directory (None: no feeding)"
+    )
     max_failed_batches: int = Field(
         10, ge=0, description="stop after this many batches in a row spoiled by infra/spec errors"
     )
@@ -457,6 +498,7 @@ class LearnerConfig(RunFields, RoleConfig):
     loss: LossConfig = section(LossConfig)
     tracking: TrackingConfig = section(TrackingConfig)  # docs/tracking.md
     evaluation: EvalConfig = section(EvalConfig)
+    data: DataConfig = section(DataConfig)  # learner.dataspec: datasets of prompts
     lora: LoraSettings = section(LoraSettings, prefix="lora_")  # learner.lora
     collapse: CollapseRules = section(CollapseRules, prefix="collapse_")  # learner.collapse
 

@@ -35,7 +35,7 @@ from learner.errors import ConfigError
 from learner.export import export_hf_dir, full_weights
 from learner.lora import LoraExport, apply_lora, merged_weights, save_adapter
 from learner.record import SkipRecord, StepRecord
-from learner.reference import Reference, kl_turn_penalties
+from learner.reference import Reference, kl_token_penalties
 from learner.schedule import adaptive_kl, learning_rate
 from learner.tracking.base import Tracker
 from learner.trainer import StepStats, Trainer
@@ -92,12 +92,13 @@ class Core:
             judge_staleness=judge,
         )
         coef = self.trainer.kl_coef
-        penalties = kl_turn_penalties(
+        penalties = kl_token_penalties(
             self.reference, every.samples, self.trainer.scoring, self.cfg.loss.kl_estimator, coef
         )
         prepared = prepare_batch(groups, rules, version, penalties, judge_staleness=judge)
         tokens = max(every.num_tokens, 1)
-        prepared.reward_kl = float(sum(p.sum() for p in penalties.values())) / coef / tokens
+        total = sum(float(p.sum()) for turns in penalties.values() for p in turns.values())
+        prepared.reward_kl = total / coef / tokens
         return prepared
 
     def _update(self, prepared: PreparedBatch) -> StepStats:

@@ -6,8 +6,11 @@ apart from the policy leaves the policy's forward untouched. Before the policy
 update, `Critic.annotate` scores every sequence of the batch: the value of
 completion token t is read from the hidden state of the position before it
 (the state the token was sampled from), each turn's shaped reward sits on the
-turn's last completion token, and `learner.algorithms.gae` runs across the
-turns of the episode, skipping the prompt-side tokens of later turns. The
+turn's last completion token (a per-token KL reward on every token), and
+`learner.algorithms.gae` runs across the turns of the episode, skipping the
+prompt-side tokens of later turns. A terminated episode ends with V = 0; a
+truncated one (a limit cut it) bootstraps from the value of the state after its
+last token. The
 advantages are whitened over the batch's completion tokens (verl does the
 same); the returns are the critic's targets. `Critic.update` then takes the
 same epochs and mini-batches as the policy with the clipped value loss.
@@ -33,7 +36,7 @@ import torch
 
 from learner.algorithms import gae
 from learner.batch import Sample
-from learner.config import OptimConfig
+from learner.config import Aggregation, OptimConfig
 from learner.distributed import DistContext
 from learner.errors import CheckpointError
 from learner.losses import aggregate, clipped_value_loss
@@ -51,24 +54,48 @@ class CriticConfig:
     lam: float  # GAE lambda
 
 
-def token_rewards(sample: Sample) -> np.ndarray:
-    """Each turn's reward on its last completion token, 0 elsewhere (input coordinates)."""
-    assert sample.turn_index is not None and sample.turn_rewards is not None
-    out = np.zeros(len(sample.input_ids), np.float64)
-    for k, reward in enumerate(sample.turn_rewards):
-        where = np.flatnonzero(sample.turn_index == k)
-        if len(where):
-            out[where[-1]] += reward
+def token_rewards(samples: Sequence[Sample]) -> np.ndarray:
+    """The rewards on the tokens of one episode's sequences, joined (input coordinates).
+
+    Each turn's reward sits on its last completion token. A turn with none there (it
+    sampled no token, or its sequence trains none) puts its reward on the last completion
+    token before it: the reward follows that action. With no such token the reward comes
+    before every trained token, and no return counts it. A per-token penalty (KL reward)
+    is subtracted on every completion token."""
+    assert all(s.turn_index is not None for s in samples)
+    turn_index = np.concatenate([s.turn_index for s in samples])  # type: ignore[misc]
+    out = np.zeros(len(turn_index), np.float64)
+    for s, part in zip(samples, _parts(samples), strict=True):
+        if s.token_penalty is not None:
+            out[part] -= s.token_penalty
+    rewards = samples[0].turn_rewards
+    assert rewards is not None
+    scored = np.flatnonzero(turn_index >= 0)
+    for k, reward in enumerate(rewards):
+        upto = scored[turn_index[scored] <= k]
+        if len(upto):
+            out[upto[-1]] += reward
     return out
 
 
+def _parts(samples: Sequence[Sample]) -> list[slice]:
+    """Each sample's span in the samples' joined coordinates."""
+    ends = np.cumsum([len(s.input_ids) for s in samples])
+    return [slice(int(e - len(s.input_ids)), int(e)) for s, e in zip(samples, ends, strict=True)]
+
+
 def episode_gae(
-    samples: Sequence[Sample], values: Sequence[np.ndarray], gamma: float, lam: float
+    samples: Sequence[Sample],
+    values: Sequence[np.ndarray],
+    finals: Sequence[float],
+    gamma: float,
+    lam: float,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """(advantages, returns) of each sample, GAE run over whole episodes: the segments of one
     trajectory (consecutive samples of the same group and episode, in order) are joined, so a
     later segment's reward reaches an earlier one, which bootstraps from the next segment's
-    first value instead of 0."""
+    first value instead of 0. `finals` holds each sample's value after its last token: a
+    truncated episode (`Sample.bootstrap` on its last sequence) bootstraps from it."""
     out: list[tuple[np.ndarray, np.ndarray]] = []
     start = 0
     while start < len(samples):
@@ -76,15 +103,16 @@ def episode_gae(
         stop = start + 1
         while stop < len(samples) and (samples[stop].group_id, samples[stop].episode) == key:
             stop += 1
-        part = range(start, stop)
+        part = samples[start:stop]
         adv, ret = gae(
-            np.concatenate([token_rewards(samples[i]) for i in part]),
-            np.concatenate([values[i] for i in part]),
-            np.concatenate([samples[i].loss_mask for i in part]),
+            token_rewards(part),
+            np.concatenate(values[start:stop]),
+            np.concatenate([s.loss_mask for s in part]),
             gamma,
             lam,
+            bootstrap=finals[stop - 1] if part[-1].bootstrap else 0.0,
         )
-        cuts = np.cumsum([len(samples[i].input_ids) for i in part])[:-1]
+        cuts = np.cumsum([len(s.input_ids) for s in part])[:-1]
         out += zip(np.split(adv, cuts), np.split(ret, cuts), strict=True)
         start = stop
     return out
@@ -125,20 +153,26 @@ class Critic:
         pad = getattr(backbone.config, "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else 0
 
+    def states(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``[B, T]``: entry t is the value of the state after input token t."""
+        out = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        return self.head(out.last_hidden_state.float()).squeeze(-1)
+
     def values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """``[B, T-1]``: entry t is the value of the state before input token t+1."""
-        out = self.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-        return self.head(out.last_hidden_state[:, :-1].float()).squeeze(-1)
+        return self.states(batch)[:, :-1]
 
     def estimate(self, samples: Sequence[Sample]) -> list[np.ndarray]:
-        """Values in input coordinates (entry 0, before which there is no state, is 0)."""
+        """Values in input coordinates (entry 0, before which there is no state, is 0), with
+        one entry more at the end: the value of the state after the sample's last token."""
         scoring = Scoring(self.optim.micro_batch_size, self.bf16, self.pad_id, self.device)
-        return score_tokens(samples, scoring, self.values, np.float64)
+        return score_tokens(samples, scoring, self.states, np.float64, tail=True)
 
     def annotate(self, samples: Sequence[Sample]) -> list[Sample]:
         """Samples with GAE advantages (whitened), the values and the returns."""
-        values = self.estimate(samples)
-        pairs = episode_gae(samples, values, self.cfg.gamma, self.cfg.lam)
+        estimated = self.estimate(samples)
+        values, finals = [v[:-1] for v in estimated], [float(v[-1]) for v in estimated]
+        pairs = episode_gae(samples, values, finals, self.cfg.gamma, self.cfg.lam)
         advantages = whiten([a for a, _ in pairs], [s.loss_mask for s in samples])
         return [
             dataclasses.replace(s, advantages=a.astype(np.float32), old_values=v, returns=r)
@@ -166,7 +200,8 @@ class Critic:
             share = aggregate(
                 loss,
                 batch["mask"][:, 1:],
-                self.optim.aggregation,
+                # --aggregation, else token-mean: GSPO's default concerns the policy's ratio
+                self.optim.aggregation or Aggregation.TOKEN_MEAN,
                 total_tokens=tokens,
                 total_sequences=sequences,
             )

@@ -8,13 +8,27 @@ the gradients (`learner.sharding`). Collective work that rank 0 decides on
 (save a checkpoint, export weights for a push) is announced with `broadcast_command`
 so the other ranks join it. Gloo on CPU, NCCL on CUDA; one process without
 torchrun is the world of size one and does nothing here.
+
+`close()` ends the group for good while the interpreter is whole. `destroy_process_group`
+alone does not end the group under FSDP2: the device mesh holds it (`DeviceMesh._pg_registry`),
+and DTensor's caches (sharding propagation, in Python and in C++; redistribution plans) hold the
+mesh for the life of the process. The group's threads (gloo's event loop, two work threads) then
+ran on until interpreter teardown destroyed the group (`~ProcessGroupGloo` under
+`Py_FinalizeEx`'s module cleanup), while the other rank was exiting too; that is the window
+in which, with the CPU busy, a rank died after `done` with "terminate called without an active
+exception" (SIGABRT). So the one data-parallel mesh is made here (`device_mesh`), and `close()`
+takes the group out of it: the group and its threads end inside `close()`.
 """
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
+import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import msgpack
 import torch
@@ -22,6 +36,8 @@ import torch.distributed as dist
 
 from broker.codec import decode, encode
 from broker.messages import TrajectoryGroup
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -31,6 +47,7 @@ class DistContext:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    _meshes: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def enabled(self) -> bool:
@@ -110,9 +127,33 @@ class DistContext:
         if self.enabled:
             dist.barrier()
 
+    def device_mesh(self, device_type: str) -> Any:
+        """The 1-D data-parallel `DeviceMesh` over every rank (made once per device type)."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if device_type not in self._meshes:
+            self._meshes[device_type] = init_device_mesh(device_type, (self.world,))
+        return self._meshes[device_type]
+
     def close(self) -> None:
-        if self.enabled and dist.is_initialized():
-            dist.destroy_process_group()
+        """Destroy the process group, and see that it is gone (its threads joined).
+
+        Call it once whatever used the group (the model, its FSDP state) is out of scope."""
+        if not (self.enabled and dist.is_initialized()):
+            return
+        world = weakref.ref(dist.group.WORLD)
+        gc.collect()  # the FSDP-wrapped model's reference cycles hold the group too
+        dist.destroy_process_group()
+        for mesh in self._meshes.values():
+            # torch 2.13: the registry is shared by the mesh and its submeshes, and DTensor's
+            # caches keep the mesh; it is never used again after the group is gone
+            mesh._pg_registry.clear()
+        self._meshes.clear()
+        if world() is not None:
+            log.warning(
+                "the process group outlived destroy_process_group: something still holds it, "
+                "so it ends with the interpreter"
+            )
 
 
 def init_distributed(device: torch.device) -> DistContext:

@@ -21,6 +21,7 @@ import json
 import logging
 import sys
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,6 +31,7 @@ from broker.run import RunFields
 from launch.runner import Role, RoleContext, start
 from launch.settings import LogLevel, RoleConfig, section
 from learner.config import EvalConfig
+from learner.dataspec import DataConfig
 from learner.errors import ConfigError, TaskSourceError
 
 log = logging.getLogger("learner")
@@ -52,6 +54,7 @@ class EvaluateConfig(_RunConfig):
     """Everything `python -m learner evaluate` needs."""
 
     evaluation: EvalConfig = section(EvalConfig)
+    data: DataConfig = section(DataConfig)
 
 
 def table(result: object, k: int) -> str:
@@ -86,7 +89,7 @@ async def _main(ctx: RoleContext[EvaluateConfig]) -> int:
     try:
         for name in cfg.env_modules:
             importlib.import_module(name)
-        sets = load_sets(cfg.evaluation)
+        sets = load_sets(cfg.evaluation, cfg.data)
     except (TaskSourceError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -122,8 +125,8 @@ def main(argv: list[str]) -> int:
 class FilterConfig(_RunConfig):
     """Everything `python -m learner filter` (`farm filter`) needs."""
 
-    tasks: Path = Field(description="JSONL task file to filter")
-    out: Path = Field(description="where the kept rows go (JSONL, meta.pass_rate on each)")
+    tasks: Path = Field(description="task file to filter (JSONL, Parquet, a datasets directory)")
+    out: Path = Field(description="where the kept rows go (JSONL, each with its pass rate)")
     samples: int = Field(4, ge=1, le=4096, description="k: samples per task")
     keep: str = Field(
         "0.1:0.9", pattern=r"^[0-9.]+:[0-9.]+$", description="LO:HI, pass-rate band kept"
@@ -132,6 +135,7 @@ class FilterConfig(_RunConfig):
     max_tokens: int | None = Field(None, ge=1, description="completion tokens per turn")
     success_threshold: float = Field(0.5, description="episode return counted as a pass")
     timeout_s: float = Field(600.0, gt=0.0, description="limit on the whole evaluation")
+    data: DataConfig = section(DataConfig)
 
     @property
     def band(self) -> tuple[float, float]:
@@ -142,10 +146,16 @@ class FilterConfig(_RunConfig):
 
 
 def kept_rows(
-    rows: list[Any], groups: dict[int, Any], band: tuple[float, float], threshold: float
+    rows: Sequence[Any],
+    groups: dict[int, Any],
+    band: tuple[float, float],
+    threshold: float,
+    prompt_spec: str | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
-    """The rows whose pass rate lies in `band` (each with ``meta.pass_rate``), and how many
-    rows the infrastructure spoiled or never answered (left out, not scored)."""
+    """The rows whose pass rate lies in `band` (each with its rate: ``meta.pass_rate`` on a
+    task line, a ``pass_rate`` column on a row of a dataset of prompts, so the file reads
+    back with the same flags), and how many rows the infrastructure spoiled or never
+    answered (left out, not scored)."""
     kept: list[dict[str, Any]] = []
     unscored = 0
     for index, row in enumerate(rows):
@@ -156,12 +166,20 @@ def kept_rows(
         passed = [sum(t.reward for t in e.turns) >= threshold for e in group.trajectories]
         rate = sum(passed) / len(passed)
         if band[0] <= rate <= band[1]:
-            line: dict[str, Any] = {"env_spec": row.env_spec, "difficulty": row.difficulty}
-            if row.max_turns is not None:
-                line["max_turns"] = row.max_turns
-            line["meta"] = {**(row.meta or {}), "pass_rate": rate}
-            kept.append(line)
+            kept.append(_kept_line(row, rate, prompt_spec))
     return kept, unscored
+
+
+def _kept_line(row: Any, rate: float, prompt_spec: str | None) -> dict[str, Any]:
+    if row.row is not None and row.env_spec == prompt_spec:  # a row of a dataset of prompts
+        return {**row.row, "pass_rate": rate}
+    line: dict[str, Any] = {"env_spec": row.env_spec, "difficulty": row.difficulty}
+    if row.max_turns is not None:
+        line["max_turns"] = row.max_turns
+    line["meta"] = {**(row.meta or {}), "pass_rate": rate}
+    if row.row is not None:
+        line["row"] = row.row
+    return line
 
 
 async def _filter(ctx: RoleContext[FilterConfig]) -> int:
@@ -175,7 +193,7 @@ async def _filter(ctx: RoleContext[FilterConfig]) -> int:
         band = cfg.band
         for name in cfg.env_modules:
             importlib.import_module(name)
-        rows = load_dataset(cfg.tasks)
+        rows = load_dataset(cfg.tasks, cfg.data)
     except (ConfigError, TaskSourceError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -197,7 +215,7 @@ async def _filter(ctx: RoleContext[FilterConfig]) -> int:
         await evaluator.consumer.destroy_group()  # nothing reads this evaluation's group again
         await redis.aclose()
     by_row = {g.task.eval.row: g for g in current.groups.values()}  # type: ignore[union-attr]
-    kept, unscored = kept_rows(rows, by_row, band, cfg.success_threshold)
+    kept, unscored = kept_rows(rows, by_row, band, cfg.success_threshold, cfg.data.env_spec())
     cfg.out.write_text("".join(json.dumps(line) + "\n" for line in kept))
     print(
         f"kept {len(kept)} of {len(rows)} tasks with pass rate in [{band[0]}, {band[1]}] "

@@ -22,6 +22,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,16 +35,18 @@ from broker.keys import EVAL_GROUP_PREFIX, RunKeys
 from broker.messages import EvalMark, Task, TrajectoryGroup
 from broker.producer import Producer
 from learner.config import EvalConfig
+from learner.datasets import TaskRow, load_dataset
+from learner.dataspec import DataConfig
 from learner.evalscore import score_sets
 from learner.metrics import EVAL_SCORE, EVAL_STEP
-from learner.tasks import TaskRow, load_dataset
 
 log = logging.getLogger("learner")
 
 
-def load_sets(cfg: EvalConfig) -> dict[str, list[TaskRow]]:
-    """Every eval set's rows, each spec checked (TaskSourceError names the file and line)."""
-    return {name: load_dataset(path) for name, path in cfg.sets.items()}
+def load_sets(cfg: EvalConfig, data: DataConfig | None = None) -> dict[str, Sequence[TaskRow]]:
+    """Every eval set's rows, each checked (TaskSourceError names the file and row), read
+    lazily; `data` maps the columns of datasets of prompts, as for the training set."""
+    return {name: load_dataset(path, data) for name, path in cfg.sets.items()}
 
 
 @dataclass
@@ -94,7 +97,7 @@ class Evaluator:
         self,
         redis: aioredis.Redis,
         keys: RunKeys,
-        sets: dict[str, list[TaskRow]],
+        sets: Mapping[str, Sequence[TaskRow]],
         cfg: EvalConfig,
         name: str,
         *,
@@ -128,10 +131,11 @@ class Evaluator:
                         task_id=f"{self.keys.run}-eval-{round_id}-{name}-{index}",
                         env_spec=row.env_spec,
                         group_size=self.cfg.eval_samples,
-                        seed=index,
-                        policy_version=version,
+                        seed=index,  # an env that draws its problem from the seed; one that
+                        policy_version=version,  # takes it from the row gets the row
                         max_turns=row.max_turns,
                         meta=meta,
+                        row=row.row,
                         eval=EvalMark(name, round_id, index),
                         temperature=self.cfg.eval_temperature,
                         max_tokens=self.cfg.eval_max_tokens,

@@ -4,27 +4,28 @@
 ``chunk_tokens`` positions at a time and scores each target under the distribution the sampler
 drew it from (`learner.distribution.TokenSampling`, applied by `inference.sampling`: the
 allowed-token mask, the temperature, min-p, top-k and top-p, renormalised over the kept
-tokens). It returns the target's logprob, the entropy of that distribution, and the policy's
-probability mass outside it (under the tempered, unrestricted distribution: a drift the sampler
-never shows). The whole head is one autograd node (`_HeadLogprobs`) that keeps only the hidden
-states and per-token scalars (the truncation is kept as one threshold per token, so backward
-re-applies it without sorting), recomputes each chunk's logits in backward and forms their
+tokens, with vLLM's GPU tie rule: `inference.sampling.Cut`). It returns the target's logprob,
+the entropy of that distribution, and the policy's probability mass outside it (under the
+tempered, unrestricted distribution: a drift the sampler never shows). The whole head is one
+autograd node (`_HeadLogprobs`) that keeps only the hidden states and per-token scalars (the
+truncation is kept as a cut, a value and a tie index per token, so backward re-applies it
+without sorting), recomputes each chunk's logits in backward and forms their
 gradient in place: at most two ``[chunk, V]`` float32 buffers exist at any time, ``[T, V]``
 never exists for a whole sequence, and the head's weight gradient is one ``[V, H]`` buffer
 that every chunk adds into. `full_logprobs` is the unchunked reference the
 tests and the memory benchmark compare against.
 
 The kept set is treated as fixed in backward (no gradient flows through which tokens it
-keeps), and the target is always in it: the sampler drew it, so a target that a threshold
-recomputed from the learner's own logits would drop (float noise at a boundary, or a policy
-that moved) is kept rather than scored at -inf.
+keeps), and the target is always in it: the sampler drew it, so a target that a cut
+recomputed from the learner's own logits would drop (float noise at a boundary, a tie the cut
+no longer reaches, or a policy that moved) is kept rather than scored at -inf.
 """
 
 from __future__ import annotations
 
 import torch
 
-from inference.sampling import RowSampling, effective_temperature, keep_threshold, tempered_logits
+from inference.sampling import Cut, RowSampling, effective_temperature, keep_cut, tempered_logits
 from learner.distribution import TokenSampling
 from learner.tied import GradSink
 
@@ -39,20 +40,18 @@ def _tempered(
     return logits.div_(effective_temperature(rows.temperature).unsqueeze(-1))
 
 
-def _keep(
-    z: torch.Tensor, rows: RowSampling, targets: torch.Tensor, threshold: torch.Tensor | None
-) -> torch.Tensor | None:
+def _keep(z: torch.Tensor, rows: RowSampling, targets: torch.Tensor, cut: Cut | None) -> Cut | None:
     """Set `z` (tempered) to -inf outside each row's kept set, in place, the target always kept;
-    return the truncation threshold (computed here when `threshold` is None and rows truncate)."""
+    return the truncation's cut (computed here when `cut` is None and rows truncate)."""
     target = z.gather(-1, targets.unsqueeze(-1))
     if rows.allowed is not None:
         z.masked_fill_(~rows.allowed, float("-inf"))
-    if threshold is None and rows.truncates():
-        threshold = keep_threshold(z, rows)
-    if threshold is not None:
-        z.masked_fill_(z < threshold.unsqueeze(-1), float("-inf"))
+    if cut is None and rows.truncates():
+        cut = keep_cut(z, rows)
+    if cut is not None:
+        cut.apply_(z)
     z.scatter_(-1, targets.unsqueeze(-1), target)
-    return threshold
+    return cut
 
 
 def _chunk_forward(
@@ -62,11 +61,11 @@ def _chunk_forward(
     targets: torch.Tensor,
     rows: RowSampling,
 ) -> tuple[torch.Tensor, ...]:
-    """(target logprob, entropy, outside mass, logsumexp, threshold) of a chunk whose rows
-    truncate (the threshold needs whole rows: ``[chunk, V]`` logits)."""
+    """(target logprob, entropy, outside mass, logsumexp, cut) of a chunk whose rows
+    truncate (the cut needs whole rows: ``[chunk, V]`` logits)."""
     z = _tempered(hidden, weight, bias, rows)
     full = torch.logsumexp(z, dim=-1)
-    threshold = _keep(z, rows, targets, None)
+    cut = _keep(z, rows, targets, None)
     lse = torch.logsumexp(z, dim=-1)
     target = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     # 1 - the kept mass under the tempered, unrestricted policy
@@ -74,7 +73,7 @@ def _chunk_forward(
     z.clamp_(min=_FLOOR)  # exp(_FLOOR - lse) is 0: p z is 0 outside, not nan
     probs = (z - lse.unsqueeze(-1)).exp_()
     entropy = lse - probs.mul_(z).sum(dim=-1)
-    return target, entropy, outside, lse, threshold
+    return target, entropy, outside, lse, cut
 
 
 def _chunk_grad(
@@ -84,14 +83,14 @@ def _chunk_grad(
     targets: torch.Tensor,
     rows: RowSampling,
     *,
-    saved: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    saved: tuple[torch.Tensor, torch.Tensor, Cut],
     grad_target: torch.Tensor,
     grad_entropy: torch.Tensor,
 ) -> torch.Tensor:
     """dL/dlogits of a truncating chunk, ``[chunk, V]`` in the weight's dtype, recomputed."""
-    lse, entropy, threshold = saved
+    lse, entropy, cut = saved
     logp = _tempered(hidden, weight, bias, rows)
-    _keep(logp, rows, targets, threshold)
+    _keep(logp, rows, targets, cut)
     logp.clamp_(min=_FLOOR).sub_(lse.unsqueeze(-1))
     probs = logp.exp()
     # dL/dz = g_H * (-p (logp + H)) + g_y * (onehot(y) - p), built in place in `logp`
@@ -229,10 +228,10 @@ class _HeadLogprobs(torch.autograd.Function):
     recomputes the logits.
 
     One autograd node for the whole head: it saves the hidden states (already alive: they are
-    its input) and per-token scalars (the truncation as a threshold per token). A chunk whose
+    its input) and per-token scalars (the truncation as a cut per token). A chunk whose
     rows do not truncate (no top-k, top-p or min-p) is scored over vocabulary tiles with an
     online softmax, so its buffers are ``[chunk, tile]``; a chunk with a truncating row needs
-    whole rows to find the threshold and works on at most two ``[chunk, V]`` buffers. In
+    whole rows to find the cut and works on at most two ``[chunk, V]`` float buffers. In
     backward every chunk's weight gradient is added into one ``[V, H]`` buffer and its
     hidden-state gradient written into one ``[N, H]`` buffer (a node per chunk made autograd
     hold a second ``[V, H]`` gradient while summing them, and a zero-filled ``[N, H]`` per
@@ -247,7 +246,7 @@ class _HeadLogprobs(torch.autograd.Function):
         spans = [(a, min(a + chunk_tokens, n)) for a in range(0, n, chunk_tokens)]
         target, entropy, lse = (hidden.new_empty(n, dtype=torch.float32) for _ in "tel")
         outside = hidden.new_zeros(n, dtype=torch.float32)
-        thresholds = []
+        cuts = []
         for a, b in spans:
             # the rows' allowed mask is [chunk, V]: rebuilt in backward from `sampling`, not kept
             rows = sampling.rows(a, b, vocab)
@@ -256,8 +255,8 @@ class _HeadLogprobs(torch.autograd.Function):
             for out, part in zip((target, entropy, outside, lse), parts[:4], strict=True):
                 if part is not None:
                     out[a:b] = part
-            thresholds.append(parts[4])
-        ctx.sampling, ctx.spans, ctx.thresholds, ctx.tile = sampling, spans, thresholds, tile
+            cuts.append(parts[4])
+        ctx.sampling, ctx.spans, ctx.cuts, ctx.tile = sampling, spans, cuts, tile
         ctx.sink = sink
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
         ctx.mark_non_differentiable(outside)
@@ -271,12 +270,12 @@ class _HeadLogprobs(torch.autograd.Function):
         grad_weight = torch.zeros_like(weight) if need_weight else None
         grad_bias = torch.zeros_like(bias) if bias is not None and need_bias else None
         with torch.no_grad():
-            for (a, b), threshold in zip(ctx.spans, ctx.thresholds, strict=True):
+            for (a, b), cut in zip(ctx.spans, ctx.cuts, strict=True):
                 rows = ctx.sampling.rows(a, b, weight.shape[0])
                 h, y = hidden[a:b], targets[a:b]
                 g = (grad_target[a:b], grad_entropy[a:b])
                 rows_out = None if grad_hidden is None else grad_hidden[a:b]
-                if threshold is None:
+                if cut is None:
                     _tiled_grad(
                         h,
                         weight,
@@ -289,7 +288,7 @@ class _HeadLogprobs(torch.autograd.Function):
                         tile=ctx.tile,
                     )
                     continue
-                saved = (lse[a:b], entropy[a:b], threshold)
+                saved = (lse[a:b], entropy[a:b], cut)
                 grad = _chunk_grad(
                     h, weight, bias, y, rows, saved=saved, grad_target=g[0], grad_entropy=g[1]
                 )
@@ -346,14 +345,11 @@ def full_logprobs(
     flat = logits.reshape(-1, logits.shape[-1])
     flat_t = targets.reshape(-1)
     rows = sampling.rows(0, len(flat_t), flat.shape[-1])
-    threshold = None
+    z = tempered_logits(flat, rows)
     if rows.truncates():
         with torch.no_grad():
-            threshold = keep_threshold(tempered_logits(flat, rows), rows)
-    z = tempered_logits(flat, rows)
-    if threshold is not None:
-        drop = (z < threshold.unsqueeze(-1)).scatter(-1, flat_t.unsqueeze(-1), False)
-        z = z.masked_fill(drop, float("-inf"))
+            drop = keep_cut(z.detach(), rows).dropped(z.detach())
+        z = z.masked_fill(drop.scatter_(-1, flat_t.unsqueeze(-1), False), float("-inf"))
     logprobs = torch.log_softmax(z, dim=-1)
     target = logprobs.gather(-1, flat_t.unsqueeze(-1)).squeeze(-1)
     entropy = -(logprobs.exp() * logprobs.clamp(min=_FLOOR)).sum(dim=-1)

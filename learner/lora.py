@@ -9,7 +9,8 @@ so the tied-embedding gradient path (`learner.tied`) is not taken.
 What a version is written as (``--lora-export``):
 - ``adapter``: a peft adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``,
   `save_adapter`), which ``peft.PeftModel.from_pretrained(base, dir)`` and vLLM's
-  ``/v1/load_lora_adapter`` load; the push serves it as ``<run>-v<N>`` (`learner.weights`);
+  ``/v1/load_lora_adapter`` load; the push serves it as ``<run>-v<N>-<digest>``
+  (`learner.adapter_push`);
 - ``merged``: full Hugging Face weights with ``W + scale * B @ A`` folded in (`merged_weights`),
   pushed through the file path, so a server without LoRA support serves it.
 
@@ -44,7 +45,7 @@ DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 class LoraExport(enum.StrEnum):
     """What each LoRA version is written and pushed as."""
 
-    ADAPTER = "adapter"  # a peft adapter directory, served as <run>-v<N> (vLLM --enable-lora)
+    ADAPTER = "adapter"  # a peft adapter directory, served as <run>-v<N>-<digest> (--enable-lora)
     MERGED = "merged"  # full weights with the adapter merged in, pushed as a file reload
 
 
@@ -62,6 +63,12 @@ class LoraSettings:
         0.0, ge=0.0, lt=1.0, description="dropout on the adapter's input (gradient passes only)"
     )
     export: LoraExport = Field(LoraExport.ADAPTER, description="adapter | merged (full weights)")
+    adapter_keep_s: float = Field(
+        600.0,
+        ge=0.0,
+        description="keep a pushed adapter's directory until no server has listed it for this "
+        "long (vLLM re-reads an evicted adapter for requests still running under it)",
+    )
 
     @field_validator("target_modules")
     @classmethod

@@ -44,7 +44,7 @@ class PolicyLossConfig:
 
     clip_low: float  # ratio floor 1 - clip_low
     clip_high: float  # ratio ceiling 1 + clip_high
-    dual_clip: float  # c > 1: for A < 0 the loss never exceeds -c*A
+    dual_clip: float | None  # c > 1: for A < 0 the loss never exceeds -c*A; None: off
     correction: Correction  # tis | mis
     cap: float  # C of TIS/MIS
     log_ratio_clamp: float  # |log ratio| bound before exp
@@ -57,7 +57,7 @@ class PolicyLossConfig:
         return cls(
             clip_low=optim.clip_low,
             clip_high=optim.clip_high,
-            dual_clip=loss.dual_clip,
+            dual_clip=loss.dual_clip_c,
             correction=loss.correction,
             cap=optim.tis_cap,
             log_ratio_clamp=loss.log_ratio_clamp,
@@ -130,13 +130,16 @@ def decoupled_ppo_loss(
     *,
     cfg: PolicyLossConfig,
 ) -> PolicyTerms:
-    """``w * max(-A r, -A clip(r))`` with ``r = pi_theta/pi_prox``, capped at ``-c A`` for A < 0."""
+    """``w * max(-A r, -A clip(r))`` with ``r = pi_theta/pi_prox``, capped at ``-c A`` for A < 0
+    (the dual clip, unless it is off)."""
     ratio = _policy_ratio(logp, prox_logp, mask, cfg)
     low, high = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
     clip_loss = torch.maximum(-advantages * ratio, -advantages * torch.clamp(ratio, low, high))
-    dual = torch.minimum(clip_loss, -advantages * cfg.dual_clip)
     negative = advantages < 0
-    ppo = torch.where(negative, dual, clip_loss)
+    ppo, dual_clipped = clip_loss, torch.zeros_like(negative)
+    if cfg.dual_clip is not None:
+        ppo = torch.where(negative, torch.minimum(clip_loss, -advantages * cfg.dual_clip), ppo)
+        dual_clipped = negative & (ratio.detach() > cfg.dual_clip)
     log_w = torch.clamp(
         prox_logp.detach() - behaviour_logp, -cfg.log_ratio_clamp, cfg.log_ratio_clamp
     )
@@ -149,7 +152,7 @@ def decoupled_ppo_loss(
         ratio=r,
         weight=weight,
         clipped=clipped,
-        dual_clipped=negative & (r > cfg.dual_clip),
+        dual_clipped=dual_clipped,
         corrected=corrected,
         behaviour_ratio=torch.exp(log_w),
         rejected=corrected if cfg.correction is Correction.MIS else torch.zeros_like(corrected),

@@ -6,11 +6,11 @@ It never trains (no gradient, eval mode). With ``reference_offload`` it lives in
 CPU memory and visits the training device only for its forward pass, as verl's
 reference offload does; on a CPU learner the flag changes nothing.
 
-As a reward penalty (``kl_mode reward``), `kl_turn_penalties` estimates the KL
+As a reward penalty (``kl_mode reward``), `kl_token_penalties` estimates the KL
 per token between the behaviour logprobs mu recorded at rollout and the
-reference (no extra policy forward), sums it over each turn's completion
-tokens and scales it by ``kl_coef``; the batch subtracts it from the turn's
-reward before computing advantages.
+reference (no extra policy forward) and scales it by ``kl_coef``: each token's
+reward is ``-kl_coef * KL_t``, so the return at token t counts the KL from t on
+(`learner.batch.prepare_batch`; the critic's GAE puts it on every token).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from learner.batch import Sample, TurnPenalties
+from learner.batch import Sample, TokenPenalties
 from learner.config import KLEstimator
 from learner.lora import adapters_off
 from learner.losses import kl_penalty
@@ -57,26 +57,28 @@ def load_reference(model_dir: Path, device: torch.device, offload: bool) -> Refe
     return Reference(model, device, offload)
 
 
-def kl_turn_penalties(
+def kl_token_penalties(
     reference: Reference,
     samples: Sequence[Sample],
     scoring: Scoring,
     estimator: KLEstimator,
     coef: float,
-) -> TurnPenalties:
-    """``coef * sum_{t in turn} KL_t(mu || ref)`` for every turn of every sample."""
-    out: dict[tuple[str, int], np.ndarray] = {}
+) -> TokenPenalties:
+    """``coef * KL_t(mu || ref)`` on every completion token of `samples`, per turn.
+
+    A per-token reward, as verl's ``use_kl_in_reward`` and REINFORCE++ apply it: the return
+    at token t counts only the KL from t on. An agent episode's segments fill in their own
+    turns of the episode's entry."""
+    out: dict[tuple[str, int], dict[int, np.ndarray]] = {}
     if not samples:
         return out
     for sample, ref in zip(samples, reference.logprobs(samples, scoring), strict=True):
-        assert sample.turn_index is not None and sample.turn_rewards is not None
+        assert sample.turn_index is not None
         kl = kl_penalty(torch.from_numpy(sample.behaviour_logp), torch.from_numpy(ref), estimator)
-        kl = kl.numpy() * sample.loss_mask
-        turns = len(sample.turn_rewards)
-        on = sample.turn_index >= 0
-        sums = np.bincount(sample.turn_index[on], weights=kl[on], minlength=turns)
-        key = (sample.group_id, sample.episode)  # an agent episode's segments add up
-        out[key] = out.get(key, 0.0) + coef * sums
+        kl = coef * kl.numpy().astype(np.float64) * sample.loss_mask
+        turns = out.setdefault((sample.group_id, sample.episode), {})
+        for k in np.unique(sample.turn_index[sample.turn_index >= 0]):
+            turns[int(k)] = kl[sample.turn_index == k]
     return out
 
 

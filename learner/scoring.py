@@ -99,10 +99,13 @@ def score_tokens(
     scoring: Scoring,
     score: Callable[[dict[str, torch.Tensor]], torch.Tensor],
     dtype: type[np.floating],
+    *,
+    tail: bool = False,
 ) -> list[np.ndarray]:
     """`score(batch)` ([B, T-1], position t about input token t+1) for each sample, no
     gradient, micro-batch by micro-batch, moved to input coordinates: entry t is about
-    token t and entry 0, before which there is nothing, is 0."""
+    token t and entry 0, before which there is nothing, is 0. With `tail`, `score` gives
+    [B, T] and each row has one entry more, about what follows the sample's last token."""
     out: list[np.ndarray] = []
     with torch.no_grad():
         for chunk in micro_batches(samples, scoring.micro_batch_size):
@@ -110,7 +113,8 @@ def score_tokens(
                 scores = score(collate(chunk, scoring.pad_id, scoring.device))
             scores_np = scores.float().cpu().numpy()
             for i, s in enumerate(chunk):
-                row = np.zeros(len(s.input_ids), dtype)
-                row[1:] = scores_np[i, : len(s.input_ids) - 1]
+                n = len(s.input_ids) + tail
+                row = np.zeros(n, dtype)
+                row[1:] = scores_np[i, : n - 1]
                 out.append(row)
     return out

@@ -161,7 +161,7 @@ async def _make_evals(core: Core, redis: aioredis.Redis, keys: RunKeys) -> EvalS
     evaluator = Evaluator(
         redis,
         keys,
-        load_sets(cfg.evaluation),
+        load_sets(cfg.evaluation, cfg.data),
         cfg.evaluation,
         cfg.consumer_name,
         settings=cfg.consumer,
@@ -233,7 +233,7 @@ async def _make_feeder(core: Core, redis: aioredis.Redis, keys: RunKeys) -> Task
     cfg = core.cfg
     if cfg.tasks is None:
         return None
-    sampler = TaskSampler(load_dataset(cfg.tasks), cfg.seed, cfg.curriculum)
+    sampler = TaskSampler(load_dataset(cfg.tasks, cfg.data), cfg.seed, cfg.curriculum)
     sampler.restore(core.state.sampler)
     # Tasks and their admission slots are written like commits: on as many replicas.
     wait = (cfg.consumer.wait_replicas, cfg.consumer.wait_timeout_ms)

@@ -8,7 +8,8 @@ gradients and optimizer state (`CPUOffloadPolicy`), activation checkpointing of 
 
 Gradients are *summed* across ranks, not averaged: every loss share is already divided by
 whole-batch denominators (`learner.algorithms.aggregate`), so the sum is the single-process
-gradient. Gloo and NCCL differ only in the device mesh's device type.
+gradient. Gloo and NCCL differ only in the device mesh's device type. The mesh is the
+process group's (`learner.distributed.DistContext.device_mesh`), which releases it at the end.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -33,20 +34,19 @@ from learner.policy import PolicyModel
 class ShardOptions:
     """How the policy is sharded (from the config's scale block)."""
 
-    world: int  # ranks in the data-parallel mesh
     bf16: bool  # bf16 params/compute, fp32 reduction (CUDA only)
     cpu_offload: bool  # parameters, gradients and optimizer state on the host
 
 
-def shard_policy(policy: PolicyModel, device: torch.device, opts: ShardOptions) -> None:
-    """Apply FSDP2 in place, layers first, then the root."""
-    mesh = init_device_mesh(device.type, (opts.world,))
+def shard_policy(policy: PolicyModel, mesh: DeviceMesh, opts: ShardOptions) -> None:
+    """Apply FSDP2 in place over the data-parallel `mesh`, layers first, then the root."""
+    cuda = mesh.device_type == "cuda"
     mp = MixedPrecisionPolicy()
-    if opts.bf16 and device.type == "cuda":
+    if opts.bf16 and cuda:
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     offload = OffloadPolicy()
     if opts.cpu_offload:
-        offload = CPUOffloadPolicy(pin_memory=device.type == "cuda")
+        offload = CPUOffloadPolicy(pin_memory=cuda)
     for layer in policy.layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload)
     fully_shard(policy, mesh=mesh, mp_policy=mp, offload_policy=offload)

@@ -1,8 +1,10 @@
-"""Task feeding: the JSONL dataset, the curriculum sampler, the horizon, the budget.
+"""Task feeding: the curriculum sampler, the horizon, the budget.
 
-The dataset holds one JSON object per line: ``{"env_spec": "toy@{...}",
-"difficulty": 0, "max_turns": null, "meta": {}}`` (only ``env_spec`` is
-required). `TaskSampler` draws rows with a seeded generator; with a curriculum
+The dataset (`learner.datasets`: JSONL task lines ``{"env_spec": "toy@{...}",
+"difficulty": 0, "max_turns": null, "meta": {}, "row": {...}}``, or a dataset of prompts
+in JSONL, Parquet or a `datasets` directory) is read lazily: the sampler holds its row
+count and difficulties, and reads a row only when it draws it. `TaskSampler` draws rows
+with a seeded generator; with a curriculum
 it draws only rows of the current difficulty level and moves the level up when
 the success rate over the last `window` episodes reaches `promote_above`, down
 when it falls to `demote_below`. Its state round-trips through JSON so that a
@@ -19,17 +21,14 @@ task is the one place a worker reads it from.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections import deque
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import redis.asyncio as aioredis
 
-import envs
 from broker.admission import AdmissionBudget
 from broker.backlog import group_backlog, unfinished_entries
 from broker.codec import decode
@@ -38,61 +37,10 @@ from broker.keys import RunKeys
 from broker.messages import Task, TrajectoryGroup
 from broker.producer import Producer
 from learner.config import CurriculumRules, HorizonSchedule
-from learner.errors import TaskSourceError
+from learner.datasets import TaskRow, load_dataset
 from learner.metrics import TASKS_ISSUED
 
-
-@dataclass(frozen=True)
-class TaskRow:
-    """One dataset line."""
-
-    env_spec: str
-    difficulty: int = 0
-    max_turns: int | None = None
-    meta: dict[str, Any] | None = None
-
-
-def load_dataset(path: Path) -> list[TaskRow]:
-    """Read and validate the JSONL dataset; errors name the line.
-
-    Every distinct env spec is checked against the registry (`envs.check_spec`: name,
-    JSON, kwargs against the factory's signature or config) without building an
-    environment, so a bad spec stops the learner before any task is issued.
-    """
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise TaskSourceError(f"cannot read task dataset {path}: {exc}") from exc
-    rows: list[TaskRow] = []
-    checked: set[str] = set()
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-            if not isinstance(data, dict):
-                raise ValueError("not a JSON object")
-            unknown = set(data) - {"env_spec", "difficulty", "max_turns", "meta"}
-            if unknown:
-                raise ValueError(f"unknown keys {sorted(unknown)}")
-            spec = data["env_spec"]
-            if not isinstance(spec, str) or not spec:
-                raise ValueError("env_spec must be a non-empty string")
-            if spec not in checked:  # each distinct spec once; nothing is built
-                envs.check_spec(spec)
-                checked.add(spec)
-            rows.append(
-                TaskRow(
-                    spec, int(data.get("difficulty", 0)), data.get("max_turns"), data.get("meta")
-                )
-            )
-        except envs.EnvSpecError as exc:
-            raise TaskSourceError(f"{path}:{number}: bad env_spec {spec!r}: {exc}") from None
-        except (ValueError, KeyError, TypeError) as exc:
-            raise TaskSourceError(f"{path}:{number}: {exc}") from exc
-    if not rows:
-        raise TaskSourceError(f"task dataset {path} has no rows")
-    return rows
+__all__ = ["TaskFeeder", "TaskRow", "TaskSampler", "count_in_flight", "load_dataset"]
 
 
 class TaskSampler:
@@ -100,10 +48,13 @@ class TaskSampler:
     optionally deferring rows whose recent groups were all solved or all failed
     (`difficulty_filter`: such a group carries no signal for a group baseline)."""
 
-    def __init__(self, rows: list[TaskRow], seed: int, rules: CurriculumRules) -> None:
+    def __init__(self, rows: Sequence[TaskRow], seed: int, rules: CurriculumRules) -> None:
         self.rows = rows
         self.rules = rules
-        self.levels = sorted({r.difficulty for r in rows})
+        self.difficulties = _difficulties(rows)  # None: every row at 0
+        found = [0] if self.difficulties is None else np.unique(self.difficulties)
+        self.levels = sorted(int(d) for d in found)
+        self._by_level: dict[int, np.ndarray] = {}
         self.level_index = 0
         self.recent: deque[bool] = deque(maxlen=rules.curriculum_window)
         self.rng = np.random.default_rng(seed)
@@ -127,14 +78,25 @@ class TaskSampler:
 
     def draw_index(self) -> int:
         """The index of the next row drawn (a deferred row only when every row is)."""
-        pool = [
-            i
-            for i, r in enumerate(self.rows)
-            if not self.rules.curriculum or r.difficulty == self.level
-        ]
-        live = [i for i in pool if self.deferred.get(i, 0) <= self.step]
-        pool = live or pool
-        return pool[int(self.rng.integers(len(pool)))]
+        pool = self._pool()
+        held = [i for i, until in self.deferred.items() if until > self.step]
+        if held:  # few: only rows whose recent groups carried no signal
+            everything = np.arange(len(self.rows)) if pool is None else pool
+            live = everything[~np.isin(everything, held)]
+            if len(live):
+                return int(live[int(self.rng.integers(len(live)))])
+        if pool is None:
+            return int(self.rng.integers(len(self.rows)))
+        return int(pool[int(self.rng.integers(len(pool)))])
+
+    def _pool(self) -> np.ndarray | None:
+        """The row indices drawn from now (None: every row, without listing them)."""
+        if not self.rules.curriculum or self.difficulties is None or len(self.levels) == 1:
+            return None
+        level = self.level
+        if level not in self._by_level:
+            self._by_level[level] = np.flatnonzero(self.difficulties == level)
+        return self._by_level[level]
 
     def observe_groups(self, rows_returns: list[tuple[int, list[float]]], step: int) -> None:
         """Per row (its index, its group's episode returns): defer a row once
@@ -187,6 +149,14 @@ class TaskSampler:
         self.rng.bit_generator.state = state["rng"]
         self.streaks = {int(i): int(n) for i, n in state.get("streaks", [])}
         self.deferred = {int(i): int(s) for i, s in state.get("deferred", [])}
+
+
+def _difficulties(rows: Sequence[TaskRow]) -> np.ndarray | None:
+    """Each row's difficulty (None: all 0): a lazy dataset's own array, else read off rows."""
+    if hasattr(rows, "difficulties"):
+        return rows.difficulties  # type: ignore[no-any-return]
+    found = np.asarray([r.difficulty for r in rows], dtype=np.int32)
+    return found if found.any() else None
 
 
 def row_returns(groups: list[TrajectoryGroup]) -> list[tuple[int, list[float]]]:
@@ -258,6 +228,7 @@ class TaskFeeder:
                     policy_version=version,
                     max_turns=row.max_turns if horizon is None else horizon,
                     meta=meta,
+                    row=row.row,
                 )
             )
         by_partition: dict[int, list[Task]] = {}

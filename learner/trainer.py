@@ -38,7 +38,7 @@ import torch
 
 from learner import microbatch
 from learner.batch import Sample
-from learner.config import Aggregation, LossConfig, OptimConfig, ScaleConfig
+from learner.config import Aggregation, LossConfig, OptimConfig, ScaleConfig, loss_aggregation
 from learner.distributed import DistContext
 from learner.losses import (
     PolicyLossConfig,
@@ -120,12 +120,14 @@ class Trainer:
         self.cfg, self.scale, self.device, self.dist = cfg, scale, device, dist
         self.loss = loss or LossConfig()
         self.policy_loss = PolicyLossConfig.of(cfg, self.loss)
+        self.aggregation = loss_aggregation(cfg, self.loss)
         self.policy = PolicyModel(self.model, scale.logprob_chunk_tokens)
         if scale.activation_checkpointing:
             enable_activation_checkpointing(self.policy)
         if dist.enabled:
             bf16 = cfg.bf16(device.type)
-            shard_policy(self.policy, device, ShardOptions(dist.world, bf16, scale.cpu_offload))
+            mesh = dist.device_mesh(device.type)
+            shard_policy(self.policy, mesh, ShardOptions(bf16, scale.cpu_offload))
         self.reference = reference  # frozen initial weights; only when the KL is a loss term
         # fused: one kernel per parameter, no parameter-sized temporaries (the per-tensor
         # loop's sqrt and division made two, 594 MiB for a 152k x 512 embedding)
@@ -260,7 +262,7 @@ class Trainer:
             share = aggregate(
                 token_loss,
                 kept,
-                self.cfg.aggregation,
+                self.aggregation,
                 total_tokens=total_tokens,
                 total_sequences=total_sequences,
                 norm_tokens=self.cfg.norm_tokens,
@@ -270,7 +272,7 @@ class Trainer:
         sums, mins = self.dist.reduce_sums(tally.sums), self.dist.reduce_mins(tally.mins)
         # ... and its denominator: the shares divided by every token (sequence); rescale to
         # the kept ones now that all ranks' rejections are counted
-        scale = tally.rejection_scale(sums, self.cfg.aggregation, total_tokens, total_sequences)
+        scale = tally.rejection_scale(sums, self.aggregation, total_tokens, total_sequences)
         params = [p for p in self.policy.parameters() if p.requires_grad]
         if scale != 1.0:
             for param in params:

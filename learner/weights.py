@@ -19,9 +19,12 @@ version; anything less raises `WeightPushError`. `--weight-transfer` picks the p
   `PolicyVersion.weights_path` is "".
 
 With LoRA (`learner.lora`, file transfer only; NCCL is refused): ``--lora-export adapter``
-writes each version's peft adapter directory to ``weights_dir/<run>-v<N>`` and loads it on
-every server as the adapter ``<run>-v<N>`` (`inference.adapter_sync`), verified by name and
-path; the published `PolicyVersion.adapter` names it, and ``<run>-v<N-2>`` is unloaded.
+writes each version's peft adapter directory to ``weights_dir/<run>-v<N>-<digest>`` and loads
+it on every server as the adapter of that name (`learner.adapter_push`: the digest of its
+files in the name, so a resumed learner's re-trained version never meets the pre-crash one),
+verified by name and path; the published `PolicyVersion.adapter` names it. The run's adapters
+other than it and the one pushed before are unloaded; a directory stays on disk until no
+server has listed its adapter for ``--lora-adapter-keep-s``.
 ``--lora-export merged`` pushes full weights with the adapter merged in, as above.
 
 The inference imports are lazy so that the CLI stays light.
@@ -81,16 +84,18 @@ class WeightPusher:
         )
         self._sync: Any = None
         self.run = cfg.run
-        self._adapters: Any = None
+        self._adapters: Any = None  # a learner.adapter_push.AdapterPusher
         if cfg.lora.enabled and cfg.weight_transfer is WeightTransfer.NCCL:
             raise ConfigError(
                 "--weight-transfer nccl broadcasts full weights; a LoRA run pushes its adapter "
                 "(or, with --lora-export merged, merged weights) by file: use --weight-transfer file"
             )
         if cfg.lora.enabled and cfg.lora.export is LoraExport.ADAPTER:
-            from inference.adapter_sync import AdapterSync
+            from learner.adapter_push import AdapterPusher
 
-            self._adapters = AdapterSync(list(self.urls), self._sync_config)
+            self._adapters = AdapterPusher(
+                list(self.urls), self._sync_config, cfg.run, cfg.lora.adapter_keep_s
+            )
         if cfg.weight_transfer is WeightTransfer.NCCL:
             # /update_weights answers only once the broadcast is through
             timeout_s = max(self._sync_config.timeout_s, cfg.transfer.timeout_s + 60)
@@ -129,27 +134,9 @@ class WeightPusher:
         return PushResult(servers=self.urls, weights_path=str(final), largest_tensor_bytes=largest)
 
     async def _push_adapter(self, source: WeightSource, version: int) -> PushResult:
-        """Version `version` as the adapter `<run>-v<version>`, loaded on every server and
-        verified; `<run>-v<version-2>` then unloaded (docs/inference.md: the current and the
-        previous stay for workers one version behind). The directory's path is fixed per
-        version, so a resumed learner's re-push of a version is recognised as the same."""
-        from inference.adapter_sync import adapter_name
-
-        name = adapter_name(self.run, version)
-        final = self.weights_dir / name
-        tmp = self.weights_dir / f".tmp-{name}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        written = source.export(tmp)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        await self._adapters.load(name, final, version)
-        if version >= 2:
-            await self._adapters.unload(adapter_name(self.run, version - 2))
-        # unloaded adapters stay on disk a while: vLLM may read one again for a queued request
-        keep = max(self._sync_config.keep_versions, 3)
-        await asyncio.to_thread(_prune_adapters, self.weights_dir, self.run, version - keep)
+        name, path, written = await self._adapters.push(source, version)
         return PushResult(
-            servers=self.urls, weights_path=str(final), largest_tensor_bytes=written, adapter=name
+            servers=self.urls, weights_path=str(path), largest_tensor_bytes=written, adapter=name
         )
 
     async def close(self) -> None:
@@ -158,17 +145,6 @@ class WeightPusher:
             self._sync.close()
         if self._adapters is not None:
             await self._adapters.close()
-
-
-def _prune_adapters(root: Path, run: str, below: int) -> None:
-    """Remove `run`'s adapter directories of versions below `below`."""
-    from inference.adapter_sync import adapter_version
-
-    for path in root.glob(f"{run}-v*"):
-        found = adapter_version(path.name)
-        mine = path.name.rsplit("-v", 1)[0] == run  # not another run named "<run>-v1"
-        if mine and path.is_dir() and found is not None and found < below:
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def _nccl_sync(cfg: LearnerConfig, sync_config: Any) -> Any:

@@ -3,10 +3,11 @@
 A backend starts one sandbox with its host socket directory bound in and returns a
 `Handle`; the pool then talks to the agent socket in that directory and never to
 the backend. `BwrapBackend` jails the agent with bubblewrap (new user, pid, net, ipc,
-uts and mount namespaces, read-only /usr, tmpfs work dir, agent as PID 1) and dies
-with the pool. `UnsafeBackend` runs the agent as a plain host process, with rlimits
-but no isolation; it exists for development and says so loudly. The Docker backend
-lives in `sandbox.docker_backend`.
+uts and mount namespaces, read-only /usr and /dev, tmpfs work dir, agent as PID 1) in a
+memory/CPU/pids cgroup of its own (cgroup v1, made under the pool's own cgroup where the
+pool may), and dies with the pool. `UnsafeBackend` runs the agent as a plain host
+process, with rlimits but no isolation; it exists for development and says so loudly.
+The Docker backend lives in `sandbox.docker_backend`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from sandbox.agent.cgroups import CgroupError, Groups, missing, v1_mounts
 from sandbox.agent.procs import proc_stat
 from sandbox.config import SandboxConfig
 from sandbox.errors import SandboxUnavailable
@@ -40,6 +42,14 @@ def agent_files() -> list[Path]:
 
 IN_SANDBOX_SOCKETS = "/run/agent"
 IN_SANDBOX_WORK = "/work"
+CGROUP_ROOT = "rollout-farm"  # under the pool's own cgroup: <root>/<owner>/<sandbox>
+# sh -c: write 0 (itself) to each cgroup.procs file before "--", then exec the rest
+JOIN_CGROUP = [
+    "/bin/sh",
+    "-c",
+    'for f; do shift; [ "$f" = -- ] && break; echo 0 > "$f" || exit 111; done; exec "$@"',
+    "sh",
+]
 
 
 @dataclass
@@ -51,6 +61,8 @@ class Handle:
     uid: int
     native: Any = field(default=None, repr=False)  # the container or the process
     lifeline: int = -1  # write end of a pipe whose closing tells the agent to exit
+    cgroup: Groups | None = None  # the jail's own cgroup (bwrap), removed with it
+    missing: dict[str, str] = field(default_factory=dict)  # bounds not made, and why
 
 
 class Backend(Protocol):
@@ -100,6 +112,34 @@ def reap_socket_dirs(root: Path) -> int:
     return removed
 
 
+def _owner_dir() -> str:
+    """This pool process's directory name under `CGROUP_ROOT`: pid and start time."""
+    return f"{os.getpid()}-{_start_time(os.getpid())}"
+
+
+def reap_cgroups() -> int:
+    """Remove the jail cgroups of pool processes that are gone (their jails are dead:
+    `reap_orphan_jails`); returns how many owner directories went."""
+    mounts = v1_mounts()
+    if missing(mounts):
+        return 0
+    removed = 0
+    for ctrl in ("memory", "cpu", "pids"):
+        root = Path(Groups.under_self(mounts, CGROUP_ROOT).dirs[ctrl])
+        if not root.is_dir():
+            continue
+        for owner in root.iterdir():
+            pid, _, start = owner.name.partition("-")
+            if not pid.isdigit() or _start_time(int(pid)) == start:
+                continue
+            jails = [p for p in owner.iterdir() if p.is_dir()]
+            if all(Groups({ctrl: str(j)}).remove(0) for j in jails) and Groups(
+                {ctrl: str(owner)}
+            ).remove(0):
+                removed += 1
+    return removed
+
+
 def reap_orphan_jails(root: Path) -> int:
     """Kill bwrap processes orphaned (parent PID 1) whose socket dir is under ``root``
     in a pool directory that is gone or whose owner is dead."""
@@ -144,8 +184,16 @@ class _ProcessBackend:
     def argv(self, uid: int, socket_dir: Path) -> list[str]:
         raise NotImplementedError
 
+    def cgroup(self, name: str) -> tuple[Groups | None, dict[str, str]]:
+        """The sandbox's own cgroup, made; or None and why it could not be."""
+        return None, {}
+
     async def start(self, name: str, uid: int, socket_dir: Path) -> Handle:
         await asyncio.to_thread(self._prepare_dirs, uid, socket_dir)
+        group, problems = await asyncio.to_thread(self.cgroup, name)
+        # the sandbox's first process joins its cgroup before it execs anything, so
+        # everything it starts is in there (uvloop takes no preexec_fn)
+        join = [] if group is None else [*JOIN_CGROUP, *group.procs_files(), "--"]
         # As root, drop to the sandbox's own host uid before exec: RLIMIT_NPROC does not
         # bind root (a fork bomb would reach the whole host), and a distinct uid per
         # sandbox keeps process counts and signals apart.
@@ -160,6 +208,7 @@ class _ProcessBackend:
         try:
             with open(log_path, "wb") as log_file:  # noqa: ASYNC230 (local file, instant)
                 proc = await asyncio.create_subprocess_exec(
+                    *join,
                     *prefix,
                     *self.argv(uid, socket_dir),
                     "--lifeline-fd",
@@ -172,10 +221,12 @@ class _ProcessBackend:
                 )
         except BaseException:
             os.close(life_w)
+            if group is not None:
+                await asyncio.to_thread(group.remove)
             raise
         finally:
             os.close(life_r)
-        return Handle(name, socket_dir, uid, proc, lifeline=life_w)
+        return Handle(name, socket_dir, uid, proc, life_w, group, problems)
 
     def _prepare_dirs(self, uid: int, socket_dir: Path) -> None:
         """The sandbox uid must reach its socket dir and read the agent."""
@@ -209,6 +260,8 @@ class _ProcessBackend:
             if proc.returncode is None:
                 proc.kill()
             await proc.wait()
+        if handle.cgroup is not None and not await asyncio.to_thread(handle.cgroup.remove):
+            log.warning("cgroup of sandbox %s is still busy; left in place", handle.name)
         shutil.rmtree(handle.socket_dir, ignore_errors=True)
         handle.socket_dir.with_suffix(".log").unlink(missing_ok=True)
 
@@ -225,6 +278,31 @@ class BwrapBackend(_ProcessBackend):
         killed = await asyncio.to_thread(reap_orphan_jails, self.config.socket_dir)
         if killed:
             log.warning("killed %d bwrap jails left by dead sandbox pools", killed)
+        await asyncio.to_thread(reap_cgroups)
+
+    def cgroup(self, name: str) -> tuple[Groups | None, dict[str, str]]:
+        """One cgroup per jail (which holds one session): its memory, CPU and pids."""
+        mounts = v1_mounts()
+        why = missing(mounts)
+        if why:
+            return None, {"cgroups": why}
+        group = Groups.under_self(mounts, f"{CGROUP_ROOT}/{_owner_dir()}/{name}")
+        memory_mb, _ = self.config.memory_plan()
+        try:
+            group.make(memory_mb << 20, self.config.cpus, self.config.pids)
+        except CgroupError as exc:
+            group.remove(0)
+            return None, {"cgroups": str(exc)}
+        return group, {}
+
+    async def close(self) -> None:
+        """Remove this process's cgroup directory once its last jail's is gone (another
+        pool of this process may still use it: then it stays)."""
+        mounts = v1_mounts()
+        if not missing(mounts):
+            await asyncio.to_thread(
+                Groups.under_self(mounts, f"{CGROUP_ROOT}/{_owner_dir()}").remove, 0
+            )
 
     def argv(self, uid: int, socket_dir: Path) -> list[str]:
         cfg = self.config
@@ -237,8 +315,8 @@ class BwrapBackend(_ProcessBackend):
             args += ["--symlink", "usr/lib64", "/lib64"]
         if Path("/etc/ld.so.cache").exists():
             args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-        args += ["--proc", "/proc", "--dev", "/dev"]
-        args += ["--size", str(64 << 20), "--tmpfs", "/tmp"]
+        # /dev and /tmp read-only: each session mounts its own /tmp, /dev/shm, /dev/pts
+        args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev", "--dir", "/tmp"]
         args += ["--size", str(cfg.work_mb << 20), "--tmpfs", IN_SANDBOX_WORK]
         args += ["--bind", str(socket_dir), IN_SANDBOX_SOCKETS]
         args += ["--ro-bind", str(socket_dir.parent / "lib" / "agent"), "/opt/agent/agent"]
@@ -246,6 +324,7 @@ class BwrapBackend(_ProcessBackend):
         args += ["--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--chdir", IN_SANDBOX_WORK]
         args += ["/usr/bin/python3", "-I", "-S", "/opt/agent/agent"]
         args += ["--socket-dir", IN_SANDBOX_SOCKETS, "--work-dir", IN_SANDBOX_WORK]
+        args += ["--private-sessions", "--session-ptys", str(cfg.session_ptys)]
         return args
 
 

@@ -1,12 +1,15 @@
 """The Docker backend: one hardened container per sandbox, through the Docker SDK.
 
 Containers get no network, a read-only root, one tmpfs per session slot, all
-capabilities dropped but the four the agent needs to start sessions as their own uids
-(every session slot of every container has a distinct uid), no-new-privileges,
-memory/CPU/pids limits and the optional runtime (runsc for gVisor). The agent is PID 1, so the code it runs cannot
-signal it. Every container carries labels naming its owner process; `prepare()`
-removes containers whose owner on this host is gone (an earlier crash), `stop()`
-removes one. The SDK is blocking, so every call runs in a worker thread.
+capabilities dropped but the four the agent keeps to start sessions as their own uids
+(every session slot of every container has a distinct uid) and SYS_ADMIN, which the
+agent drops itself once it has made a memory/CPU cgroup per slot (its presence is also
+what lets the engine's default seccomp profile allow the namespaces each session gets),
+no-new-privileges, memory/CPU/pids limits and the optional runtime (runsc for gVisor).
+The agent is PID 1, so the code it runs cannot signal it. Every container carries
+labels naming its owner process; `prepare()` removes containers whose owner on this
+host is gone (an earlier crash), `stop()` removes one. The SDK is blocking, so every
+call runs in a worker thread.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ log = logging.getLogger(__name__)
 LABEL = "rollout-farm.sandbox"
 OWNER_LABEL = "rollout-farm.owner"
 # what the agent needs to create sessions (own their tmpfs, become their uid) and to
-# end their process trees; sessions themselves run with none
-AGENT_CAPS = ("SETUID", "SETGID", "CHOWN", "KILL")
+# end their process trees; sessions themselves run with none. SYS_ADMIN only for the
+# agent's start-up (cgroups; docker's seccomp profile admits unshare(2) and mount(2)
+# only to containers that have it): the agent drops it before it serves anything.
+AGENT_CAPS = ("SETUID", "SETGID", "CHOWN", "KILL", "SYS_ADMIN")
 
 
 class DockerBackend:
@@ -126,6 +131,7 @@ class DockerBackend:
     def _run(self, name: str, uid: int, socket_dir: Path):
         cfg = self.config
         uids = f"{uid + 1}:{cfg.sessions_per_sandbox}"
+        memory_mb, session_mb = cfg.memory_plan()
         return self.client.containers.run(
             self.image,
             command=[
@@ -141,11 +147,16 @@ class DockerBackend:
                 uids,
                 "--host-gid",
                 str(os.getegid()),
+                "--private-sessions",
+                "--session-ptys",
+                str(cfg.session_ptys),
+                "--session-memory-mb",
+                str(session_mb),
             ],
             name=name,
             detach=True,
             # root in the container only to switch each session to its own uid; it
-            # keeps just the capabilities for that (see SESSION_CAPS)
+            # keeps just the capabilities for that (AGENT_CAPS)
             user="0:0",
             network_mode="none",
             read_only=True,
@@ -154,8 +165,8 @@ class DockerBackend:
             cap_drop=["ALL"],
             cap_add=list(AGENT_CAPS),
             security_opt=["no-new-privileges"],
-            mem_limit=f"{cfg.memory_mb}m",
-            memswap_limit=f"{cfg.memory_mb}m",
+            mem_limit=f"{memory_mb}m",
+            memswap_limit=f"{memory_mb}m",
             nano_cpus=int(cfg.cpus * 1e9),
             pids_limit=cfg.pids,
             runtime=cfg.runtime,

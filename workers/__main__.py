@@ -14,6 +14,7 @@ import sys
 
 from launch.runner import Role, RoleContext, parse, start
 from workers.config import WorkerConfig
+from workers.errors import TemplateError
 from workers.resources import loop_factory
 
 
@@ -31,6 +32,7 @@ async def serve(ctx: RoleContext[WorkerConfig]) -> int:
     from broker.keys import RunKeys
     from inference.client import GenerationClient, SamplingParams
     from workers.agent_endpoint import AgentEndpoint
+    from workers.answers import AnswerReader
     from workers.episode import EpisodeContext
     from workers.policy_model import PolicyModel
     from workers.resources import import_env_modules, open_sandbox, tune_gc
@@ -39,19 +41,29 @@ async def serve(ctx: RoleContext[WorkerConfig]) -> int:
 
     cfg = ctx.config
     import_env_modules(cfg.env_modules)
-    codec = load_codec(str(cfg.model))
+    chat = cfg.chat
+    codec = load_codec(
+        str(cfg.model), chat.template_kwargs
+    )  # a template it cannot use: TemplateError
+    reader = AnswerReader(codec, chat.tool_parser, chat.reasoning_parser)
     redis = await connect(RedisSettings.from_url(cfg.redis_url))
     client = GenerationClient(cfg.inference_urls, cfg.inference)
     # the run's current LoRA adapter by name, or the base weights (full-weight runs)
     keys = RunKeys(cfg.run, partitions=cfg.partitions)
     model = PolicyModel(client, redis, keys, cfg.policy_refresh_s)
-    agents = AgentEndpoint(codec, model)
+    agents = AgentEndpoint(codec, model, reader=reader, history=chat.reasoning_history)
     try:
         await client.start()
         await agents.start()  # localhost, any free port: agent envs' OpenAI endpoint
         async with open_sandbox(cfg.sandbox_backend) as pool:
             episode = EpisodeContext(
-                codec=codec, client=model, sampling=SamplingParams, sandbox=pool, agents=agents
+                codec=codec,
+                client=model,
+                sampling=SamplingParams,
+                sandbox=pool,
+                agents=agents,
+                reader=reader,
+                history=chat.reasoning_history,
             )
             tune_gc()
             await Worker(cfg, redis, episode).run(ctx.stop)
@@ -69,6 +81,7 @@ ROLE = Role(
     description="Rollout worker of the rollout farm (see docs/workers.md).",
     prepare=_prepare,
     loop_factory=lambda cfg: loop_factory(cfg.event_loop),
+    failures=(TemplateError,),  # one line naming the template, exit 1, at start-up
 )
 
 

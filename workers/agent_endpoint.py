@@ -6,7 +6,13 @@ localhost for every agent episode of the process; each episode has its own key
 before anything is rendered or recorded. A call is rendered with the model's chat template by
 the workers' `ChatCodec`, generated token in / token out through the `GenerationClient`
 (sticky per episode, failover, weight versions), recorded exactly in the episode's
-`EpisodeRecord`, and answered in OpenAI's shape with tool calls parsed by `envs.parsing`.
+`EpisodeRecord`, and answered in OpenAI's shape: the reasoning split off by the run's reasoning
+parser (`reasoning`, as vLLM 0.33 names the field) and tool calls parsed by the run's tool
+parser (`workers.answers`). With `--reasoning-history keep`, a call that repeats the previous
+call and the reply it got is rendered as a continuation of that call's tokens
+(`workers.agent_record`), so the endpoint records the same tokens as a worker's own episode of
+the same conversation; other calls are rendered whole by the template, with the run's template
+kwargs under the request's `chat_template_kwargs`.
 
 Streaming: the generation client returns a whole completion, so a streamed answer is sent as
 OpenAI's chunk sequence (role, content, closing delta with the tool calls, usage, `[DONE]`)
@@ -28,7 +34,7 @@ from inference.client import Generation, Generator, SamplingParams
 from inference.errors import InferenceError
 from inference.openai.errors import ApiError, from_validation
 from inference.openai.models import ChatCompletionRequest
-from inference.openai.render import render_chat_request
+from inference.openai.render import render_chat_request, template_arguments, template_messages
 from inference.openai.responses import (
     Generated,
     OutputFormat,
@@ -40,13 +46,15 @@ from inference.openai.responses import (
     usage,
     usage_chunk,
 )
-from inference.openai.schema import ChatCompletionResponse, ChatDelta
+from inference.openai.schema import ChatCompletionResponse, ChatDelta, DeltaToolCall
 from inference.openai.sse import SSE_DONE, open_event_stream, sse_event
 from inference.openai.stream import ChatChoiceStream
 from inference.openai.text import ChoiceText
-from inference.openai.tools import ParsedMessage, extract_tool_calls
-from workers.agent_record import EpisodeRecord
+from inference.openai.tools import ParsedMessage, extract_tool_calls, openai_calls
+from workers.agent_record import Continuation, EpisodeRecord, reply_key
+from workers.answers import Answer, AnswerReader
 from workers.tokens import ChatCodec
+from workers.transcript import History
 
 T = TypeVar("T", int, float)
 
@@ -75,10 +83,20 @@ class _Episode:
 class AgentEndpoint:
     """The endpoint: `await start()`, then `open_episode` / `close_episode` per episode."""
 
-    def __init__(self, codec: ChatCodec, client: Generator, model_name: str = "policy") -> None:
+    def __init__(
+        self,
+        codec: ChatCodec,
+        client: Generator,
+        model_name: str = "policy",
+        *,
+        reader: AnswerReader | None = None,
+        history: History = "keep",
+    ) -> None:
         self.codec = codec
         self.client = client
         self.model_name = model_name
+        self.reader = reader if reader is not None else AnswerReader(codec)
+        self.history = history
         self._episodes: dict[str, _Episode] = {}
         self._runner: web.AppRunner | None = None
         self.base_url = ""
@@ -143,7 +161,7 @@ class AgentEndpoint:
         self, request: web.Request, episode: _Episode, req: ChatCompletionRequest
     ) -> web.StreamResponse:
         record = episode.record
-        prompt = render_chat_request(self.codec, req)
+        prompt, messages, tools = self._prompt(record, req)
         max_tokens = record.admit(len(prompt), req.output_limit() or episode.defaults.max_tokens)
         defaults = episode.defaults
         seed = req.seed
@@ -166,7 +184,11 @@ class AgentEndpoint:
             raise ApiError(f"inference failed: {exc}", status=503) from None
         finally:
             record.inference_s += time.monotonic() - t0
-        record.record(prompt, gen, params.distribution())
+        kwargs = {**self.codec.template_kwargs, **(req.chat_template_kwargs or {})}
+        answer = self.reader.read(
+            gen.token_ids, thinking=kwargs.get("enable_thinking", True) is not False
+        )
+        record.record(prompt, gen, params.distribution(), answer.reasoning_tokens)
         text = ChoiceText(self._decoder(req.skip_special_tokens), req.stop_strings())
         text.feed(gen.token_ids, final=True)
         reason = "stop" if text.stopped else gen.finish_reason
@@ -178,13 +200,19 @@ class AgentEndpoint:
             weight_versions=bool(req.return_weight_versions),
         )
         generated = _generated(gen)
+        parsed = self._parsed(req, text, answer)
+        record.last = Continuation(tuple(messages), _reply(parsed), tools, tuple(gen.token_ids))
         if req.stream:
             return await self._stream(
-                request, req, text, generated, fmt, reason=reason, prompt_len=len(prompt)
+                request,
+                req,
+                text,
+                generated,
+                fmt,
+                reason=reason,
+                prompt_len=len(prompt),
+                parsed=parsed,
             )
-        parsed = (
-            extract_tool_calls(text.text) if req.parses_tools() else ParsedMessage(text.text, [])
-        )
         body = ChatCompletionResponse(
             model=req.model or self.model_name,
             choices=[
@@ -194,6 +222,49 @@ class AgentEndpoint:
             prompt_token_ids=prompt if req.return_token_ids else None,
         )
         return web.json_response(text=body.model_dump_json())
+
+    def _prompt(
+        self, record: EpisodeRecord, req: ChatCompletionRequest
+    ) -> tuple[list[int], list[dict[str, Any]], Any]:
+        """The call's prompt ids, and its messages and tools as the template gets them."""
+        messages = template_messages(req.messages)
+        tools = req.template_tools()
+        kwargs = {**self.codec.template_kwargs, **(req.chat_template_kwargs or {})}
+        last = record.last
+        if (
+            self.history == "keep"
+            and last is not None
+            and req.add_generation_prompt
+            and kwargs == self.codec.template_kwargs
+            and record.context[-len(last.completion) :] == list(last.completion)
+        ):
+            new = last.new_messages(messages, tools)
+            if new and all(m.get("role") != "assistant" for m in new):
+                return (
+                    [*record.context, *self.codec.next_prompt(last.completion, new)],
+                    messages,
+                    tools,
+                )
+        return render_chat_request(self.codec, req), messages, tools
+
+    def _parsed(
+        self, req: ChatCompletionRequest, text: ChoiceText, answer: Answer
+    ) -> ParsedMessage:
+        """The reply: reasoning, content and tool calls, read with the run's parsers."""
+        if self.reader.plain:
+            if req.parses_tools():
+                return extract_tool_calls(text.text)
+            return ParsedMessage(text.text, [])
+        action = answer.action
+        reasoning = action.reasoning or None
+        found = action.parsed if action.parsed is not None else None
+        if req.parses_tools():
+            if found is None:
+                plain = extract_tool_calls(str(action))
+                return ParsedMessage(plain.content, plain.tool_calls, reasoning)
+            if found.calls and found.error is None:
+                return ParsedMessage(found.content or None, openai_calls(found.calls), reasoning)
+        return ParsedMessage(str(action), [], reasoning)
 
     def _decoder(self, skip_special: bool) -> Any:
         return lambda ids: self.codec.decode(ids, skip_special=skip_special)
@@ -208,8 +279,13 @@ class AgentEndpoint:
         *,
         reason: str,
         prompt_len: int,
+        parsed: ParsedMessage,
     ) -> web.StreamResponse:
         """The generated choice as OpenAI's chunk sequence."""
+        if not self.reader.plain:  # read whole by the run's parsers: one delta carries it
+            return await self._stream_whole(
+                request, req, gen, fmt, reason=reason, prompt_len=prompt_len, parsed=parsed
+            )
         head = StreamHead(req.model or self.model_name)
         stream = ChatChoiceStream(text, req.parses_tools())
         response = await open_event_stream(request)
@@ -231,6 +307,56 @@ class AgentEndpoint:
         await response.write(SSE_DONE)
         await response.write_eof()
         return response
+
+    async def _stream_whole(
+        self,
+        request: web.Request,
+        req: ChatCompletionRequest,
+        gen: Generated,
+        fmt: OutputFormat,
+        *,
+        reason: str,
+        prompt_len: int,
+        parsed: ParsedMessage,
+    ) -> web.StreamResponse:
+        head = StreamHead(req.model or self.model_name)
+        response = await open_event_stream(request)
+        opening = chat_stream_choice(0, ChatDelta(role="assistant", content=""))
+        await response.write(sse_event(chat_chunk(head, [opening])))
+        calls = [DeltaToolCall(index=k, **c.model_dump()) for k, c in enumerate(parsed.tool_calls)]
+        delta = ChatDelta(
+            content=parsed.content, reasoning=parsed.reasoning, tool_calls=calls or None
+        )
+        closing = chat_stream_choice(
+            0,
+            delta,
+            gen,
+            fmt,
+            finish_reason=chat_finish_reason(reason, bool(calls)),
+            stop_reason=None,
+        )
+        await response.write(sse_event(chat_chunk(head, [closing])))
+        if req.include_usage():
+            await response.write(
+                sse_event(usage_chunk(head, usage(prompt_len, len(gen.token_ids))))
+            )
+        await response.write(SSE_DONE)
+        await response.write_eof()
+        return response
+
+
+def _reply(parsed: ParsedMessage) -> dict[str, Any]:
+    """The reply as `reply_key` reads it back from the next call's history."""
+    calls = [
+        {
+            "function": {
+                "name": c.function.name,
+                "arguments": template_arguments(c.function.arguments),
+            }
+        }
+        for c in parsed.tool_calls
+    ]
+    return reply_key({"role": "assistant", "content": parsed.content, "tool_calls": calls})
 
 
 def _parse(raw: bytes) -> ChatCompletionRequest:

@@ -1,6 +1,11 @@
 """The exact trajectory of one agent episode, built call by call by the agent endpoint.
 
 Invariants:
+- with `--reasoning-history keep` (the default), a call whose messages are the previous call's,
+  then the reply it got (content and tool calls as returned), then new messages, is rendered
+  as the previous call's tokens, its completion verbatim, and the new messages' tokens after
+  it (`ChatCodec.next_prompt`): as a worker's own episode of the same conversation would be.
+  `Continuation` remembers what that takes;
 - a call whose rendered prompt starts with the current segment's tokens (every earlier
   prompt and completion of it) continues that segment: its Turn's `prompt_ids` are only the
   new tokens (loss mask 0); any other call starts a new segment, whose first Turn has the
@@ -42,6 +47,34 @@ class LimitReached(ApiError):
         self.cause = cause
 
 
+@dataclass(frozen=True)
+class Continuation:
+    """The last call, as the next call must repeat it to continue its token sequence."""
+
+    messages: tuple[dict[str, Any], ...]  # its messages, as the template got them
+    reply: dict[str, Any]  # the reply it got: content and (name, arguments) of each call
+    tools: Any  # its tools, as the template got them
+    completion: tuple[int, ...]  # the sampled ids of that reply
+
+    def new_messages(self, messages: list[dict[str, Any]], tools: Any) -> list[dict[str, Any]]:
+        """The messages after the reply when `messages` repeat this call and its reply (and
+        add some); otherwise empty."""
+        n = len(self.messages)
+        if tools != self.tools or len(messages) <= n + 1 or tuple(messages[:n]) != self.messages:
+            return []
+        return messages[n + 1 :] if reply_key(messages[n]) == self.reply else []
+
+
+def reply_key(message: dict[str, Any]) -> dict[str, Any]:
+    """What identifies an assistant reply echoed back: its text and its calls' names and
+    arguments (ids and reasoning aside)."""
+    calls = [
+        (c.get("function", c).get("name"), c.get("function", c).get("arguments"))
+        for c in message.get("tool_calls") or ()
+    ]
+    return {"role": message.get("role"), "content": message.get("content") or "", "calls": calls}
+
+
 @dataclass
 class EpisodeRecord:
     """Turns and budgets of one agent episode."""
@@ -58,6 +91,7 @@ class EpisodeRecord:
     failure: BaseException | None = None  # the inference error that ended the episode
     inference_s: float = 0.0
     closed: bool = False  # the episode ended: late results are not recorded
+    last: Continuation | None = None  # the last call, for the next one to continue
 
     def admit(self, prompt_len: int, requested: int) -> int:
         """Check the limits for a call with a `prompt_len`-token prompt; return its max_tokens."""
@@ -85,7 +119,9 @@ class EpisodeRecord:
             self.turns[-1] = Turn(**{**_fields(last), "truncated": True})
         raise LimitReached(cause, message)
 
-    def record(self, prompt: list[int], gen: Generation, sampling: Sampling) -> None:
+    def record(
+        self, prompt: list[int], gen: Generation, sampling: Sampling, reasoning_tokens: int = 0
+    ) -> None:
         """Append the call's Turn: a continuation of the segment, or a new segment."""
         if self.closed:
             return
@@ -111,6 +147,7 @@ class EpisodeRecord:
                 segment_start=not extends and bool(self.turns),
                 sampling=sampling,
                 cut=gen.finish_reason == "length",
+                reasoning_tokens=reasoning_tokens,
             )
         )
 

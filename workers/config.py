@@ -11,10 +11,11 @@ are rejected.
 
 from __future__ import annotations
 
+import json
 import socket
 import uuid
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.dataclasses import dataclass
@@ -66,6 +67,54 @@ class EpisodeSettings:
         if self.env_step_timeout_s and self.env_step_timeout_s > self.episode_timeout_s:
             raise ValueError("env_step_timeout_s must not exceed episode_timeout_s")
         return self
+
+
+TOOL_PARSERS = ("auto", "hermes", "qwen3_json", "llama3_json", "llama4_json", "mistral", "pythonic")
+REASONING_PARSERS = ("none", "qwen3", "deepseek_r1")
+
+
+@dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+class ChatSettings:
+    """How the model's chat template is rendered and its output read.
+
+    See docs/workers.md, "Chat templates"."""
+
+    tool_parser: Literal[TOOL_PARSERS] = Field(  # type: ignore[valid-type]
+        "auto",
+        description="tool-call parser, named as vLLM's --tool-call-parser (hermes, qwen3_json, "
+        "llama3_json, mistral, pythonic); auto: Hermes, CodeGym and bare JSON",
+    )
+    reasoning_parser: Literal[REASONING_PARSERS] = Field(  # type: ignore[valid-type]
+        "none",
+        description="split the reasoning off each answer as vLLM's --reasoning-parser of that "
+        "name does (qwen3, deepseek_r1); the environment gets the answer only",
+    )
+    chat_template_kwargs: str = Field(
+        "{}",
+        description="JSON object of chat template variables for every rendering, e.g. "
+        "'{\"enable_thinking\": false}'",
+    )
+    reasoning_history: Literal["keep", "drop"] = Field(
+        "keep",
+        description="keep: every earlier turn stays as the model saw it (its reasoning too; "
+        "one growing sequence); drop: each prompt is the template's rendering of the "
+        "conversation with earlier answers only (a new segment where it rewrites history)",
+    )
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _json_object(cls, value: str) -> str:
+        try:
+            parsed = json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"chat_template_kwargs is not JSON: {exc}") from None
+        if not isinstance(parsed, dict):
+            raise ValueError("chat_template_kwargs must be a JSON object")
+        return value
+
+    @property
+    def template_kwargs(self) -> dict[str, Any]:
+        return dict(json.loads(self.chat_template_kwargs))
 
 
 class WorkerConfig(RunFields, RoleConfig):
@@ -122,6 +171,7 @@ class WorkerConfig(RunFields, RoleConfig):
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port (0: none)")
     # --- components ------------------------------------------------------------------------
     episode: EpisodeSettings = section(EpisodeSettings)
+    chat: ChatSettings = section(ChatSettings)
     consumer: ConsumerSettings = section(ConsumerSettings)
     inference: ClientConfig = section(
         ClientConfig, prefix="inference_", request_timeout_s=60.0, retry_budget_s=120.0

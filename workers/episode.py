@@ -37,9 +37,11 @@ from inference.client import Generator, SamplingParams
 from workers import metrics
 from workers.agent_endpoint import AgentEndpoint
 from workers.agent_episode import run_agent_episode
+from workers.answers import AnswerReader
 from workers.config import EpisodeSettings
 from workers.errors import categorize
 from workers.tokens import ChatCodec
+from workers.transcript import History, Transcript
 
 if TYPE_CHECKING:
     from sandbox import SandboxPool
@@ -78,6 +80,12 @@ class EpisodeContext:
     sampling: type[SamplingParams]  # kept injectable for benchmarks
     sandbox: SandboxPool | None = None  # for envs that take one
     agents: AgentEndpoint | None = None  # the process's endpoint for `agent` envs
+    reader: AnswerReader = None  # type: ignore[assignment]  # reasoning and tool parsers; default: none and auto
+    history: History = "keep"  # how earlier turns are carried (workers.transcript)
+
+    def __post_init__(self) -> None:
+        if self.reader is None:
+            object.__setattr__(self, "reader", AnswerReader(self.codec))
 
 
 @dataclass
@@ -166,9 +174,12 @@ async def run_episode(
 async def _loop(ep: _Episode) -> Ending:
     """Reset, then the turn loop; returns how the episode ended."""
     ctx, cfg = ep.ctx, ep.cfg
-    obs, _ = await _env_call(ep, envs.areset(ep.env, seed=ep.task.seed))
+    row = ep.task.row  # a dataset row reaches the env as Gymnasium's reset options
+    options = None if row is None else {"row": row}
+    obs, _ = await _env_call(ep, envs.areset(ep.env, seed=ep.task.seed, options=options))
     chat: ChatEnv = ep.env if isinstance(ep.env, ChatEnv) else _NoChat()
-    prompt = ctx.codec.initial_prompt(obs, chat.system_prompt, chat.tools)
+    transcript = Transcript(ctx.codec, ctx.history, chat.system_prompt, chat.tools)
+    transcript.first(obs)
     task = ep.task  # an eval task may set its own temperature and max tokens
     params = ctx.sampling(
         max_tokens=cfg.max_tokens if task.max_tokens is None else task.max_tokens,
@@ -179,7 +190,7 @@ async def _loop(ep: _Episode) -> Ending:
         stop_token_ids=tuple(ctx.codec.stop_token_ids),
     )
     try:
-        return await _turns(ep, chat, prompt, params)
+        return await _turns(ep, chat, transcript, params)
     finally:
         ctx.client.end_session(ep.session)  # the sticky-server entry must not outlive it
 
@@ -192,9 +203,12 @@ class _NoChat:
     action_vocabulary = None
 
 
-async def _turns(ep: _Episode, chat: ChatEnv, prompt: list[int], params: SamplingParams) -> Ending:
+async def _turns(
+    ep: _Episode, chat: ChatEnv, transcript: Transcript, params: SamplingParams
+) -> Ending:
     ctx, cfg, state = ep.ctx, ep.cfg, ep.state
-    context: list[int] = list(prompt)
+    prompt, segment = list(transcript.context), False
+    reader = ctx.reader
     env_steps = metrics.env_steps(ep.env_name)
     by_vocabulary: dict[tuple[str, ...] | None, tuple[SamplingParams, Sampling]] = {}
     while True:
@@ -207,22 +221,25 @@ async def _turns(ep: _Episode, chat: ChatEnv, prompt: list[int], params: Samplin
             )
             by_vocabulary[vocabulary] = (narrowed, narrowed.distribution())
         params, sampling = by_vocabulary[vocabulary]
-        room = cfg.max_context_tokens - len(context)
+        room = cfg.max_context_tokens - len(transcript.context)
         if room <= 0:
             return (FinishReason.TRUNCATED, Truncation.CONTEXT)
         state.phase = "inference"
         t0 = time.monotonic()
         seed = ep.task.sampling_seed(ep.index, len(state.turns)) if cfg.sampling_seeds else None
         call = dataclasses.replace(params, max_tokens=min(params.max_tokens, room), seed=seed)
-        gen = await ctx.client.generate(context, call, session_id=ep.session)
+        gen = await ctx.client.generate(transcript.context, call, session_id=ep.session)
         state.inference_s += time.monotonic() - t0
         metrics.INFERENCE_LATENCY.observe(time.monotonic() - t0)
         metrics.TOKENS_GENERATED.inc(len(gen.token_ids))
-        action = ctx.codec.decode(gen.token_ids)
-        obs, reward, terminated, truncated, info = await _env_call(ep, envs.astep(ep.env, action))
+        answer = reader.read(gen.token_ids)
+        step = envs.astep(ep.env, answer.action)
+        obs, reward, terminated, truncated, info = await _env_call(ep, step)
         env_steps.inc()
         if info.get("error") == ErrorCategory.FORMAT:
             metrics.ERRORS.labels(category=ErrorCategory.FORMAT.value).inc()
+        if "reward_components" in info:  # a reward function's named parts (envs.rewards)
+            metrics.observe_reward_components(ep.env_name, info["reward_components"])
         versions = [v for v in gen.weight_versions if v >= 0]  # -1: a non-integer label
         state.turns.append(
             Turn(
@@ -233,8 +250,10 @@ async def _turns(ep: _Episode, chat: ChatEnv, prompt: list[int], params: Samplin
                 reward=reward,
                 terminated=terminated,
                 truncated=False,
+                segment_start=segment,
                 sampling=sampling,
                 cut=gen.finish_reason == "length",
+                reasoning_tokens=answer.reasoning_tokens,
             )
         )
         if terminated:
@@ -243,11 +262,9 @@ async def _turns(ep: _Episode, chat: ChatEnv, prompt: list[int], params: Samplin
             return _mark_truncated(state, Truncation.ENV)
         if len(state.turns) >= ep.max_turns:
             return _mark_truncated(state, Truncation.MAX_TURNS)
-        prompt = ctx.codec.next_prompt(gen.token_ids, obs)
-        if len(context) + len(gen.token_ids) + len(prompt) >= cfg.max_context_tokens:
+        prompt, segment = transcript.next(gen.token_ids, str(answer.action), obs)
+        if len(transcript.context) >= cfg.max_context_tokens:
             return _mark_truncated(state, Truncation.CONTEXT)
-        context.extend(gen.token_ids)
-        context.extend(prompt)
 
 
 async def _env_call(ep: _Episode, call: Awaitable[T]) -> T:

@@ -38,6 +38,13 @@ RETRIES = Counter(
     "Episodes re-run after an infrastructure fault",
     ["category"],
 )
+REWARD_COMPONENTS = Histogram(
+    "farm_worker_reward_component",
+    "Named components of reward-function rewards (envs.rewards), per env",
+    ["env", "component"],
+    buckets=(-1.0, -0.5, 0.0, 0.25, 0.5, 0.75, 1.0, 2.0, 5.0),
+)
+MAX_COMPONENTS = 32  # distinct component names per env; more are counted as "other"
 EPISODES_IN_FLIGHT = Gauge("farm_worker_episodes_in_flight", "Episodes running now")
 TASKS_IN_PROGRESS = Gauge("farm_worker_tasks_in_progress", "Tasks read and not yet committed")
 EVENT_LOOP_LAG = Histogram(
@@ -54,3 +61,22 @@ def env_steps(env: str) -> Counter:
 @functools.lru_cache(maxsize=4096)
 def episodes(env: str, outcome: str) -> Counter:
     return EPISODES.labels(env=env, outcome=outcome)
+
+
+_components: dict[str, set[str]] = {}
+
+
+def observe_reward_components(env: str, components: object) -> None:
+    """Observe each named component of one step's reward (its sum and count give the mean)."""
+    if not isinstance(components, dict):
+        return
+    seen = _components.setdefault(env, set())
+    for name, value in components.items():
+        if not isinstance(value, int | float):
+            continue
+        key = str(name)
+        if key not in seen:
+            if len(seen) >= MAX_COMPONENTS:
+                key = "other"  # a reward function that names parts per row must not flood
+            seen.add(key)
+        REWARD_COMPONENTS.labels(env=env, component=key).observe(float(value))

@@ -1,74 +1,91 @@
-"""Exact token bookkeeping for multi-turn chat episodes.
+"""Exact token bookkeeping for multi-turn chat episodes, with any model's chat template.
 
-Invariant: the token sequence an episode sends to the model is the concatenation of
-every Turn's ``prompt_ids`` and ``completion_ids``, in order. The model's sampled ids
-are reused verbatim (never decoded and re-tokenized); everything between two
-completions — the rest of the end-of-turn marker, the observation message and the
-generation prompt — is the *token diff* of the chat template rendered with
-``apply_chat_template(..., tokenize=True)`` before and after the observation.
+Invariant: the token sequence an episode sends to the model is the concatenation of every
+Turn's ``prompt_ids`` and ``completion_ids``, in order. The model's sampled ids are kept
+verbatim (never decoded and re-tokenized). What comes between two completions (the rest of the
+end-of-turn marker, the observation's messages, the generation prompt) is derived so that it
+does not depend on the template leaving earlier turns alone: the observation is rendered after
+a fixed base conversation (a user message and an assistant message whose content is a
+sentinel), and its tokens are the template's rendering *after that assistant's content* (verl's
+approach). Templates that rewrite history (Qwen3 drops the reasoning of assistant turns before
+the last user message, DeepSeek-R1 drops it from every turn, Mistral moves the system prompt and
+the tools to the last user message) therefore never change tokens the model already saw: the
+context only grows, so the recorded trajectory is exactly what the model was fed.
+(`workers.transcript` offers the other choice, the template's full rendering every turn.)
 
-Rendering a template costs ~0.6 ms, so the diff is computed once per template shape
-with a sentinel observation and cached as ``head + tokens(before + observation + after) +
-tail``, where ``before``/``after`` are the template text sharing a tokenizer chunk with the
-observation (BPE merges across that boundary: ChatML's ``user\n`` + ``  x``). The
-cached form is checked against the full template diff on sample observations when it
-is built; a template whose diff does not split that way (it rewrites content, merges
-tokens across the boundary) uses the full rendering on every turn instead.
+Rendering is cut around each content once per message shape (`workers.template_split`) and
+checked against the template's own tokenization on sample contents, so a turn is mostly string
+joins and one tokenizer call. The shapes a worker needs (the first prompt, a user observation,
+a tool observation) are built when the codec is created: a template that cannot be handled
+raises `TemplateError` naming it, at start-up, never at turn 2. A template with no `tool` role
+(Gemma 3 raises on one) gets tool results as user messages, as Gemma's guide sends them.
 
-Text from environments is encoded with special tokens as plain text: an observation
-that prints ``<|im_end|>`` (a sandboxed program can) gets the characters, not the
-control token, so it cannot forge turns of the conversation. (A template rendered in
-full, the fallback above, would still parse them: use templates that split.)
+Observation text keeps special-token strings as text: a sandboxed program that prints
+``<|im_end|>`` puts those characters into the prompt, not a control token, so it cannot forge
+turns. (`encode_region` tokenizes the region as the template would, then re-encodes as text the
+stretch around any control token found inside a content.)
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from workers.errors import TemplateError
-
-_SENTINEL = "\ue000OBS\ue001"  # private-use characters: never in a real template
-_PROBES = (
-    "7",
-    "hello world",
-    " leading and trailing \n",
-    "a\n\nb:{}<>",
-    "ünïcödé ✓",
-    "  two spaces",
-    "\n\nnewlines first",
-    "12345 ",
-    "\t",
+from workers.template_split import (
+    PROBES,
+    Joiner,
+    Shape,
+    build_shape,
+    cache_key,
+    cut,
+    fill,
+    joiner,
+    skeleton,
 )
-_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
 
+log = logging.getLogger(__name__)
 
-@dataclass(frozen=True)
-class _Split:
-    """A template's rendering of one observation, cut around it: `head` + tokens of
-    (`before` + observation + `after`) + `tail`. `before`/`after` are the template's text
-    that shares a tokenizer chunk with the observation (no added token in between)."""
-
-    head: list[int]
-    before: str
-    after: str
-    tail: list[int]
+_ASSISTANT = "\ue002A\ue003"  # the base assistant's content: private-use, never in a template
+_BASE = ({"role": "user", "content": "x"}, {"role": "assistant", "content": _ASSISTANT})
+_END_OF_TURN = (
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+)
+_SAMPLE_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+_TOOL_ID = "call00001"  # nine alphanumerics: Mistral's templates refuse any other id
 
 
 class ChatCodec:
     """Renders an episode's conversation into exact token ids, turn by turn."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(
+        self, tokenizer: Any, *, template_kwargs: dict[str, Any] | None = None, name: str = ""
+    ) -> None:
         self._tok = tokenizer
-        self._backend = _text_backend(tokenizer)
+        self.name = name or str(getattr(tokenizer, "name_or_path", "") or "the tokenizer")
+        # passed to every rendering (enable_thinking, ...), so each turn is rendered alike
+        self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
+        self._parse = getattr(tokenizer, "_tokenizer", None)  # parses control tokens
+        self._backend = _text_backend(tokenizer)  # keeps control-token strings as text
         self.stop_token_ids: tuple[int, ...] = self._stop_ids()
-        self._tail = self._assistant_tail()
         self._added = frozenset(_added_ids(tokenizer))
-        self._obs_cache: dict[str, _Split | None] = {}
-        self._first_cache: dict[tuple[str | None, str], _Split | None] = {}
+        self._shapes: dict[Any, Shape] = {}
+        self._joiners: dict[Any, Joiner | None] = {}
         self._allowed_cache: dict[tuple[str, ...], tuple[int, ...]] = {}
+        self.tool_role = True
+        self._tail_text, self._tail = "", []  # what follows an assistant's content
+        self.end_of_turn: int | None = None  # the stop token that starts it (<|im_end|>, ...)
+        try:
+            self._checked("an assistant turn", self._read_tail)
+            self._check()
+        except TemplateError as exc:
+            raise TemplateError(f"the chat template of {self.name} cannot be used: {exc}") from None
 
     # --- public ------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -87,27 +104,59 @@ class ChatCodec:
     ) -> list[int]:
         """Token ids of the first prompt: system message, tools, observation, generation prompt."""
         head = [{"role": "system", "content": system_prompt}] if system_prompt else []
-        if not isinstance(observation, str):
-            return self._render([*head, *as_messages(observation)], tools, generation=True)
-        key = (system_prompt, json.dumps(tools, sort_keys=True) if tools else "")
-        if key not in self._first_cache:
-            self._first_cache[key] = self._split(lambda m: self._render([*head, *m], tools, True))
-        split = self._first_cache[key]
-        if split is None:
-            return self._render([*head, *as_messages(observation)], tools, generation=True)
-        return self._join(split, observation)
+        messages = self.as_messages(observation)
+        key = cache_key("first", system_prompt, tools, skeleton(messages))
+        return self._region(
+            key,
+            lambda m: self._text([*head, *m], tools, generation=True),
+            lambda m: self._ids([*head, *m], tools, generation=True),
+            messages,
+        )
 
     def next_prompt(self, completion_ids: Sequence[int], observation: Any) -> list[int]:
         """Prompt-side tokens between a completion and the next one (loss mask 0)."""
-        rest = self._tail_remainder(completion_ids)
-        if not isinstance(observation, str):
-            return [*rest, *self._observation_diff(as_messages(observation))]
-        if "user" not in self._obs_cache:
-            self._obs_cache["user"] = self._split(self._observation_diff)
-        split = self._obs_cache["user"]
-        if split is None:
-            return [*rest, *self._observation_diff(as_messages(observation))]
-        return [*rest, *self._join(split, observation)]
+        return [*self._tail_remainder(completion_ids), *self.observation_ids(observation)]
+
+    def observation_ids(self, observation: Any) -> list[int]:
+        """Tokens of `observation`'s messages after an assistant turn, generation prompt
+        included; the assistant's end-of-turn marker excluded."""
+        messages = self.as_messages(observation)
+        key = ("next", skeleton(messages))
+        return self._region(key, self._after_base, self._ids_after_base, messages)
+
+    def render_conversation(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> list[int]:
+        """The template's own rendering of a whole conversation, generation prompt included."""
+        return self._ids(messages, tools, generation=True)
+
+    def as_messages(self, observation: Any) -> list[dict[str, Any]]:
+        """An env observation as chat messages: text is a user message; a message dict (or a
+        list of them) passes through; where the template has no tool role, tool results
+        become one user message (their contents joined by newlines). Contents become strings."""
+        if isinstance(observation, str):
+            raw: list[Any] = [{"role": "user", "content": observation}]
+        elif isinstance(observation, dict) and "role" in observation:
+            raw = [observation]
+        elif isinstance(observation, list) and all(isinstance(m, dict) for m in observation):
+            raw = list(observation)
+        else:
+            raw = [{"role": "user", "content": str(observation)}]
+        out: list[dict[str, Any]] = []
+        for m in raw:
+            content = m.get("content")
+            m = {**m, "content": "" if content is None else str(content)}
+            if m.get("role") == "tool" and not self.tool_role:
+                if out and out[-1].get("tool_result"):  # one user turn holds every result
+                    out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + m["content"]}
+                    continue
+                m = {"role": "user", "content": m["content"], "tool_result": True}
+            out.append(m)
+        return [{k: v for k, v in m.items() if k != "tool_result"} for m in out]
+
+    def vocab(self) -> dict[str, int]:
+        """Every token's string and id, added tokens included."""
+        return dict(self._tok.get_vocab())
 
     def allowed_token_ids(self, vocabulary: Sequence[str] | None) -> tuple[int, ...] | None:
         """Token ids of every vocabulary string plus the stop tokens; None: no restriction."""
@@ -128,74 +177,172 @@ class ChatCodec:
         template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         """A whole chat request rendered by the template (`inference.openai.render.ChatRenderer`,
-        used by the agent endpoint); a template failure is a 400 `ApiError`."""
+        used by the agent endpoint), the run's template kwargs under the request's; a
+        template failure is a 400 `ApiError`."""
         from inference.openai.render import TokenizerRenderer
 
         return TokenizerRenderer(self._tok).render_messages(
             messages,
             tools,
             add_generation_prompt=add_generation_prompt,
-            template_kwargs=template_kwargs,
+            template_kwargs={**self.template_kwargs, **(template_kwargs or {})},
         )
 
+    # --- start-up checks ---------------------------------------------------------------------
+    def _check(self) -> None:
+        """Build the shapes every worker needs, so that a template that cannot be handled
+        fails here: the first prompt (alone, with a system prompt, with tools) and an
+        observation after an assistant turn (a user message, a tool message)."""
+        for system, tools in ((None, None), ("s", None), (None, _SAMPLE_TOOLS)):
+            what = f"a first prompt (system prompt: {bool(system)}, tools: {bool(tools)})"
+            self._checked(what, lambda s=system, t=tools: self.initial_prompt("x", s, t))
+        self._checked("a user message after an assistant turn", lambda: self.observation_ids("x"))
+        tool = {"role": "tool", "content": "x", "tool_call_id": _TOOL_ID, "name": "f"}
+        try:
+            self._text([*_BASE, tool], None, generation=True)
+        except Exception as exc:  # the template refuses the role: results go as user messages
+            log.info(
+                "%s: no tool role in its template (%s); tool results go as user", self.name, exc
+            )
+            self.tool_role = False
+        self._checked("a tool message after an assistant turn", lambda: self.observation_ids(tool))
+
+    def _checked(self, what: str, build: Callable[[], Any]) -> None:
+        try:
+            build()
+        except TemplateError as exc:
+            raise TemplateError(f"{what}: {exc}") from None
+        except Exception as exc:  # jinja errors, raise_exception() in the template
+            raise TemplateError(f"{what}: {type(exc).__name__}: {exc}") from None
+
+    # --- regions -----------------------------------------------------------------------------
+    def _region(
+        self,
+        key: Any,
+        render: Callable[[list[dict[str, Any]]], str],
+        template_ids: Callable[[list[dict[str, Any]]], list[int]],
+        messages: list[dict[str, Any]],
+    ) -> list[int]:
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = build_shape(
+                render, template_ids, self.encode_region, messages
+            )
+            self._joiners[key] = self._joiner(shape, template_ids, messages)
+        contents = [m["content"] for m in messages]
+        fast = self._joiners[key]
+        if fast is not None:
+            return fast.ids(contents, self.encode)
+        if shape.verbatim:
+            text, spans = shape.join(contents)
+            return self.encode_region(text, spans)
+        text = render(messages)
+        found = cut(render, messages).extract(text)
+        if found is None:  # a content that mimics the template's own text around it
+            log.warning("%s: a content could not be located; the template tokenized it", self.name)
+            return template_ids(messages)
+        return self.encode_region(text, found)
+
+    def _joiner(
+        self,
+        shape: Shape,
+        template_ids: Callable[[list[dict[str, Any]]], list[int]],
+        messages: list[dict[str, Any]],
+    ) -> Joiner | None:
+        """A verbatim shape's token-level cut, when it gives the template's ids on every probe
+        (a tokenizer whose text encoding depends on where a chunk starts does not: then each
+        turn tokenizes its whole region)."""
+        if not shape.verbatim or self._parse is None or self._backend is None:
+            return None
+        fast = joiner(shape, self._added_spans, self._encode_parsed)
+        for probe in PROBES:
+            contents = [probe] * len(messages)
+            if fast is None or fast.ids(contents, self.encode) != template_ids(
+                fill(messages, contents)
+            ):
+                return None
+        return fast
+
+    def _added_spans(self, text: str) -> list[tuple[int, int]]:
+        enc = self._parse.encode(text, add_special_tokens=False)
+        return [
+            (s, e) for tid, (s, e) in zip(enc.ids, enc.offsets, strict=True) if tid in self._added
+        ]
+
+    def encode_region(self, text: str, spans: list[tuple[int, int]]) -> list[int]:
+        """Tokens of `text` as the template's tokenization makes them, except that control
+        tokens inside a content span (an observation that prints `<|im_end|>`) stay text."""
+        if self._parse is None:
+            return list(self._tok.encode(text, add_special_tokens=False))
+        enc = self._parse.encode(text, add_special_tokens=False)
+        forged = [
+            i
+            for i, (tid, (s, e)) in enumerate(zip(enc.ids, enc.offsets, strict=True))
+            if tid in self._added and any(a <= s and e <= b and s < e for a, b in spans)
+        ]
+        if not forged:
+            return list(enc.ids)
+        ids, pos = [], 0
+        for i, (tid, (s, e)) in enumerate(zip(enc.ids, enc.offsets, strict=True)):
+            if tid in self._added and i not in forged:  # the template's own control token
+                ids += self.encode(text[pos:s]) if s > pos else []
+                ids.append(tid)
+                pos = e
+        return ids + (self.encode(text[pos:]) if pos < len(text) else [])
+
+    def _after_base(self, messages: list[dict[str, Any]]) -> str:
+        """The text the template writes for `messages` after the base assistant's turn."""
+        text = self._text([*_BASE, *messages], None, generation=True)
+        at = text.find(_ASSISTANT)
+        rest = text[at + len(_ASSISTANT) :] if at >= 0 else ""
+        if at < 0 or not rest.startswith(self._tail_text):
+            raise TemplateError("the assistant turn before an observation ends differently")
+        return rest[len(self._tail_text) :]
+
+    def _ids_after_base(self, messages: list[dict[str, Any]]) -> list[int]:
+        text = self._text([*_BASE, *messages], None, generation=True)
+        end = text.find(_ASSISTANT) + len(_ASSISTANT) + len(self._tail_text)
+        head = self._encode_parsed(text[:end])
+        full = self._ids([*_BASE, *messages], None, generation=True)
+        if full[: len(head)] != head:
+            raise TemplateError("tokens merge across the end of an assistant turn")
+        return full[len(head) :]
+
     # --- template rendering ------------------------------------------------------------------
-    def _render(self, messages: list[dict[str, Any]], tools: Any, generation: bool) -> list[int]:
+    def _text(self, messages: list[dict[str, Any]], tools: Any, generation: bool) -> str:
+        return self._tok.apply_chat_template(
+            messages,
+            tools=tools or None,
+            tokenize=False,
+            add_generation_prompt=generation,
+            **self.template_kwargs,
+        )
+
+    def _ids(self, messages: list[dict[str, Any]], tools: Any, generation: bool) -> list[int]:
         ids = self._tok.apply_chat_template(
             messages,
             tools=tools or None,
             tokenize=True,
             add_generation_prompt=generation,
             return_dict=False,
+            **self.template_kwargs,
         )
         return list(ids)
 
-    def _observation_diff(self, observation: list[dict[str, Any]]) -> list[int]:
-        """Template diff for appending `observation` after an assistant turn."""
-        base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
-        before = self._render(base, None, generation=False)
-        after = self._render([*base, *observation], None, generation=True)
-        if after[: len(before)] != before:
-            raise TemplateError("chat template does not extend the conversation by appending")
-        return after[len(before) :]
+    def _encode_parsed(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False))
 
-    def _split(self, render: Any) -> _Split | None:
-        """Split render(sentinel observation) around the observation, or None when that split
-        does not reproduce the template on every probe.
-
-        The text between the nearest added tokens on either side (ChatML: `user\\n` before,
-        nothing after) is kept as text and encoded together with each observation, because a
-        BPE tokenizer merges across that boundary (`\\n` + `  x` is not `\\n`, `  x`)."""
-        sentinel = self.encode(_SENTINEL)
-        full = render(as_messages(_SENTINEL))
-        at = _find(full, sentinel)
+    def _read_tail(self) -> None:
+        """The text the template writes after an assistant message's content
+        (`<|im_end|>\\n`), its tokens, and the stop token that starts it (`end_of_turn`)."""
+        text = self._text(list(_BASE), None, generation=False)
+        at = text.find(_ASSISTANT)
         if at < 0:
-            return None
-        end = at + len(sentinel)
-        lo = max((i + 1 for i in range(at) if full[i] in self._added), default=0)
-        hi = next((i for i in range(end, len(full)) if full[i] in self._added), len(full))
-        split = _Split(
-            full[:lo],
-            self.decode(full[lo:at], skip_special=False),
-            self.decode(full[end:hi], skip_special=False),
-            full[hi:],
-        )
-        for probe in _PROBES:
-            if render(as_messages(probe)) != self._join(split, probe):
-                return None
-        return split
-
-    def _join(self, split: _Split, observation: str) -> list[int]:
-        return [*split.head, *self.encode(split.before + observation + split.after), *split.tail]
-
-    def _assistant_tail(self) -> list[int]:
-        """Tokens the template writes after an assistant message's content (e.g. <|im_end|>\\n)."""
-        user = [{"role": "user", "content": "x"}]
-        a = self._render([*user, {"role": "assistant", "content": "a"}], None, generation=False)
-        b = self._render([*user, {"role": "assistant", "content": "b"}], None, generation=False)
-        n = 0
-        while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
-            n += 1
-        return a[len(a) - n :] if n else []
+            raise TemplateError("it does not write an assistant message's content as given")
+        self._tail_text = text[at + len(_ASSISTANT) :]
+        self._tail = self._encode_parsed(self._tail_text)
+        first = self._tail[0] if self._tail else None
+        self.end_of_turn = first if first in self.stop_token_ids else None
 
     def _tail_remainder(self, completion: Sequence[int]) -> list[int]:
         """The part of the end-of-turn tail the model did not already generate."""
@@ -238,28 +385,9 @@ def _added_ids(tokenizer: Any) -> set[int]:
     return {int(i) for i in decoder}
 
 
-def as_messages(observation: Any) -> list[dict[str, Any]]:
-    """An env observation as chat messages: text is a user message; a message dict (or a
-    list of them) passes through."""
-    if isinstance(observation, str):
-        return [{"role": "user", "content": observation}]
-    if isinstance(observation, dict) and "role" in observation:
-        return [observation]
-    if isinstance(observation, list) and all(isinstance(m, dict) for m in observation):
-        return list(observation)
-    return [{"role": "user", "content": str(observation)}]
-
-
-def _find(haystack: list[int], needle: list[int]) -> int:
-    n = len(needle)
-    for i in range(len(haystack) - n + 1):
-        if haystack[i : i + n] == needle:
-            return i
-    return -1
-
-
-def load_codec(model_dir: str) -> ChatCodec:
+def load_codec(model_dir: str, template_kwargs: dict[str, Any] | None = None) -> ChatCodec:
     """Load the tokenizer of `model_dir` (local files only) and wrap it."""
     from transformers import AutoTokenizer
 
-    return ChatCodec(AutoTokenizer.from_pretrained(model_dir, local_files_only=True))
+    tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    return ChatCodec(tok, template_kwargs=template_kwargs, name=model_dir)

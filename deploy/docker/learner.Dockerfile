@@ -23,7 +23,7 @@ COPY launch ./launch
 # torch is already in the base image with its CUDA build; installing the project
 # without dependencies' upgrades keeps it (pip leaves satisfied requirements alone);
 # `tracking` brings wandb and tensorboard for --tracker.
-RUN pip install ".[train,tracking]"
+RUN pip install ".[train,tracking,data]"
 
 EXPOSE 9102
 ENTRYPOINT ["python", "-m", "learner"]

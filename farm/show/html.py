@@ -33,6 +33,7 @@ pre.tokens { white-space: pre-wrap; word-break: break-word; margin: 0;
 .prompt { color: #5f6b7f; background: #f1f3f7; }
 .trained { color: #0b3d12; background: #c9f0cf; text-decoration: underline #2f9e44; }
 .untrained { color: #6b4b00; background: #fff1c2; }
+.reasoning { font-style: italic; }
 .note { color: #5f6b7f; font-style: italic; }
 """
 
@@ -45,18 +46,24 @@ def escape(text: str) -> str:
 CSP = "default-src 'none'; style-src 'unsafe-inline'"
 
 
-def _span(span: Span, prompt: bool) -> str:
+def _span(span: Span, prompt: bool, reasoning: bool = False) -> str:
     if prompt:
         cls, what = "prompt", "prompt, not trained"
     else:
         cls, what = ("trained", "trained") if span.trained else ("untrained", "not trained")
+    if reasoning:
+        cls, what = f"{cls} reasoning", f"reasoning, {what}"
     title = f"{what}: {span.tokens} tokens"
     return f'<span class="{cls}" title="{escape(title)}">{escape(span.text)}</span>'
 
 
 def _turn(turn: TurnView) -> str:
     body = "".join(
-        [*(_span(s, True) for s in turn.prompt), *(_span(s, False) for s in turn.completion)]
+        [
+            *(_span(s, True) for s in turn.prompt),
+            *(_span(s, False, reasoning=True) for s in turn.reasoning),
+            *(_span(s, False) for s in turn.completion),
+        ]
     )
     return (
         f'<div class="turn" data-turn="{turn.index}">'

@@ -90,6 +90,8 @@ def turn_title(turn: TurnView) -> str:
         parts.insert(4, f"shaped reward {turn.shaped_reward:+.3f}")
     if turn.mean_logprob is not None:
         parts.append(f"mean logprob {turn.mean_logprob:.3f}")
+    if turn.reasoning:
+        parts.append(f"reasoning {sum(s.tokens for s in turn.reasoning)} tokens")
     return " · ".join(parts + [name for name, on in marks.items() if on])
 
 
@@ -99,6 +101,8 @@ def turn_block(turn: TurnView) -> RenderableType:
     table.add_column(no_wrap=True, min_width=16)
     table.add_column(overflow="fold")
     _span_rows(table, "prompt", turn.prompt, prompt=True)
+    if turn.reasoning:
+        _span_rows(table, "reasoning", turn.reasoning, prompt=False)
     _span_rows(table, "completion", turn.completion, prompt=False)
     return Group(Text(turn_title(turn), style="bold cyan"), table)
 

@@ -58,7 +58,7 @@ class TurnView:
 
     index: int  # position in the episode, from 0
     prompt: tuple[Span, ...]  # prompt-side tokens added before the turn (never trained)
-    completion: tuple[Span, ...]  # the sampled tokens
+    completion: tuple[Span, ...]  # the sampled tokens after the reasoning: the env's answer
     reward: float  # the environment's reward for this turn
     shaped_reward: float  # after the learner's reward shaping (overlong)
     advantage: float  # the learner's advantage for every completion token of the turn
@@ -69,6 +69,8 @@ class TurnView:
     terminated: bool
     truncated: bool
     cut: bool  # the completion stopped at a length limit, not a stop token
+    # the sampled tokens the reasoning parser split off (Turn.reasoning_tokens), first
+    reasoning: tuple[Span, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,11 +128,13 @@ def _episode(
         n_p, n_c = len(turn.prompt_ids), len(turn.completion_ids)
         p_mask, c_mask = mask[offset : offset + n_p], mask[offset + n_p : offset + n_p + n_c]
         offset += n_p + n_c
+        r = turn.reasoning_tokens
         turns.append(
             TurnView(
                 index=k,
                 prompt=spans(turn.prompt_ids, p_mask, decode),
-                completion=spans(turn.completion_ids, c_mask, decode),
+                reasoning=spans(turn.completion_ids[:r], c_mask[:r], decode) if r else (),
+                completion=spans(turn.completion_ids[r:], c_mask[r:], decode),
                 reward=turn.reward,
                 shaped_reward=float(shaped[k]),
                 advantage=float(turn_adv[k]),

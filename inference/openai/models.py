@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from inference.openai.errors import ApiError
 
@@ -78,6 +78,12 @@ class Message(_Model):
     name: str | None = Field(None, description="optional participant name")
     tool_calls: list[ToolCallParam] | None = Field(None, description="an assistant's tool calls")
     tool_call_id: str | None = Field(None, description="the call a tool message answers")
+    reasoning: str | None = Field(
+        None,
+        description="an assistant's reasoning, as the server returned it (also read from "
+        "`reasoning_content`); templates that show reasoning (Qwen3) get it",
+        validation_alias=AliasChoices("reasoning", "reasoning_content"),
+    )
 
     @model_validator(mode="after")
     def _needs_content(self) -> Message:

@@ -49,7 +49,8 @@ def render_chat_request(renderer: ChatRenderer, req: _ChatFields) -> list[int]:
     )
 
 
-def _arguments(raw: str) -> Any:
+def template_arguments(raw: str) -> Any:
+    """Tool-call arguments as a template gets them: the decoded object, else the string."""
     try:
         value = json.loads(raw)
     except ValueError:
@@ -66,6 +67,8 @@ def template_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
             item["name"] = message.name
         if message.tool_call_id is not None:
             item["tool_call_id"] = message.tool_call_id
+        if message.reasoning is not None:  # the name chat templates read (Qwen3's)
+            item["reasoning_content"] = message.reasoning
         if message.tool_calls:
             item["tool_calls"] = [
                 {
@@ -73,7 +76,7 @@ def template_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
                     "type": "function",
                     "function": {
                         "name": call.function.name,
-                        "arguments": _arguments(call.function.arguments),
+                        "arguments": template_arguments(call.function.arguments),
                     },
                 }
                 for call in message.tool_calls

@@ -149,7 +149,9 @@ def chat_choice(
     """A whole choice of a chat completion."""
     return ChatChoice(
         index=index,
-        message=ChatMessage(content=parsed.content, tool_calls=parsed.tool_calls),
+        message=ChatMessage(
+            content=parsed.content, tool_calls=parsed.tool_calls, reasoning=parsed.reasoning
+        ),
         finish_reason=chat_finish_reason(finish_reason, bool(parsed.tool_calls)),
         stop_reason=stop_reason,
         **token_fields(gen, fmt, chat=True),

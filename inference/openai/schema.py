@@ -87,6 +87,9 @@ class ChatMessage(BaseModel):
     role: Literal["assistant"] = Field("assistant", description="always `assistant`")
     content: str | None = Field(description="text outside any tool call; None if only calls")
     tool_calls: list[ToolCall] = Field(default_factory=list, description="parsed tool calls")
+    reasoning: str | None = Field(
+        None, description="the reasoning split off the answer (vLLM 0.33's field; None: none)"
+    )
 
 
 class CompletionLogprobs(BaseModel):
@@ -134,6 +137,7 @@ class ChatDelta(BaseModel):
 
     role: Literal["assistant"] | None = Field(None, description="in a choice's first chunk")
     content: str | None = Field(None, description="more text")
+    reasoning: str | None = Field(None, description="the reasoning, before any content")
     tool_calls: list[DeltaToolCall] | None = Field(None, description="whole parsed calls")
 
 

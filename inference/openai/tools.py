@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from envs import tools as envs_tools
 from envs.parsing import parse_tool_calls
 from inference.openai.schema import FunctionCall, ToolCall
 
@@ -28,10 +30,25 @@ class ParsedMessage:
 
     content: str | None  # None when the reply is only tool calls
     tool_calls: list[ToolCall]  # OpenAI tool_calls (empty: none parsed)
+    reasoning: str | None = None  # the reasoning split off the answer (None: none)
 
 
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def openai_calls(calls: Sequence[envs_tools.ToolCall]) -> list[ToolCall]:
+    """Parsed calls as OpenAI `tool_calls`, keeping an id the parser gave (Mistral's)."""
+    return [
+        ToolCall(
+            id=call.id or new_call_id(),
+            type="function",  # set, so that a chunk dumped with exclude_unset carries it
+            function=FunctionCall(
+                name=call.name, arguments=json.dumps(call.arguments, ensure_ascii=False)
+            ),
+        )
+        for call in calls
+    ]
 
 
 def extract_tool_calls(text: str) -> ParsedMessage:

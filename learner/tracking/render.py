@@ -33,6 +33,7 @@ class RenderedTurn:
     reward: float  # the environment's reward for this turn
     advantage: float | None  # mean advantage over its trained tokens (None: none trained)
     weight_version: int  # oldest weights that sampled any of its completion tokens
+    reasoning_tokens: int = 0  # completion tokens, from the start, that are reasoning
 
     @property
     def trained_tokens(self) -> int:
@@ -59,7 +60,9 @@ def render_turns(
         if advantages is not None and mask.sum() > 0:
             advantage = float(np.asarray(advantages[k])[mask > 0].mean())
         reward, version = float(turn.reward), turn.weight_version
-        turns.append(RenderedTurn(k, prompt, completion, reward, advantage, version))
+        turns.append(
+            RenderedTurn(k, prompt, completion, reward, advantage, version, turn.reasoning_tokens)
+        )
     return turns
 
 
@@ -71,6 +74,8 @@ def as_text(turns: Sequence[RenderedTurn]) -> str:
         head = f"[turn {turn.index + 1} · weights v{turn.weight_version} · reward {turn.reward:g}"
         if turn.advantage is not None:
             head += f" · advantage {turn.advantage:+.4g}"
+        if turn.reasoning_tokens:
+            head += f" · reasoning {turn.reasoning_tokens} tokens"
         prompt = "".join(visible(s.text) for s in turn.prompt)
         completion = "".join(
             f"{TRAINED_OPEN}{visible(s.text)}{TRAINED_CLOSE}" if s.trained else visible(s.text)

@@ -41,7 +41,30 @@ ENV = {
 }
 
 
+LIMIT_KEYS = (
+    "cpu_s",
+    "memory_bytes",
+    "processes",
+    "file_size_bytes",
+    "open_files",
+    "output_bytes",
+    "collect_bytes",
+)
+# the limits the session was opened with (set once in the session process, inherited by
+# every process it forks): no request, forged or not, gets more
+CEILING: dict[str, int] = {}
+
+
+def clamp(limits: dict) -> dict[str, int]:
+    """A call's limits, each at most the session's ceiling; KeyError/ValueError if bad."""
+    out = {k: int(limits[k]) for k in LIMIT_KEYS}
+    for key, top in CEILING.items():
+        out[key] = min(out[key], top)
+    return out
+
+
 def _apply_limits(limits: dict) -> None:
+    limits = {k: min(int(v), CEILING.get(k, int(v))) for k, v in limits.items()}
     cpu = int(limits["cpu_s"])
     pairs = [(resource.RLIMIT_CPU, cpu, cpu + 1)] if cpu > 0 else []
     pairs += [

@@ -12,6 +12,7 @@ import time
 
 KILL_WAIT_S = 2.0  # bound on waiting for killed leftovers to die
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 
@@ -75,6 +76,40 @@ def kill_descendants(root: int, keep: frozenset[int] = frozenset()) -> int:
         _signal(pid, signal.SIGKILL)
     _await_dead(stopped, time.monotonic() + KILL_WAIT_S)
     return len(stopped)
+
+
+def kill_uid(uid: int) -> int:
+    """Stop, then kill, every process whose real uid is ``uid`` (but the caller); returns
+    how many. A closed session's whole uid goes, whatever tree its processes escaped to."""
+    me, stopped = os.getpid(), set()
+    for _ in range(50):
+        new = [pid for pid in _pids_of(uid) if pid != me and pid not in stopped]
+        if not new:
+            break
+        for pid in new:
+            _signal(pid, signal.SIGSTOP)
+        stopped.update(new)
+    for pid in stopped:
+        _signal(pid, signal.SIGKILL)
+    _await_dead(stopped, time.monotonic() + KILL_WAIT_S)
+    return len(stopped)
+
+
+def _pids_of(uid: int) -> list[int]:
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status", "rb") as f:
+                status = f.read()
+        except OSError:
+            continue
+        line = status[status.find(b"\nUid:") + 5 :].split(None, 1)
+        fields = proc_stat(name)
+        if line and int(line[0]) == uid and fields and fields[0] not in (b"Z", b"X"):
+            pids.append(int(name))
+    return pids
 
 
 def _await_dead(pids: set[int], deadline: float) -> None:

@@ -14,11 +14,13 @@ import signal
 import socket
 import time
 
-from .call import ENV, Standby, _safe_path
+from .call import CEILING, ENV, Standby, _safe_path, clamp
 from .files import file_request
 from .interpreter import PyWorker
+from .paths import WRITE_FLAGS, open_file, own_dir
 from .procs import _signal, kill_descendants, reap
-from .shell import Shell, run_shell
+from .shell import run_shell
+from .terminal import Shell
 from .wire import FrameError, _error, _send, read_frame
 
 CHUNK = 65536
@@ -44,10 +46,12 @@ class _Capture:
 
 
 def _prepare(req: dict, workdir: str) -> None:
+    """Write the call's ``files``; a path the code made a link or a FIFO is refused
+    (OSError), as the model's error."""
     for rel, b64 in (req.get("files") or {}).items():
-        path = _safe_path(workdir, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
+        _safe_path(workdir, rel)
+        fd = open_file(workdir, os.path.normpath(rel), WRITE_FLAGS, create_parents=True)
+        with open(fd, "wb") as f:
             f.write(base64.b64decode(b64))
 
 
@@ -55,17 +59,22 @@ def _collect(req: dict, workdir: str, cap: int) -> dict:
     out = {}
     for rel in req.get("collect") or ():
         try:
-            with open(_safe_path(workdir, rel), "rb") as f:
-                out[rel] = base64.b64encode(f.read(cap)).decode()
+            _safe_path(workdir, rel)
+            fd = open_file(workdir, os.path.normpath(rel), os.O_RDONLY)
         except (OSError, ValueError):
-            continue  # a path the code did not create is simply absent
+            continue  # a path the code did not create (or made a link) is simply absent
+        with open(fd, "rb") as f:
+            out[rel] = base64.b64encode(f.read(cap)).decode()
     return out
 
 
 def run_request(req: dict, session: SessionState) -> dict:
     """Run one request (worker for Python code, a forked child otherwise); the reply."""
     limits, workdir = req["limits"], session.workdir
-    _prepare(req, workdir)
+    try:
+        _prepare(req, workdir)
+    except OSError as exc:  # the code made a path unwritable: its doing, not ours
+        return _refused(f"sandbox: cannot write the call's files: {exc.strerror or exc}")
     stdin = base64.b64decode(req["stdin"]) if req.get("stdin") else b""
     deadline = float(req["timeout"])
     if req.get("argv") or req.get("mode") == "fork":
@@ -109,6 +118,22 @@ def run_request(req: dict, session: SessionState) -> dict:
         "duration_s": duration,
         "violation": _classify(state),
         "files": _collect(req, workdir, int(limits["collect_bytes"])),
+    }
+
+
+def _refused(message: str) -> dict:
+    """The call could not start because of what the code did to its own files: the
+    model's error (exit status 126, this message on stderr), never the sandbox's."""
+    return {
+        "ok": True,
+        "exit_code": 126,
+        "stdout": "",
+        "stderr": message + "\n",
+        "stdout_truncated": False,
+        "stderr_truncated": False,
+        "duration_s": 0.0,
+        "violation": "none",
+        "files": {},
     }
 
 
@@ -282,14 +307,22 @@ class SessionState:
             self.worker = PyWorker(self.last_limits)
 
 
-def _serve_session(listener: socket.socket, slot_dir: str, wakeup_r: int) -> None:
-    """A session process: one connection at a time, one request at a time."""
+def _serve_session(
+    listener: socket.socket, slot_dir: str, wakeup_r: int, ceiling: dict, ready
+) -> None:
+    """A session process: one connection at a time, one request at a time. ``ceiling``
+    bounds every call's limits; ``ready()`` tells the agent the session is up."""
     os.umask(0o077)
+    CEILING.update(ceiling)
+    os.chmod(slot_dir, 0o700)  # reopened after the code took its modes away: its own
+    slot = os.open(slot_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    for name in ("work", "tmp"):
+        os.close(own_dir(slot, name))  # a link the code left at its place is not followed
+    os.close(slot)
     workdir, tmpdir = os.path.join(slot_dir, "work"), os.path.join(slot_dir, "tmp")
-    for path in (workdir, tmpdir):
-        os.makedirs(path, mode=0o700, exist_ok=True)
     ENV["TMPDIR"] = tmpdir  # this process and the children it forks: private to the session
     session = SessionState(workdir, tmpdir, wakeup_r)
+    ready()
     while True:
         conn, _ = listener.accept()
         with conn:
@@ -306,7 +339,10 @@ def _serve_session(listener: socket.socket, slot_dir: str, wakeup_r: int) -> Non
                 if req is None:
                     break
                 _send(conn, _session_request(req, session))
-                session.refill()
+                try:
+                    session.refill()
+                except OSError:
+                    pass  # no fork now (the process limit): the next call forks its own
 
 
 def _session_request(req: dict, session: SessionState) -> dict:
@@ -314,7 +350,8 @@ def _session_request(req: dict, session: SessionState) -> dict:
     if op == "ping":
         return {"ok": True, "pid": os.getpid()}
     if op == "file":
-        return file_request(req, session.workdir, int(req.get("cap", 1 << 20)))
+        cap = min(int(req.get("cap", 1 << 20)), CEILING.get("collect_bytes", 1 << 20))
+        return file_request(req, session.workdir, cap)
     if op not in ("run", "shell"):
         return _error(f"unknown op {op!r}")
     try:
@@ -324,8 +361,7 @@ def _session_request(req: dict, session: SessionState) -> dict:
             return _error("run needs 'code' (str) or 'argv' (non-empty list of str)")
         if not 0 < float(req["timeout"]) <= 86400:
             return _error("'timeout' must be in (0, 86400] seconds")
-        for key in LIMIT_KEYS:
-            int(req["limits"][key])
+        req["limits"] = clamp(req["limits"])
         return run_request(req, session)
     except (KeyError, TypeError, ValueError) as exc:
         return _error(f"bad run request: {exc!r}")
@@ -338,22 +374,10 @@ def _shell_request(req: dict, session: SessionState) -> dict:
         return _error("shell needs 'command' (str)")
     if not 0 < float(req["timeout"]) <= 86400:
         return _error("'timeout' must be in (0, 86400] seconds")
-    for key in LIMIT_KEYS:
-        int(req["limits"][key])
+    req["limits"] = clamp(req["limits"])
     spares = frozenset(p.pid for p in (session.standby, session.worker) if p is not None)
     reply, session.shell = run_shell(req, session.shell, session.workdir, session.tmpdir, spares)
     return reply
-
-
-LIMIT_KEYS = (
-    "cpu_s",
-    "memory_bytes",
-    "processes",
-    "file_size_bytes",
-    "open_files",
-    "output_bytes",
-    "collect_bytes",
-)
 
 
 def _is_argv(argv: object) -> bool:

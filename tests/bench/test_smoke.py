@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # benchmark -> (extra arguments, a line of its table, what it needs)
 SMOKES = {
     "broker": ([], "raw XADD = redis-benchmark", ()),
+    "datasets": ([], "RSS on 16 MB minus on 1 MB", ()),
     "e2e": ([], "wall time to target s", ()),
     "envs": ([], "codegym tool call", ("bwrap",)),
     "farm": ([], "tool calls/s (code attempts)", ("bwrap",)),

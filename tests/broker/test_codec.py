@@ -179,7 +179,7 @@ def _one_turn_group(turn: Turn) -> TrajectoryGroup:
 def _with_turn_fields(fields: dict[bytes, bytes], version: bytes, turn_fields: list) -> dict:
     body = msgpack.unpackb(fields[b"b"], raw=False)
     body[2][0][0][0] = turn_fields
-    if version != b"5":  # group schemas 1-4 carried task schema 1 (8 fields)
+    if version not in (b"5", b"6"):  # group schemas 1-4 carried task schema 1 (8 fields)
         body[1] = body[1][:8]
     return {b"k": b"group", b"v": version, b"b": msgpack.packb(body, use_bin_type=True)}
 
@@ -188,7 +188,7 @@ def test_schema_4_records_the_whole_sampled_distribution() -> None:
     sampling = Sampling(0.7, top_k=5, top_p=0.9, min_p=0.05, allowed_token_ids=[9, 3, 3, 4])
     turn = Turn([1, 2], [3], [-0.5], 4, 1.0, True, False, sampling=sampling)
     fields = encode(_one_turn_group(dataclasses.replace(turn, cut=True)))
-    assert fields[b"v"] == b"5"
+    assert fields[b"v"] == b"6"
     assert decode(fields).trajectories[0].turns[0].cut  # type: ignore[union-attr]
     decoded = decode(fields).trajectories[0].turns[0].sampling  # type: ignore[union-attr]
     assert decoded == sampling and decoded.allowed_token_ids.tolist() == [3, 4, 9]
@@ -214,7 +214,7 @@ def test_bad_sampling_records_fail_to_decode(bad: list, reason: str) -> None:
     fields = encode(_one_turn_group(Turn([1, 2], [3], [-0.5], 4, 1.0, True, False)))
     turn = msgpack.unpackb(fields[b"b"], raw=False)[2][0][0][0]
     with pytest.raises(DecodeError, match=reason):
-        decode(_with_turn_fields(fields, b"4", [*turn[:8], bad, False]))
+        decode(_with_turn_fields(fields, b"6", [*turn[:8], bad, False, 0]))
 
 
 def test_older_schemas_decode_with_what_they_recorded() -> None:
@@ -230,12 +230,28 @@ def test_older_schemas_decode_with_what_they_recorded() -> None:
     assert np.array_equal(v2.trajectories[0].turns[0].completion_ids, [3])
     with pytest.raises(DecodeError, match="7 or 8 fields"):  # a schema-4 turn under a 2 tag
         decode(_with_turn_fields(fields, b"2", turn))
-    v4 = decode(_with_turn_fields(fields, b"4", turn))  # schema 4: task schema 1 inside
+    v4 = decode(_with_turn_fields(fields, b"4", turn[:10]))  # schema 4: task schema 1 inside
     assert v4.task.eval is None and v4.task.temperature is None  # type: ignore[union-attr]
+    v5 = decode(_with_turn_fields(fields, b"5", turn[:10]))  # schema 5: no reasoning count
+    assert v5.trajectories[0].turns[0].reasoning_tokens == 0  # type: ignore[union-attr]
+    with pytest.raises(DecodeError, match="10 fields"):  # a schema-6 turn under a 5 tag
+        decode(_with_turn_fields(fields, b"5", turn))
     with pytest.raises(DecodeError, match="temperature"):
         decode(_with_turn_fields(fields, b"3", [*turn[:8], -1.0]))
-    with pytest.raises(DecodeError, match="unsupported schema version 6"):
-        decode({**fields, b"v": b"6"})
+    with pytest.raises(DecodeError, match="unsupported schema version 7"):
+        decode({**fields, b"v": b"7"})
+
+
+def test_schema_6_records_how_many_completion_tokens_are_reasoning() -> None:
+    turn = Turn([1, 2], [7, 8, 9], [-0.5, -0.1, -0.2], 4, 1.0, True, False, reasoning_tokens=2)
+    fields = encode(_one_turn_group(turn))
+    assert fields[b"v"] == b"6"
+    assert decode(fields).trajectories[0].turns[0] == turn  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="4 reasoning tokens of 3"):
+        dataclasses.replace(turn, reasoning_tokens=4)
+    body = msgpack.unpackb(fields[b"b"], raw=False)[2][0][0][0]
+    with pytest.raises(DecodeError, match="reasoning tokens"):
+        decode(_with_turn_fields(fields, b"6", [*body[:10], 5]))
 
 
 def test_group_schema_1_entries_still_decode() -> None:
@@ -256,16 +272,16 @@ def test_group_schema_1_entries_still_decode() -> None:
     assert cut.outcome == "truncated:context" and cut.turns[0].truncated
     assert (failed.finish_reason, failed.truncation) == (FinishReason.ERROR, None)
     assert failed.error is ErrorCategory.INFERENCE
-    assert encode(group)[b"v"] == b"5"  # re-encoded in the current schema
-    with pytest.raises(DecodeError, match="unsupported schema version 6"):
-        decode({b"k": b"group", b"v": b"6", b"b": body})
+    assert encode(group)[b"v"] == b"6"  # re-encoded in the current schema
+    with pytest.raises(DecodeError, match="unsupported schema version 7"):
+        decode({b"k": b"group", b"v": b"7", b"b": body})
 
 
 def test_eval_tasks_are_marked_on_the_wire_and_task_schema_1_still_decodes() -> None:
     mark = EvalMark("held-out", "round-3", 7)
     task = Task("t1", "toy@{}", 4, 9, 2, eval=mark, temperature=0.0, max_tokens=5)
     fields = encode(task)
-    assert fields[b"v"] == b"2"
+    assert fields[b"v"] == b"3"
     back = decode(fields, expect=Task)
     assert back == task and back.is_eval  # type: ignore[union-attr]
     old = msgpack.packb(["t0", "toy@{}", 2, 7, 0, 1.0, None, {}], use_bin_type=True)
@@ -273,6 +289,8 @@ def test_eval_tasks_are_marked_on_the_wire_and_task_schema_1_still_decodes() -> 
     assert isinstance(v1, Task) and not v1.is_eval and v1.temperature is None
     with pytest.raises(DecodeError, match="11 fields"):  # a schema-1 body under a 2 tag
         decode({b"k": b"task", b"v": b"2", b"b": old})
+    with pytest.raises(DecodeError, match="12 fields"):  # a schema-1 body under a 3 tag
+        decode({b"k": b"task", b"v": b"3", b"b": old})
     with pytest.raises(ValueError, match="round id"):
         EvalMark("held-out", "", 0)
     with pytest.raises(ValueError, match="max_tokens"):
@@ -298,3 +316,30 @@ def test_policy_versions_name_their_adapter_and_schema_1_still_decodes() -> None
     assert encode(v1)[b"v"] == b"2"
     with pytest.raises(DecodeError, match="6 fields"):  # a schema-1 body under a 2 tag
         decode({b"k": b"policy", b"v": b"2", b"b": old})
+
+
+rows = st.none() | st.dictionaries(
+    st.text(max_size=8),
+    st.one_of(ints, text, floats, st.booleans(), st.none(), st.lists(text, max_size=3)),
+    max_size=5,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(tasks, rows)
+def test_a_tasks_row_travels_with_it(task: Task, row: dict[str, object] | None) -> None:
+    """Task schema 3 carries the dataset row; the group built from the task carries the task
+    in schema 2, without the row (the learner holds its dataset), and still decodes equal."""
+    with_row = dataclasses.replace(task, row=row)
+    assert decode(encode(with_row), expect=Task) == with_row
+    group = TrajectoryGroup("g", with_row, (), "w")
+    assert decode(encode(group)).task == task  # type: ignore[union-attr]
+
+
+def test_task_schema_2_still_decodes_and_a_bad_row_is_refused() -> None:
+    v2 = ["t2", "toy@{}", 2, 7, 0, 1.0, None, {}, ["s", "r", 3], 0.0, 4]
+    back = decode({b"k": b"task", b"v": b"2", b"b": msgpack.packb(v2)}, expect=Task)
+    assert isinstance(back, Task) and back.row is None and back.eval == EvalMark("s", "r", 3)
+    bad = msgpack.packb([*v2, ["not", "a", "map"]])
+    with pytest.raises(DecodeError, match="row must be a map"):
+        decode({b"k": b"task", b"v": b"3", b"b": bad})

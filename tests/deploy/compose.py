@@ -8,9 +8,13 @@ down with ``down -v``. Containers are addressed through compose, never by name.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from tests.conftest import require
 from tests.deploy.promql import DEPLOY
@@ -28,6 +32,17 @@ def compose_cli() -> list[str]:
             return ["docker", "compose"]
     require(False, "docker-compose (Debian package docker-compose) or the docker compose plugin")
     raise AssertionError("unreachable")
+
+
+def gpu_profile(*overrides: str) -> dict[str, Any]:
+    """The gpu profile's services as compose resolves them (with `overrides`, file names
+    beside the compose file), with no FARM_* variable of this process substituted."""
+    files = [arg for f in overrides for arg in ("-f", str(COMPOSE.parent / f))]
+    cli = [*compose_cli(), "-f", str(COMPOSE), *files, "--profile", "gpu", "config"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    result = subprocess.run(cli, capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)["services"]
 
 
 def states(ids: list[str]) -> list[dict[str, object]]:

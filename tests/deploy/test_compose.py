@@ -15,7 +15,7 @@ import tomllib
 import pytest
 import yaml
 
-from tests.deploy.compose import COMPOSE, compose_cli
+from tests.deploy.compose import COMPOSE, compose_cli, gpu_profile
 from tests.deploy.promql import DEPLOY, ROOT
 
 
@@ -49,13 +49,35 @@ def test_compose_rejects_a_broken_file(tmp_path) -> None:
     assert result.returncode != 0
 
 
-def test_vllm_runs_on_a_gpu_with_rl_routes() -> None:
-    vllm = _services()["vllm"]
-    assert vllm["profiles"] == ["gpu"]
-    assert vllm["environment"]["VLLM_SERVER_DEV_MODE"] == "1"
-    assert vllm["entrypoint"][:2] == ["vllm", "serve"]
-    devices = vllm["deploy"]["resources"]["reservations"]["devices"]
-    assert devices[0]["capabilities"] == ["gpu"]
+def _gpus(service: dict) -> list[str]:
+    (device,) = service["deploy"]["resources"]["reservations"]["devices"]
+    assert device["capabilities"] == ["gpu"] and device["driver"] == "nvidia"
+    return device["device_ids"]
+
+
+def test_vllm_servers_come_from_one_template_on_gpus_of_their_own() -> None:
+    """Every vllm-N service is the x-vllm template (RL routes on) plus its own GPUs, none
+    shared with another server or the learner, and the learner pushes to each of them."""
+    services = gpu_profile()
+    servers = sorted(n for n in services if n.startswith("vllm-"))
+    assert len(servers) >= 2
+    template = yaml.safe_load(COMPOSE.read_text())["x-vllm"]
+    for name in servers:
+        vllm = services[name]
+        assert vllm["profiles"] == ["gpu"]
+        assert vllm["environment"]["VLLM_SERVER_DEV_MODE"] == "1"
+        assert (vllm["entrypoint"], vllm["command"]) == (
+            template["entrypoint"],
+            template["command"],
+        )
+    reserved = [gpu for name in [*servers, "learner"] for gpu in _gpus(services[name])]
+    assert len(reserved) == len(set(reserved)), reserved
+    learner = services["learner"]
+    urls = learner["environment"]["FARM_INFERENCE_URLS"].split(",")
+    assert urls == [f"http://{name}:8000" for name in servers]
+    # one torchrun rank per GPU the learner reserves
+    assert learner["entrypoint"][:3] == ["python", "-m", "farm.torchrun"]
+    assert "--nproc-per-node=gpu" in learner["entrypoint"]
 
 
 def test_cpu_profile_serves_the_cpu_policy_server_under_the_same_name() -> None:
@@ -63,8 +85,7 @@ def test_cpu_profile_serves_the_cpu_policy_server_under_the_same_name() -> None:
     policy = services["policy"]
     assert policy["profiles"] == ["cpu"]
     assert policy["entrypoint"] == ["python", "-m", "inference"]
-    for name in ("policy", "vllm"):
-        assert "inference" in services[name]["networks"]["default"]["aliases"]
+    assert "inference" in policy["networks"]["default"]["aliases"]
     assert "deploy" not in services["learner-cpu"], "the CPU learner must not reserve a GPU"
 
 
@@ -73,7 +94,11 @@ def test_workers_can_scale() -> None:
     assert "container_name" not in worker
     assert "ports" not in worker, "fixed host ports would collide under --scale"
     assert "profiles" not in worker, "workers run in both profiles"
-    assert worker["environment"]["FARM_INFERENCE_URLS"] == "http://inference:8000"
+    # the CPU server's name unless FARM_INFERENCE_URLS lists the vLLM servers
+    assert (
+        worker["environment"]["FARM_INFERENCE_URLS"]
+        == "${FARM_INFERENCE_URLS:-http://inference:8000}"
+    )
 
 
 def test_build_contexts_and_mounted_files_exist() -> None:
@@ -113,18 +138,18 @@ def test_dockerfiles_copy_only_what_exists(dockerfile: str) -> None:
     assert "USER" in text or dockerfile == "learner", "images run as a non-root user"
 
 
-def test_nccl_override_starts_vllm_with_the_weight_transfer_flag() -> None:
-    override = COMPOSE.parent / "nccl.override.yml"
-    cli = [*compose_cli(), "-f", str(COMPOSE), "-f", str(override), "--profile", "gpu", "config"]
-    result = subprocess.run(cli, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    services = yaml.safe_load(result.stdout)["services"]
-    command = services["vllm"]["command"]
-    assert json.loads(command[command.index("--weight-transfer-config") + 1]) == {"backend": "nccl"}
+def test_nccl_override_starts_every_vllm_with_the_weight_transfer_flag() -> None:
+    services = gpu_profile("nccl.override.yml")
+    servers = [n for n in services if n.startswith("vllm-")]
+    assert servers == [n for n in gpu_profile() if n.startswith("vllm-")]
+    for name in servers:
+        command = services[name]["command"]
+        config = command[command.index("--weight-transfer-config") + 1]
+        assert json.loads(config) == {"backend": "nccl"}
+        assert command[command.index("--logprobs-mode") + 1] == "processed_logprobs"
     learner = services["learner"]["environment"]  # the learner pushes over those routes
     assert learner["FARM_WEIGHT_TRANSFER"] == "nccl" and "FARM_REDIS_URL" in learner
-    assert command[command.index("--logprobs-mode") + 1] == "processed_logprobs"
-    plain = _services()["vllm"]["command"]
+    plain = yaml.safe_load(COMPOSE.read_text())["x-vllm"]["command"]
     assert "--weight-transfer-config" not in plain and "processed_logprobs" in plain
 
 

@@ -1,19 +1,17 @@
 """deploy/k8s: every manifest validates offline, overlays resolve and render.
 
 Core kinds validate against the Kubernetes OpenAPI schemas bundled with
-`kubernetes-validate` (strict: unknown fields fail). KEDA's ScaledObject is a CRD
-those schemas lack, so it validates against deploy/k8s/schemas/, a schema of the
-ScaledObject fields and redis-streams scaler metadata the farm uses. Overlays are
-rendered with `kubectl kustomize` and the rendered objects validated again.
+`kubernetes-validate` (strict: unknown fields fail). KEDA's ScaledObject and JobSet are
+CRDs those schemas lack, so they validate against deploy/k8s/schemas/ (tests/deploy/k8s.py).
+Overlays are rendered with `kubectl kustomize` and the rendered objects validated again.
+The learner's torchrun launch (one node, and the gpu-multinode JobSet) is checked in
+test_kubernetes_learner.py.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 import kubernetes_validate
@@ -21,72 +19,37 @@ import pytest
 import yaml
 
 from learner.cli import load_config
-from tests.conftest import require
-from tests.deploy.promql import DEPLOY
+from tests.deploy.k8s import K8S, base_objects, named, render, validate
 
-K8S = DEPLOY / "k8s"
-KUBE_VERSION = "1.30.0"
-SCALED_OBJECT_SCHEMA = json.loads((K8S / "schemas" / "keda-scaledobject.schema.json").read_text())
 KUSTOMIZATIONS = sorted(K8S.rglob("kustomization.yaml"))
 OVERLAYS = sorted(p.parent.name for p in (K8S / "overlays").glob("*/kustomization.yaml"))
 
 
-def _validate(obj: dict[str, Any]) -> None:
-    if obj["kind"] == "ScaledObject":
-        jsonschema.validate(obj, SCALED_OBJECT_SCHEMA)
-    else:
-        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
-
-
-def _base_objects() -> list[dict[str, Any]]:
-    kust = yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())
-    objs = []
-    for resource in kust["resources"]:
-        objs.extend(d for d in yaml.safe_load_all((K8S / "base" / resource).read_text()) if d)
-    return objs
-
-
-def _named(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    return next(o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name)
-
-
-def _render(overlay: str) -> list[dict[str, Any]]:
-    require(shutil.which("kubectl") is not None, "kubectl (for kustomize rendering)")
-    result = subprocess.run(
-        ["kubectl", "kustomize", str(K8S / "overlays" / overlay)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    return [d for d in yaml.safe_load_all(result.stdout) if d]
-
-
 def test_every_base_manifest_validates() -> None:
-    objs = _base_objects()
+    objs = base_objects()
     assert {o["kind"] for o in objs} >= {"StatefulSet", "Deployment", "ScaledObject", "Service"}
     for obj in objs:
-        _validate(obj)
+        validate(obj)
 
 
 def test_validation_catches_a_misspelt_field() -> None:
     """Strict validation is live: an unknown field in a core kind and in the CRD fails."""
-    deployment = next(o for o in _base_objects() if o["kind"] == "Deployment")
+    deployment = next(o for o in base_objects() if o["kind"] == "Deployment")
     deployment["spec"]["replica"] = 2
     with pytest.raises(kubernetes_validate.ValidationError):
-        _validate(deployment)
-    scaled = next(o for o in _base_objects() if o["kind"] == "ScaledObject")
+        validate(deployment)
+    scaled = next(o for o in base_objects() if o["kind"] == "ScaledObject")
     scaled["spec"]["triggers"][0]["metadata"]["pendingEntries"] = "5"
     with pytest.raises(jsonschema.ValidationError):
-        _validate(scaled)
+        validate(scaled)
 
 
 def test_scaled_object_scales_workers_on_the_tasks_stream() -> None:
     from broker.keys import WORKERS_GROUP, RunKeys
 
-    objs = _base_objects()
+    objs = base_objects()
     scaled = next(o for o in objs if o["kind"] == "ScaledObject")
-    config = _named(objs, "ConfigMap", "farm-config")
+    config = named(objs, "ConfigMap", "farm-config")
     target = scaled["spec"]["scaleTargetRef"]["name"]
     assert any(o["kind"] == "Deployment" and o["metadata"]["name"] == target for o in objs)
     stream = RunKeys(config["data"]["FARM_RUN"]).tasks
@@ -102,7 +65,7 @@ def test_scaled_object_scales_workers_on_the_tasks_stream() -> None:
 
 
 def test_vllm_serves_rl_routes_on_gpu_nodes() -> None:
-    sts = _named(_base_objects(), "StatefulSet", "inference")
+    sts = named(base_objects(), "StatefulSet", "inference")
     pod = sts["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["command"][:2] == ["vllm", "serve"]
@@ -112,15 +75,15 @@ def test_vllm_serves_rl_routes_on_gpu_nodes() -> None:
 
 
 def test_inference_urls_name_every_server_pod() -> None:
-    objs = _base_objects()
+    objs = base_objects()
     config = next(o for o in objs if o["kind"] == "ConfigMap")
-    sts = _named(objs, "StatefulSet", "inference")
+    sts = named(objs, "StatefulSet", "inference")
     urls = config["data"]["FARM_INFERENCE_URLS"].split(",")
     assert urls == [f"http://inference-{i}.inference:8000" for i in range(sts["spec"]["replicas"])]
 
 
 def test_redis_persists_with_aof() -> None:
-    sts = _named(_base_objects(), "StatefulSet", "redis")
+    sts = named(base_objects(), "StatefulSet", "redis")
     args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--appendonly") + 1] == "yes"
     assert sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
@@ -142,37 +105,37 @@ def test_kustomization_references_resolve(kustomization: Path) -> None:
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlay_renders_and_validates(overlay: str) -> None:
-    objs = _render(overlay)
+    objs = render(overlay)
     for obj in objs:
-        _validate(obj)
+        validate(obj)
         if obj["kind"] != "Namespace":
             assert obj["metadata"]["namespace"] == "rollout-farm", obj["metadata"]["name"]
 
 
 def test_cpu_overlay_asks_for_no_gpu_and_runs_the_cpu_policy_server() -> None:
-    text = yaml.safe_dump_all(_render("cpu"))
+    text = yaml.safe_dump_all(render("cpu"))
     assert "nvidia.com/gpu" not in text
     assert "vllm" not in text
-    sts = _named(_render("cpu"), "StatefulSet", "inference")
+    sts = named(render("cpu"), "StatefulSet", "inference")
     command = sts["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command == ["python", "-m", "inference"]
 
 
 def test_vllm_is_0_33_with_temperature_scaled_logprobs_and_nccl_overlay() -> None:
-    args = _named(_base_objects(), "StatefulSet", "inference")["spec"]["template"]["spec"]
+    args = named(base_objects(), "StatefulSet", "inference")["spec"]["template"]["spec"]
     args = args["containers"][0]["args"]
     assert args[args.index("--logprobs-mode") + 1] == "processed_logprobs"
     assert "--weight-transfer-config" not in args  # only where NCCL is chosen
-    rendered = _render("gpu-nccl")
-    nccl = _named(rendered, "StatefulSet", "inference")["spec"]["template"]["spec"]
+    rendered = render("gpu-nccl")
+    nccl = named(rendered, "StatefulSet", "inference")["spec"]["template"]["spec"]
     nccl_args = nccl["containers"][0]["args"]
     config = nccl_args[nccl_args.index("--weight-transfer-config") + 1]
     assert json.loads(config) == {"backend": "nccl"}
     # the learner pushes over those routes, reached through the headless learner-transfer
-    learner = _named(rendered, "Deployment", "learner")["spec"]["template"]["spec"]["containers"][0]
+    learner = named(rendered, "Deployment", "learner")["spec"]["template"]["spec"]["containers"][0]
     cfg = load_config([*learner["args"], "--model", "/m"])
     assert cfg.weight_transfer == "nccl" and cfg.transfer.master_address == "learner-transfer"
-    service = _named(rendered, "Service", "learner-transfer")["spec"]
+    service = named(rendered, "Service", "learner-transfer")["spec"]
     assert (
         service["clusterIP"] == "None" and service["ports"][0]["port"] == cfg.transfer.master_port
     )
@@ -184,15 +147,15 @@ def test_redis_cluster_overlay_scales_on_every_partitions_tasks_stream() -> None
     from broker.connection import RedisSettings
     from broker.keys import WORKERS_GROUP, RunKeys
 
-    objs = _render("redis-cluster")
+    objs = render("redis-cluster")
     assert not any(o["metadata"]["name"] == "redis" for o in objs)  # no single-node Redis
-    config = _named(objs, "ConfigMap", "farm-config")["data"]
+    config = named(objs, "ConfigMap", "farm-config")["data"]
     assert RedisSettings.from_url(config["FARM_REDIS_URL"]).cluster
     keys = RunKeys(config["FARM_RUN"], int(config["FARM_PARTITIONS"]))
     assert keys.partitions > 1
-    triggers = _named(objs, "ScaledObject", "workers")["spec"]["triggers"]
+    triggers = named(objs, "ScaledObject", "workers")["spec"]["triggers"]
     by_measure: dict[str, list[str]] = {"lagCount": [], "pendingEntriesCount": []}
-    base = _named(_base_objects(), "ScaledObject", "workers")["spec"]["triggers"]
+    base = named(base_objects(), "ScaledObject", "workers")["spec"]["triggers"]
     base_lag = next(int(t["metadata"]["lagCount"]) for t in base if "lagCount" in t["metadata"])
     for trigger in triggers:
         assert trigger["type"] == "redis-cluster-streams"
@@ -205,6 +168,42 @@ def test_redis_cluster_overlay_scales_on_every_partitions_tasks_stream() -> None
     assert all(sorted(s) == sorted(keys.all_tasks) for s in by_measure.values()), by_measure
     wrong = json.loads(json.dumps(triggers[0]))
     wrong["metadata"]["address"] = wrong["metadata"].pop("addresses")  # the one-node key
-    scaled = _named(objs, "ScaledObject", "workers")
+    scaled = named(objs, "ScaledObject", "workers")
     with pytest.raises(jsonschema.ValidationError):
-        _validate({**scaled, "spec": {**scaled["spec"], "triggers": [wrong]}})
+        validate({**scaled, "spec": {**scaled["spec"], "triggers": [wrong]}})
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_learner_reads_its_data_from_a_volume_not_a_config_map(overlay: str) -> None:
+    """A ConfigMap caps at 1 MiB; the task and eval files live on the `farm-data` volume
+    (a 100 MB Parquet file fits), and Parquet conversions go to the checkpoints volume."""
+    objs = render(overlay)
+    learner, deployed = _learner_pod(objs)
+    args = learner["containers"][0]["args"]
+    if "learner" in args:  # the JobSet's args: torchrun's, then the learner's after `-m learner`
+        args = args[args.index("learner") + 1 :]
+    cfg = load_config([*args, "--model", "/m"])
+    mounts = {m["mountPath"]: m["name"] for m in learner["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in learner["volumes"]}
+    assert cfg.tasks is not None and mounts[str(cfg.tasks.parent)] == "data"
+    assert volumes["data"]["persistentVolumeClaim"]["claimName"] == "farm-data"
+    cache = cfg.data.dataset_cache_dir
+    assert cache is not None and mounts[str(cache.parent)] == "checkpoints"
+    assert named(objs, "PersistentVolumeClaim", "farm-data")
+    assert not [o for o in objs if o["kind"] == "ConfigMap" and "tasks" in o["metadata"]["name"]]
+    if not deployed:  # several nodes: the user puts the dataset on the shared volume first
+        return
+    [init] = learner["initContainers"]  # the demo's line, written only where none is
+    assert init["image"] == learner["containers"][0]["image"]
+    assert "[ -e /data/tasks.jsonl ] ||" in init["args"][0]
+
+
+def _learner_pod(objs: list[dict]) -> tuple[dict, bool]:
+    """The learner's pod spec, and whether it is the one-node Deployment (else the JobSet's)."""
+    deployments = [
+        o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "learner"
+    ]
+    if deployments:
+        return deployments[0]["spec"]["template"]["spec"], True
+    [jobset] = [o for o in objs if o["kind"] == "JobSet"]
+    return jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"], False

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import envs
-from envs.arith import answer_of, score, split_problems
+from envs.arith import answer_of, score, split_lines, split_problems
 from envs.errors import EnvSpecError, EnvStateError
 
 
@@ -90,3 +92,23 @@ def test_bad_specs_are_refused_with_the_field_named(spec: str, message: str) -> 
     for check in (envs.check_spec, envs.make):
         with pytest.raises(EnvSpecError, match=message):
             check(spec)
+
+
+async def test_split_lines_name_every_held_out_problem_exactly_once() -> None:
+    """An eval set of the held-out split by row scores each problem once; seeds did not:
+    20 seeds drew only some of the 20 problems (the old eval's row-index seeds)."""
+    lines = [json.loads(line) for line in split_lines("heldout")]
+    held_out = split_problems(9, "+", 0.2)["heldout"]
+    asked = []
+    for line in lines:
+        env = envs.make(line["env_spec"])
+        _, info = await envs.areset(env, seed=0, options={"row": line["row"]})
+        asked.append(info["problem"])
+    assert sorted(asked) == sorted(f"{a}{op}{b}" for a, op, b in held_out)
+    by_seed = set()
+    for seed in range(len(held_out)):
+        _, info = await envs.areset(envs.make(lines[0]["env_spec"]), seed=seed)
+        by_seed.add(info["problem"])
+    assert len(by_seed) < len(held_out)  # why rows: seeds 0..N-1 collide
+    with pytest.raises(EnvSpecError, match="index"):
+        await envs.areset(envs.make("arith"), seed=0, options={"row": {"index": 10_000}})

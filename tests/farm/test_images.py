@@ -12,11 +12,12 @@ import sys
 import zipfile
 from pathlib import Path
 
-from farm.images import PROMETHEUS, PYTHON, REDIS, WORKER, _unmet, write_env_file
+from farm.image_build import unmet
+from farm.images import PROMETHEUS, PYTHON, REDIS, WORKER, write_env_file
 
 
 def _wheel(into: Path, name: str, version: str, requires: list[str]) -> None:
-    """A wheel holding only its METADATA: all `_unmet` reads."""
+    """A wheel holding only its METADATA: all `unmet` reads."""
     meta = [f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}"]
     meta += [f"Requires-Dist: {r}" for r in requires]
     with zipfile.ZipFile(into / f"{name}-{version}-py3-none-any.whl", "w") as zf:
@@ -38,10 +39,10 @@ def test_a_dependency_behind_a_python_version_marker_is_found_for_the_image(
         ],
     )
     _wheel(tmp_path, "numpy", "2.3.0", [])
-    assert _unmet(tmp_path, "3.11.2") == ["async-timeout>=4.0.3"]
-    assert _unmet(tmp_path, "3.11.7") == []
+    assert unmet(tmp_path, "3.11.2") == ["async-timeout>=4.0.3"]
+    assert unmet(tmp_path, "3.11.7") == []
     _wheel(tmp_path, "async_timeout", "5.0.1", [])  # a wheel's name is normalized
-    assert _unmet(tmp_path, "3.11.2") == []
+    assert unmet(tmp_path, "3.11.2") == []
 
 
 def test_env_file_names_the_images_compose_uses(tmp_path: Path) -> None:
@@ -85,3 +86,56 @@ def test_tags_answer_without_docker_and_build_without_an_engine_says_so(tmp_path
     assert build.returncode == 1
     assert "farm: no Docker engine" in build.stderr
     assert not (tmp_path / ".env").exists()
+
+
+def test_with_refuses_what_is_not_a_package_before_building(tmp_path: Path) -> None:
+    """`--with` takes a project directory or a wheel; anything else is refused by name
+    before an image is built (or an engine is looked for)."""
+    loose = tmp_path / "my_env.py"
+    loose.write_text("x = 1\n")
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-such.sock"}
+    build = subprocess.run(
+        [sys.executable, "-m", "farm", "images", "build", "--with", str(loose)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert build.returncode == 1
+    assert f"--with {loose}: not a Python project" in build.stderr
+    assert "no Docker engine" not in build.stderr
+
+
+def test_plugin_layer_tag_follows_the_plugins_content_only(tmp_path: Path) -> None:
+    from farm.plugins import check_sources, layer_tag
+
+    project = tmp_path / "plug"
+    (project / "plug").mkdir(parents=True)
+    (project / "pyproject.toml").write_text("[project]\nname = 'plug'\nversion = '1'\n")
+    (project / "plug" / "__init__.py").write_text("A = 1\n")
+    sources = check_sources([project])
+    first = layer_tag("rollout-farm/worker", "sha256:base", sources)
+    assert first.startswith("rollout-farm/worker:")
+    (project / "build" / "lib").mkdir(parents=True)  # what a wheel build leaves behind
+    (project / "build" / "lib" / "x.py").write_text("junk\n")
+    (project / "plug.egg-info").mkdir()
+    (project / "plug.egg-info" / "PKG-INFO").write_text("junk\n")
+    assert layer_tag("rollout-farm/worker", "sha256:base", sources) == first
+    assert layer_tag("rollout-farm/worker", "sha256:other", sources) != first
+    (project / "plug" / "__init__.py").write_text("A = 2\n")
+    assert layer_tag("rollout-farm/worker", "sha256:base", sources) != first
+
+
+def test_what_the_image_has_is_not_fetched_again(tmp_path: Path) -> None:
+    _wheel(tmp_path, "plug", "1", ["numpy>=2", "inflection>=0.5"])
+    assert unmet(tmp_path, "3.11.2") == ["inflection>=0.5", "numpy>=2"]
+    assert unmet(tmp_path, "3.11.2", have={"NumPy"}) == ["inflection>=0.5"]
+
+
+def test_the_plugin_layer_pulls_nothing_and_returns_to_the_base_user() -> None:
+    from farm.plugins import DOCKERFILE
+
+    lines = DOCKERFILE.read_text().splitlines()
+    assert [line.split()[1] for line in lines if line.startswith("FROM ")] == ["${BASE_IMAGE}"]
+    assert "--no-index" in DOCKERFILE.read_text()
+    assert [line for line in lines if line.startswith("USER ")] == ["USER root", "USER ${RUN_AS}"]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import shutil
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -76,3 +78,42 @@ def peft_logprobs(
         logits = model(input_ids=torch.tensor([prompt + completion])).logits[0].float()
     rows = logits[len(prompt) - 1 : len(prompt) - 1 + len(completion)]
     return torch.log_softmax(rows, -1).gather(1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def tensors_digest(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> str:
+    """sha256 over each module's (lora_A, scaling x lora_B) as float32, in module-name order
+    (vLLM folds the scaling into lora_B when it registers an adapter)."""
+    sha = hashlib.sha256()
+    for name in sorted(pairs):
+        sha.update(name.encode())
+        for tensor in pairs[name]:
+            sha.update(tensor.detach().to(torch.float32).contiguous().numpy().tobytes())
+    return sha.hexdigest()[:16]
+
+
+def adapter_tensors_digest(adapter: Path) -> str:
+    """`tensors_digest` of a peft adapter directory's weights, under vLLM's module names
+    (scaling lora_alpha / r: no rsLoRA, no rank or alpha patterns)."""
+    from safetensors.torch import load_file
+
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    scaling = config["lora_alpha"] / config["r"]
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in load_file(adapter / "adapter_model.safetensors").items():
+        module, _, part = key.removeprefix("base_model.model.").rpartition(".lora_")
+        pairs.setdefault(module, {})[part.removesuffix(".weight")] = tensor
+    return tensors_digest({m: (ab["A"], ab["B"] * scaling) for m, ab in pairs.items()})
+
+
+class AdapterSource:
+    """A learner `WeightSource` whose export writes a prepared adapter (as if just trained)."""
+
+    def __init__(self, adapter: Path) -> None:
+        self.adapter = adapter
+
+    def export(self, out_dir: Path) -> int:
+        shutil.copytree(self.adapter, out_dir)
+        return 0
+
+    def weight_stream(self) -> Any:
+        raise AssertionError("a LoRA adapter is pushed by file")

@@ -4,6 +4,7 @@ peft's, the errors, and the adapter-sync client that pushes and verifies adapter
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,13 @@ import pytest
 import torch
 from prometheus_client import REGISTRY
 
-from inference.adapter_sync import AdapterSync, adapter_name, adapter_version
+from inference.adapter_sync import (
+    AdapterSync,
+    adapter_digest,
+    adapter_name,
+    adapter_run,
+    adapter_version,
+)
 from inference.config import ServerConfig, WeightSyncConfig
 from inference.errors import ConfigError, WeightSyncError
 from tests.inference.conftest import eventually
@@ -288,10 +295,29 @@ def test_adapter_names_carry_the_version() -> None:
     assert adapter_version("math-run-v12") == 12
     assert adapter_version("my-v2-run-v3") == 3
     assert adapter_version("base-model") is None
+    named = adapter_name("my-v2-run", 3, "0123456789ab")
+    assert named == "my-v2-run-v3-0123456789ab"
+    assert adapter_version(named) == 3 and adapter_run(named) == "my-v2-run"
+    assert adapter_run("math-run-v12") == "math-run" and adapter_run("base-model") is None
     with pytest.raises(ValueError):
         adapter_name("", 1)
     with pytest.raises(ValueError):
         adapter_name("r", -1)
+    with pytest.raises(ValueError, match="hex"):
+        adapter_name("r", 1, "XYZ")
+
+
+def test_the_digest_names_the_adapter_files(model_dir: Path, tmp_path: Path) -> None:
+    one = make_adapter(model_dir, tmp_path / "one", seed=1)
+    same = shutil.copytree(one, tmp_path / "same")
+    other = make_adapter(model_dir, tmp_path / "other", seed=2)
+    assert adapter_digest(one) == adapter_digest(same)
+    assert adapter_digest(one) != adapter_digest(other)
+    edit_config(same, lora_alpha=16)  # the config counts: alpha changes what is served
+    assert adapter_digest(one) != adapter_digest(same)
+    (one / "adapter_model.safetensors").unlink()
+    with pytest.raises(OSError):
+        adapter_digest(one)
 
 
 async def test_openai_routes_serve_adapters_by_model_name(

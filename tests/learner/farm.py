@@ -76,6 +76,7 @@ class Farm:
         *,
         concurrency: int,
         max_tokens: int = 1,
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.spawn(
             name,
@@ -95,6 +96,7 @@ class Farm:
                 str(concurrency),
                 "--worker-id",
                 name,
+                *extra,
             ],
         )
 

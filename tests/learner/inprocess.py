@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import os
 import random
 from collections.abc import Callable, Sequence
@@ -288,15 +289,19 @@ class Score:
 def evaluate(
     model: torch.nn.Module,
     model_dir: Path,
-    env_spec: str,
-    seeds: Sequence[int],
+    lines: Sequence[str],
     *,
     k: int,
     settings: EpisodeSettings,
 ) -> Score:
-    """`k` samples of each reset seed's prompt from `model`, through the workers' episode code."""
+    """`k` samples of each task line's problem (``{"env_spec": ..., "row": ...}``, the
+    learner's eval-set format: each row its own problem, seeded by its index) from `model`,
+    through the workers' episode code."""
     ctx = EpisodeContext(load_codec(str(model_dir)), ModelGenerator(model), SamplingParams)
-    tasks = [Task(f"eval-{s}", env_spec, k, s, 0) for s in seeds]
+    rows = [json.loads(line) for line in lines]
+    tasks = [
+        Task(f"eval-{i}", r["env_spec"], k, i, 0, row=r.get("row")) for i, r in enumerate(rows)
+    ]
     groups = asyncio.run(_groups(ctx, settings, tasks))
     returns = [[sum(t.reward for t in tr.turns) for tr in g.trajectories] for g in groups]
     return Score(

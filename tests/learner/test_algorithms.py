@@ -20,7 +20,7 @@ from learner.algorithms import (
 )
 from learner.batch import BatchRules, prepare_batch
 from learner.config import GroupStd
-from learner.critic import episode_gae
+from learner.critic import episode_gae, token_rewards
 
 
 def _adv(rewards: list, algorithm: Algorithm, gamma: float = 1.0, **kw: object) -> Advantages:
@@ -162,21 +162,153 @@ def test_reinforce_pp_whitens_returns_over_the_batchs_tokens() -> None:
     assert mean == pytest.approx(1 / 8)
 
 
-def test_defect_d2_gae_runs_across_the_segments_of_an_episode() -> None:
-    # Two turns, the second a new segment (an agent rewrote its history), reward 1 at the end,
-    # V = 0.5 everywhere, gamma = lambda = 1: every completion token has A = 1 - 0.5 = +0.5
-    # and R = 1. Per segment, the first one bootstrapped V = 0 and got A = -0.5, R = 0.
+def test_gae_bootstraps_a_truncated_episode_by_hand() -> None:
+    # the three-turn episode above, cut by a limit after its last token: V_next there is the
+    # value of the state after it (0.5), not 0
+    mask = np.array([0, 0, 1, 1, 0, 1, 0, 1, 1], np.float32)
+    rewards = np.array([0, 0, 0, 0.5, 0, 0, 0, 0, 1.0])
+    values = np.array([0, 0, 0.2, 0.4, 9, 0.3, 9, 0.6, 0.8])
+    a8 = 1.0 + 0.9 * 0.5 - 0.8  # 0.65 (0.2 when terminated)
+    a7 = (0.0 + 0.9 * 0.8 - 0.6) + 0.72 * a8
+    adv, ret = gae(rewards, values, mask, 0.9, 0.8, bootstrap=0.5)
+    np.testing.assert_allclose(adv[[7, 8]], [a7, a8], atol=1e-12)
+    np.testing.assert_allclose(ret[8], a8 + 0.8, atol=1e-12)
+    terminated, _ = gae(rewards, values, mask, 0.9, 0.8)
+    assert terminated[8] == pytest.approx(0.2)
+
+
+def _two_segments(finish: str, truncation: str | None = None) -> TrajectoryGroup:
+    """Two turns, the second a new segment (an agent rewrote its history), reward 1 at the end."""
     turns = (
         Turn([1, 2], [3, 4], [-1.0, -1.0], 0, 0.0, False, False),
-        Turn([5], [6, 7], [-1.0, -1.0], 0, 1.0, True, False, segment_start=True),
+        Turn([5], [6, 7], [-1.0, -1.0], 0, 1.0, finish == "terminated", False, segment_start=True),
     )
     task = Task("d2", "toy@{}", 1, 0, 0, 0.0)
-    group = TrajectoryGroup("d2", task, (Trajectory(turns, "terminated"),), "w")
+    trajectory = Trajectory(turns, finish, truncation=truncation)  # type: ignore[arg-type]
+    return TrajectoryGroup("d2", task, (trajectory,), "w")
+
+
+@pytest.mark.parametrize(
+    ("finish", "truncation", "after"), [("terminated", None, 0.0), ("truncated", "max_turns", 0.5)]
+)
+def test_defect_d2_gae_runs_across_the_segments_of_an_episode(
+    finish: str, truncation: str | None, after: float
+) -> None:
+    # gamma 0.9, lambda 0.8 (gamma lambda = 0.72) and values that differ per token, with 9 on
+    # the prompt tokens, which GAE must skip. Joined, the episode is
+    #   position   0   1   2   3   4 | 0   1   2        (segment 1 | segment 2)
+    #   mask       0   0   1   1     | 0   1   1
+    #   value      9   9  .2  .4     | 9  .3  .6        and V after the last token = 0.5
+    #   reward                 0     |         1
+    # A truncated episode bootstraps from 0.5 after its last token; a terminated one from 0.
     rules = BatchRules(Algorithm.PPO, 1.0, max_staleness=1, skip_zero_variance=False)
-    samples = prepare_batch([group], rules, version=0).samples
+    samples = prepare_batch([_two_segments(finish, truncation)], rules, version=0).samples
     assert len(samples) == 2  # two sequences, one per segment
-    values = [np.full(len(s.input_ids), 0.5) for s in samples]
-    for sample, (adv, ret) in zip(samples, episode_gae(samples, values, 1.0, 1.0), strict=True):
-        on = sample.loss_mask > 0
-        assert adv[on].tolist() == pytest.approx([0.5] * int(on.sum()))
-        assert ret[on].tolist() == pytest.approx([1.0] * int(on.sum()))
+    assert [s.bootstrap for s in samples] == [False, truncation is not None]
+    values = [np.array([9, 9, 0.2, 0.4]), np.array([9, 0.3, 0.6])]
+    a6 = 1.0 + 0.9 * after - 0.6
+    a5 = (0.0 + 0.9 * 0.6 - 0.3) + 0.72 * a6
+    a3 = (0.0 + 0.9 * 0.3 - 0.4) + 0.72 * a5  # the next trained token is segment 2's first
+    a2 = (0.0 + 0.9 * 0.4 - 0.2) + 0.72 * a3
+    (adv1, ret1), (adv2, ret2) = episode_gae(samples, values, [9.0, 0.5], 0.9, 0.8)
+    np.testing.assert_allclose(adv1, [0, 0, a2, a3], atol=1e-12)
+    np.testing.assert_allclose(adv2, [0, a5, a6], atol=1e-12)
+    np.testing.assert_allclose(ret1[2:], [a2 + 0.2, a3 + 0.4], atol=1e-12)
+    np.testing.assert_allclose(ret2[1:], [a5 + 0.3, a6 + 0.6], atol=1e-12)
+
+
+def _turn(prompt: list[int], completion: list[int], reward: float, **kw: bool) -> Turn:
+    return Turn(prompt, completion, [-1.0] * len(completion), 0, reward, False, False, **kw)
+
+
+def test_a_turns_reward_is_kept_when_the_turn_has_no_completion_token() -> None:
+    # Turn 2 samples nothing (or sits in a segment that trains nothing): its reward follows
+    # turn 1's action, so it lands on turn 1's last completion token instead of vanishing.
+    rules = BatchRules(Algorithm.PPO, 1.0, max_staleness=1, skip_zero_variance=False)
+    task = Task("empty", "toy@{}", 1, 0, 0, 0.0)
+    for second in (_turn([5], [], 1.0), _turn([5, 6], [], 1.0, segment_start=True)):
+        turns = (_turn([1, 2], [3, 4], 0.5), second, _turn([8], [9], 2.0))
+        group = TrajectoryGroup("empty", task, (Trajectory(turns, "terminated"),), "w")
+        samples = prepare_batch([group], rules, version=0).samples
+        rewards = token_rewards(samples)
+        on = np.concatenate([s.loss_mask for s in samples]) > 0
+        assert rewards[on].tolist() == [0.0, 1.5, 2.0]
+        assert rewards.sum() == 3.5
+    # a reward with no completion token before it precedes every trained token: no return
+    # counts it (it is not the consequence of any action in the sequence)
+    first = (_turn([1, 2], [], 1.0), _turn([3], [4, 5], 0.5))
+    group = TrajectoryGroup("empty", task, (Trajectory(first, "terminated"),), "w")
+    assert token_rewards(prepare_batch([group], rules, version=0).samples).tolist() == [
+        0,
+        0,
+        0,
+        0,
+        0.5,
+    ]
+
+
+def _penalised_group() -> tuple[TrajectoryGroup, dict]:
+    """Two one-turn episodes of three completion tokens; a per-token KL penalty on each."""
+    task = Task("kl", "toy@{}", 2, 0, 0, 0.0)
+    episodes = (
+        Trajectory((_turn([1, 2], [3, 4, 5], 1.0),), "terminated", sample_index=0),
+        Trajectory((_turn([1, 2], [6, 7, 8], 0.0),), "terminated", sample_index=1),
+    )
+    penalties = {("kl", 0): {0: np.array([0.1, 0.2, 0.3])}, ("kl", 1): {0: np.array([0, 0, 0.6])}}
+    return TrajectoryGroup("kl", task, episodes, "w"), penalties
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "expected"),
+    [
+        # returns: episode 0 G = 1 - 0.6 = 0.4, its token j counts the penalties from j on:
+        # [0.4, 0.5, 0.7]; episode 1 [-0.6, -0.6, -0.6] (its one penalty is on its last token)
+        (Algorithm.REINFORCE, [[0.4, 0.5, 0.7], [-0.6, -0.6, -0.6]]),
+        # rebn: the batch's turn returns [0.4, -0.6] have mean -0.1 and std 0.5
+        (Algorithm.REBN, [[1.0, 1.2, 1.6], [-1.0, -1.0, -1.0]]),
+        # grpo: the episode's whole return, on every token (verl sums a token-level reward)
+        (Algorithm.GRPO, [[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]]),
+    ],
+)
+def test_a_kl_reward_is_per_token(algorithm: Algorithm, expected: list) -> None:
+    group, penalties = _penalised_group()
+    rules = BatchRules(algorithm, 1.0, max_staleness=1, skip_zero_variance=False)
+    samples = prepare_batch([group], rules, 0, penalties).samples
+    got = [s.advantages[s.loss_mask > 0].tolist() for s in samples]
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+def test_reinforce_pp_whitens_token_returns_of_a_kl_reward() -> None:
+    group, penalties = _penalised_group()
+    rules = BatchRules(Algorithm.REINFORCE_PP, 1.0, max_staleness=1, skip_zero_variance=False)
+    samples = prepare_batch([group], rules, 0, penalties).samples
+    returns = np.array([0.4, 0.5, 0.7, -0.6, -0.6, -0.6])  # per token, as for reinforce
+    mean = returns.sum() / 6  # -0.2 / 6
+    std = math.sqrt(((returns - mean) ** 2).sum() / 6)
+    got = np.concatenate([s.advantages[s.loss_mask > 0] for s in samples])
+    np.testing.assert_allclose(got, (returns - mean) / std, rtol=1e-5)
+
+
+def test_the_critic_sees_a_kl_reward_on_every_token() -> None:
+    group, penalties = _penalised_group()
+    rules = BatchRules(Algorithm.PPO, 1.0, max_staleness=1, skip_zero_variance=False)
+    first, second = prepare_batch([group], rules, 0, penalties).samples
+    assert token_rewards([first]).tolist() == pytest.approx([0, 0, -0.1, -0.2, 1.0 - 0.3])
+    assert token_rewards([second]).tolist() == pytest.approx([0, 0, 0, 0, -0.6])
+    # V = 0, gamma = lambda = 1: a token's return is the reward from it on
+    (_, ret), _ = episode_gae([first, second], [np.zeros(5)] * 2, [0.0, 0.0], 1.0, 1.0)
+    assert ret[2:].tolist() == pytest.approx([0.4, 0.5, 0.7])
+
+
+def test_a_kl_penalty_on_a_sequences_first_token_is_left_out() -> None:
+    # a segment whose first token is a completion token: nothing scores position 0, so the
+    # reference's array covers the turn's last tokens only; the first gets no penalty
+    task = Task("p0", "toy@{}", 1, 0, 0, 0.0)
+    turns = (_turn([1], [2], 0.0), _turn([], [3, 4, 5], 1.0, segment_start=True))
+    group = TrajectoryGroup("p0", task, (Trajectory(turns, "terminated"),), "w")
+    penalties = {("p0", 0): {1: np.array([0.2, 0.3])}}
+    rules = BatchRules(Algorithm.REINFORCE, 1.0, max_staleness=1, skip_zero_variance=False)
+    samples = prepare_batch([group], rules, 0, penalties).samples
+    # G_1 = 1 - 0.5; token returns [0.5, 0.5, 0.7]; turn 0's return is G_1 too (reward 0)
+    assert samples[1].advantages.tolist() == pytest.approx([0.5, 0.5, 0.7])
+    assert samples[1].token_penalty.tolist() == pytest.approx([0, 0.2, 0.3])

@@ -164,12 +164,19 @@ def test_overlong_mask_and_soft_punishment() -> None:
 def test_kl_reward_penalty_is_subtracted_from_each_turn() -> None:
     group = _group("kl", [_episode([0.0, 1.0]), _episode([1.0, 0.0])])
     rules = _rules(algorithm=Algorithm.REINFORCE, gamma=0.5)
-    penalties = {("kl", 0): np.array([0.25, 0.5]), ("kl", 1): np.array([0.0, 0.125])}
+    # per turn, the penalty on each of its two completion tokens
+    penalties = {
+        ("kl", 0): {0: np.array([0.125, 0.125]), 1: np.array([0.0, 0.5])},
+        ("kl", 1): {1: np.array([0.125, 0.0])},
+    }
     out = prepare_batch([group], rules, version=0, penalties=penalties)
     # episode 0: rewards [-0.25, 0.5]: G = [-0.25 + 0.5*0.5, 0.5] = [0, 0.5]
     # episode 1: rewards [1, -0.125]:  G = [1 - 0.0625, -0.125]
     firsts = [s.advantages[s.turn_index == k][0] for s in out.samples for k in (0, 1)]
     assert firsts == pytest.approx([0.0, 0.5, 0.9375, -0.125])
+    # a token's return counts only the penalties from it on
+    seconds = [s.advantages[s.turn_index == k][1] for s in out.samples for k in (0, 1)]
+    assert seconds == pytest.approx([0.125, 0.5, 0.9375, 0.0])
 
 
 @pytest.mark.parametrize("how", ["max-tokens", "token-budget"])

@@ -36,7 +36,7 @@ def test_precedence_cli_over_env_over_toml(tmp_path: Path, monkeypatch: pytest.M
             "algorithm: Input should be 'grpo', 'rebn', 'rloo', 'reinforce', 'reinforce++',",
         ),
         ({"overlong": "soft", "overlong_max_tokens": 8}, "overlong soft needs 0 < overlong_buffer"),
-        ({"dual_clip": 1.0}, "dual_clip: Input should be greater than 1"),
+        ({"dual_clip": 1.0}, "dual_clip must be > 1 (or 0: off), got 1.0"),
         ({"kl_estimator": "k4"}, "kl_estimator: Input should be 'k1', 'k2', 'k3', 'k1+' or"),
         ({"stale_policy": "ignore"}, "stale_policy"),
         ({"redis_url": "http://x"}, "redis_url"),

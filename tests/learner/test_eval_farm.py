@@ -28,6 +28,7 @@ from broker.keys import WORKERS_GROUP, RunKeys
 from broker.messages import TrajectoryGroup
 from tests.conftest import RedisServer
 from tests.learner.farm import ROOT, Farm, farm
+from workers.tokens import load_codec
 
 ENVS = "tests.learner.evalenvs"
 # (passes, of): the pass rate of each row with `of` samples
@@ -214,3 +215,45 @@ def test_eval_survives_a_worker_sigkill_and_counts_each_task_once(
     groups = asyncio.run(_eval_groups(redis_server.url, keys))
     assert len(groups) == len({g.group_id for g in groups}) == 5
     assert any(g.worker_id == "w-survivor" for g in groups)
+
+
+@pytest.mark.slow
+def test_eval_over_n_rows_scores_exactly_n_problems_k_times_each(
+    eval_farm: tuple[Farm, str], redis_server: RedisServer, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Two sets, each row its own problem: a Parquet dataset of prompts (the row is the
+    problem) and arith's held-out split listed by row (`envs.arith.split_lines`). Before
+    rows travelled with eval tasks, the held-out set's row-index seeds drew some sums twice
+    and missed others."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from envs.arith import split_lines
+
+    f, url = eval_farm
+    worker(f, "w0", redis_server.url, "rows", url, model=tiny_model_dir)
+    questions = [f"Spell {n} backwards." for n in range(6)]
+    table = pa.Table.from_pylist([{"question": q, "answer": q[::-1]} for q in questions])
+    pq.write_table(table, tmp_path / "qa.parquet")
+    held = tmp_path / "held.jsonl"
+    held.write_text("\n".join(split_lines("heldout")) + "\n")
+    proc = learner(
+        "evaluate",
+        redis_server.url,
+        "rows",
+        *("--eval-tasks", f"qa={tmp_path / 'qa.parquet'}", "--eval-tasks", f"held={held}"),
+        *("--prompt-column", "question", "--reward", "exact", "--eval-samples", "3"),
+        *("--dataset-cache-dir", str(tmp_path / "cache"), "--eval-timeout-s", "180"),
+    )
+    stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0, stderr[-3000:] + stdout
+    assert "tasks 26, missing 0" in stdout
+    codec = load_codec(str(tiny_model_dir))
+    by_set: dict[str, list[str]] = {"qa": [], "held": []}
+    for group in asyncio.run(_eval_groups(redis_server.url, RunKeys("rows"))):
+        assert group.task.eval is not None and len(group.trajectories) == 3  # k each
+        prompts = {codec.decode(t.turns[0].prompt_ids) for t in group.trajectories}
+        assert len(prompts) == 1  # the k samples of a row share its problem
+        by_set[group.task.eval.set_name].append(prompts.pop())
+    assert len(by_set["qa"]) == 6 and all(any(q in p for p in by_set["qa"]) for q in questions)
+    assert len(by_set["held"]) == len(set(by_set["held"])) == 20  # every held-out sum, once

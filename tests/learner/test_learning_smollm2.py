@@ -4,8 +4,9 @@
 last thing the reply says. The base model mostly rambles past the number until the 12-token
 turn is cut, or talks around it. GRPO (4 prompts x 8 samples a step, lr 2e-5, temperature 1)
 on the train split teaches it to answer and stop; the score is taken on the held-out split
-(problems never trained on), k = 4 samples of each, before and after 5 steps. Seeds 0, 1, 2
-measured (BENCHMARKS.md, "SmolLM2 on arith"); the test runs seed 0.
+(problems never trained on, each listed once by row), k = 4 samples of each, before and
+after 5 steps. Seeds 0, 1, 2 measured (BENCHMARKS.md, "SmolLM2 on arith"); the test runs
+seed 0.
 """
 
 from __future__ import annotations
@@ -14,37 +15,23 @@ from pathlib import Path
 
 import pytest
 
-import envs
-from envs.arith import split_problems
+from envs.arith import split_lines
 from tests.learner.inprocess import Score, evaluate, train
 from workers.config import EpisodeSettings
 
-HELD_OUT = 'arith@{"split": "heldout"}'
 SETTINGS = EpisodeSettings(max_tokens=12, temperature=1.0)
 FLAGS = {"learning_rate": 2e-5, "micro_batch_size": 8}
 STEPS, K = 5, 4
 # held-out mean@4, base 0.0875 (pass@4 0.30) -> after 5 steps: 0.60 (0.85), 0.50 (0.90) and
 # 0.65 (0.80) on seeds 0, 1, 2; after 8 steps 0.83 and 0.74 on seeds 1 and 2 (the suite's time
-# budget chose 5).
+# budget chose 5). Those were scored on seeds searched to draw each problem once; scored by
+# row (issue 39) seed 0 passes too (2 min under quiet, 2026-11-27).
 BASE_BELOW, RISE = 0.15, 0.3
 
 
-def held_out_seeds() -> list[int]:
-    """The first reset seed that draws each held-out problem: every one scored once."""
-    env, seeds, seen = envs.make(HELD_OUT), [], set()
-    wanted = len(split_problems(9, "+", 0.2)["heldout"])
-    seed = 0
-    while len(seen) < wanted:
-        _, info = env.reset(seed=seed)
-        if info["problem"] not in seen:
-            seen.add(info["problem"])
-            seeds.append(seed)
-        seed += 1
-    return seeds
-
-
 def _score(model: object, model_dir: Path) -> Score:
-    return evaluate(model, model_dir, HELD_OUT, held_out_seeds(), k=K, settings=SETTINGS)  # type: ignore[arg-type]
+    """Every held-out problem once (addressed by row: `split_lines`), k samples each."""
+    return evaluate(model, model_dir, split_lines("heldout"), k=K, settings=SETTINGS)  # type: ignore[arg-type]
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ equal to what the unrestricted distribution puts outside."""
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -79,6 +80,62 @@ def test_a_head_with_a_bias_gets_its_gradient(name: str) -> None:
         (weights * logp + 0.3 * ent).sum().backward()
         grads.append((h.grad.clone(), head.weight.grad.clone(), head.bias.grad.clone()))
         h.grad, head.weight.grad, head.bias.grad = None, None, None
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def _kept_by_hand(z: torch.Tensor, s: Sampling) -> list[int]:
+    """vLLM's GPU rule, one token at a time: min-p, then exactly k in (value desc, index asc)
+    order, then that order's shortest run whose mass reaches p."""
+    order = sorted(range(len(z)), key=lambda i: (-float(z[i]), i))
+    floor = float(z.max()) + math.log(s.min_p) if s.min_p else -math.inf
+    order = [i for i in order if float(z[i]) >= floor][: s.top_k or len(order)]
+    probs = torch.softmax(z[order], dim=-1).tolist()
+    mass, kept = 0.0, []
+    for i, p in zip(order, probs, strict=True):
+        if mass >= s.top_p:
+            break
+        kept.append(i)
+        mass += p
+    return kept
+
+
+def test_tied_logits_keep_vllms_gpu_set_in_both_paths() -> None:
+    """Integer weights and inputs make exact ties (as bf16 logits have): the learner keeps
+    exactly k, and only the boundary ties top-p needs, lowest indices first; the target is the
+    highest-index kept token, whose logprob the tie count decides. Gradients: chunked = full."""
+    gen = torch.Generator().manual_seed(4)
+    head = torch.nn.Linear(HIDDEN, VOCAB, bias=False).double()
+    with torch.no_grad():
+        head.weight.copy_(torch.randint(-1, 2, (VOCAB, HIDDEN), generator=gen))
+    h = torch.randint(-1, 2, (TOKENS, HIDDEN), generator=gen).double().requires_grad_()
+    table = [Sampling(1.0, top_k=5), Sampling(0.5, top_p=0.6), Sampling(2.0, top_k=9, top_p=0.8)]
+    table.append(Sampling(1.0, top_k=7, min_p=0.1))
+    rows = [k % len(table) for k in range(TOKENS)]
+    z = (h @ head.weight.T).detach()
+    kept = [_kept_by_hand(z[t] / table[r].temperature, table[r]) for t, r in enumerate(rows)]
+    assert sum(len(k) for k in kept) < sum(  # the ties bite: keeping them all is a bigger set
+        int((z[t] >= z[t, k].min()).sum()) for t, k in enumerate(kept)
+    )
+    targets = torch.tensor([max(k) for k in kept])
+    want = [
+        float(
+            z[t, targets[t]] / table[r].temperature
+            - torch.logsumexp(z[t, k] / table[r].temperature, 0)
+        )
+        for t, (r, k) in enumerate(zip(rows, kept, strict=True))
+    ]
+    sampling = _sampling(table, rows)
+    grads = []
+    for fn in (
+        lambda: full_logprobs(h @ head.weight.T, targets, sampling),
+        lambda: chunked_logprobs(h, head, targets, sampling, 5, vocab_tile=10),
+    ):
+        logp, ent = fn()[:2]
+        torch.testing.assert_close(logp.detach(), torch.tensor(want).float(), rtol=0, atol=1e-5)
+        (logp + 0.3 * ent).sum().backward()
+        grads.append((h.grad.clone(), head.weight.grad.clone()))
+        h.grad, head.weight.grad = None, None
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 

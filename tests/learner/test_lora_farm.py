@@ -1,9 +1,12 @@
 """A LoRA run through the real farm: redis-server, the CPU policy server with `--enable-lora`,
 two `python -m workers`, the learner with `--lora-rank`, the toy environment.
 
-Each version is pushed as the adapter `<run>-v<N>` and published with `PolicyVersion.adapter`;
-the workers sample from it by name. The learner is SIGKILLed mid-run and resumed from its
-checkpoint (the adapter and its AdamW state): the run learns, and every group is trained once.
+Each version is pushed as the adapter `<run>-v<N>-<digest>` and published with
+`PolicyVersion.adapter`; the workers sample from it by name. The learner is SIGKILLed mid-run
+and resumed from its checkpoint (the adapter and its AdamW state), first up to the step it was
+killed at: the versions it trains again were on the server before the kill, and the server must
+now answer with the resumed learner's adapter, not the old one. Then to the end: the run learns,
+and every group is trained once.
 
 The tiny model is built with initializer_range 0.1 (not the usual 0.02): with the LM head and
 final norm frozen, a logit can move by at most |head row| x sqrt(hidden), ~1.3 at 0.02, which
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import statistics
 import time
@@ -25,14 +29,17 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from broker.connection import RedisSettings, connect
 from broker.keys import RunKeys
+from broker.messages import PolicyVersion
 from broker.policy import current_policy
-from inference.adapter_sync import adapter_version
+from inference.adapter_sync import adapter_run, adapter_version
 from inference.tiny import build_tiny_model
 from learner.checkpoint import latest_checkpoint, load_state
 from tests.conftest import RedisServer
+from tests.inference.lora_helpers import peft_logprobs
 from tests.learner.farm import farm, step_records, toy_tasks
 
 # through the farm (killed at 24, resumed to 50): last 10-step means 0.42-0.55, 0.54, 0.81 on
@@ -40,7 +47,15 @@ from tests.learner.farm import farm, step_records, toy_tasks
 RUN, STEPS, KILL_AFTER, WINDOW, GOAL = "lora", 50, 24, 10, 0.3
 
 
-def learner_args(redis_url: str, url: str, model: Path, logs: Path, *extra: str) -> list[str]:
+def learner_args(
+    redis_url: str,
+    url: str,
+    model: Path,
+    logs: Path,
+    *extra: str,
+    lr: str = "1e-2",
+    keep_s: str = "600",
+) -> list[str]:
     return [
         "learner",
         "--run",
@@ -60,7 +75,7 @@ def learner_args(redis_url: str, url: str, model: Path, logs: Path, *extra: str)
         "--max-staleness",
         "0",
         "--learning-rate",
-        "1e-2",
+        lr,
         "--lr-warmup-steps",
         "10",
         "--micro-batch-size",
@@ -77,6 +92,8 @@ def learner_args(redis_url: str, url: str, model: Path, logs: Path, *extra: str)
         "16",
         "--lora-alpha",
         "32",
+        "--lora-adapter-keep-s",
+        keep_s,
         "--seed",
         "0",
         *extra,
@@ -93,18 +110,54 @@ def wait_step(f: object, step: int, proc: object, timeout: float) -> None:
     raise AssertionError(f"no step {step}: {f.log('learner')[-3000:]}")  # type: ignore[attr-defined]
 
 
-async def published_adapter(redis_url: str) -> str:
+async def published(redis_url: str) -> PolicyVersion:
     redis = await connect(RedisSettings.from_url(redis_url))
     try:
         policy = await current_policy(redis, RunKeys(RUN))
     finally:
         await redis.aclose()
     assert policy is not None
-    return policy.adapter
+    return policy
+
+
+PROMPT = [1, 5, 9, 42, 7, 3]
+
+
+def served_logprobs(url: str, adapter: str) -> tuple[list[int], torch.Tensor]:
+    """Tokens and their logprobs sampled (temperature 1) from `adapter` on the server."""
+    body = {
+        "model": adapter,
+        "prompt": PROMPT,
+        "max_tokens": 8,
+        "ignore_eos": True,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "seed": 7,
+    }
+    request = urllib.request.Request(
+        f"{url}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        choice = json.loads(answer.read())["choices"][0]
+    return choice["token_ids"], torch.tensor(choice["logprobs"]["token_logprobs"])
+
+
+def check_served_after_resume(url: str, model: Path, policy: PolicyVersion, old: Path) -> None:
+    """The published adapter of the resumed learner is served with its tensors: the server's
+    logprobs are peft's under the adapter it wrote, not under the one of before the kill."""
+    tokens, served = served_logprobs(url, policy.adapter)
+    mine = peft_logprobs(model, Path(policy.weights_path), PROMPT, tokens)
+    theirs = peft_logprobs(model, old, PROMPT, tokens)
+    assert float((mine - theirs).abs().max()) > 1e-3, "the resumed learner trained the same"
+    assert float((served - mine).abs().max()) < 1e-4, (
+        f"{policy.adapter} is served with the weights of before the kill: {served} vs {mine}"
+    )
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_lora_run_learns_through_the_farm_and_resumes_after_sigkill(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
@@ -121,23 +174,54 @@ def test_lora_run_learns_through_the_farm_and_resumes_after_sigkill(
         first.wait(10)
         before = step_records(f.log("learner"))
         assert load_state(latest_checkpoint(logs / "ckpt")).step == 20  # type: ignore[arg-type]
-        adapter = asyncio.run(published_adapter(redis_server.url))
-        assert adapter.startswith(f"{RUN}-v") and (adapter_version(adapter) or 0) >= KILL_AFTER
+        killed = asyncio.run(published(redis_server.url))
+        assert (adapter_version(killed.adapter) or 0) >= KILL_AFTER
+        # version KILL_AFTER as the killed learner wrote it (it may have pushed one more)
+        (written,) = (logs / "weights").glob(f"{RUN}-v{KILL_AFTER}*")
+        old = shutil.copytree(written, logs / "killed-adapter")
         (logs / "learner.log").rename(logs / "first.log")
-        resumed = f.spawn("learner", learner_args(redis_server.url, url, model, logs, "--resume"))
+        # resumed from step 20 up to KILL_AFTER: versions the server held before the kill. On
+        # CPU the resumed learner would train the redelivered groups again bit for bit, and
+        # its adapters would be the killed one's; on a GPU training is not bit-reproducible
+        # (and a resume may change a setting). Another learning rate makes them differ here.
+        resumed = f.spawn(
+            "learner",
+            learner_args(
+                redis_server.url,
+                url,
+                model,
+                logs,
+                "--resume",
+                "--max-steps",
+                str(KILL_AFTER),
+                lr="2e-2",
+            ),
+        )
         assert resumed.wait(300) == 0, f.log("learner")[-3000:]
-        after = step_records(f.log("learner"))
-        assert "resumed from" in f.log("learner")
+        again = asyncio.run(published(redis_server.url))
+        assert again.version == KILL_AFTER and "resumed from" in f.log("learner")
+        check_served_after_resume(url, model, again, old)
+        middle = step_records(f.log("learner"))
+        (logs / "learner.log").rename(logs / "second.log")
+        # keeping no unloaded adapter's directory: the end state is exact (the CPU server never
+        # reads an adapter again; the keep rule is timed in tests/learner/test_adapter_push.py)
+        last = f.spawn(
+            "learner",
+            learner_args(redis_server.url, url, model, logs, "--resume", keep_s="0"),
+        )
+        assert last.wait(300) == 0, f.log("learner")[-3000:]
+        after = middle + step_records(f.log("learner"))
         with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as answer:
             cards = json.loads(answer.read())["data"]
     # the current adapter and the previous stay loaded; older ones were unloaded
-    assert {c["id"] for c in cards if c["id"].startswith(f"{RUN}-v")} == {
-        f"{RUN}-v{STEPS - 1}",
-        f"{RUN}-v{STEPS}",
-    }
-    assert asyncio.run(published_adapter(redis_server.url)) == f"{RUN}-v{STEPS}"
-    assert (logs / "weights" / f"{RUN}-v{STEPS}" / "adapter_model.safetensors").is_file()
-    assert not (logs / "weights" / f"{RUN}-v1").exists()  # old adapter directories pruned
+    mine = [c["id"] for c in cards if adapter_run(c["id"]) == RUN]
+    assert sorted(adapter_version(name) for name in mine) == [STEPS - 1, STEPS]
+    final = asyncio.run(published(redis_server.url))
+    assert final.version == STEPS and final.adapter in mine
+    assert (Path(final.weights_path) / "adapter_model.safetensors").is_file()
+    # every unloaded adapter's directory is gone (--lora-adapter-keep-s 0), the killed
+    # learner's among them
+    assert {p.name for p in (logs / "weights").iterdir()} == set(mine)
     state = load_state(latest_checkpoint(logs / "ckpt"))  # type: ignore[arg-type]
     assert state.step == STEPS
     trained = Counter(g for step in state.trained for g in step)

@@ -16,7 +16,7 @@ from learner.config import LearnerConfig, LossConfig, Overlong
 from learner.core import Core, build_core
 from learner.critic import CriticConfig, load_critic, restore_critic, save_critic, token_rewards
 from learner.distributed import DistContext
-from learner.reference import Reference, kl_turn_penalties
+from learner.reference import Reference, kl_token_penalties
 from learner.scoring import sequence_logprobs
 from learner.trainer import Trainer
 from tests.learner.factories import make_group
@@ -136,7 +136,7 @@ def test_critic_gae_on_a_three_turn_episode_and_value_learning(
     )
     samples = prepare_batch([group], dataclasses.replace(RULES, algorithm=Algorithm.PPO), 0).samples
     # turn rewards on each turn's last completion token: 3 prompt + 2 completion tokens a turn
-    assert np.flatnonzero(token_rewards(samples[0])).tolist() == [4, 14]
+    assert np.flatnonzero(token_rewards(samples[:1])).tolist() == [4, 14]
     cfg = CriticConfig(learning_rate=2e-3, value_clip=10.0, gamma=1.0, lam=1.0)
     critic = load_critic(tiny_model_dir, cfg, optim(1e-3), torch.device("cpu"), DistContext())
     annotated = critic.annotate(samples)
@@ -160,6 +160,28 @@ def test_critic_gae_on_a_three_turn_episode_and_value_learning(
     for mine, theirs in zip(critic.estimate(samples), again.estimate(samples), strict=True):
         np.testing.assert_array_equal(mine, theirs)
     assert np.abs(critic.estimate(samples)[0]).max() > 0  # trained, not the zero head
+
+
+def test_the_critic_bootstraps_a_truncated_episode_from_the_state_after_it(
+    tiny_model_dir: Path,
+) -> None:
+    # The same three turns, once terminated and once cut by --max-turns. A head with bias 0.5
+    # and zero weights makes V = 0.5 everywhere, after the last token too; with gamma =
+    # lambda = 1 a return is the reward still to come, plus 0.5 when the episode was cut.
+    cut = dataclasses.replace(
+        _three_turns([0.5, 0.0, 1.0]), finish_reason="truncated", truncation="max_turns"
+    )
+    g = make_group("g-cut", [0.0, 0.0])
+    episodes = (_three_turns([0.5, 0.0, 1.0]), dataclasses.replace(cut, sample_index=1))
+    group = TrajectoryGroup("g-cut", g.task, episodes, "w")
+    samples = prepare_batch([group], dataclasses.replace(RULES, algorithm=Algorithm.PPO), 0).samples
+    cfg = CriticConfig(learning_rate=1e-3, value_clip=10.0, gamma=1.0, lam=1.0)
+    critic = load_critic(tiny_model_dir, cfg, optim(1e-3), torch.device("cpu"), DistContext())
+    torch.nn.init.constant_(critic.head.bias, 0.5)
+    annotated = critic.annotate(samples)
+    ended, truncated = (a.returns[a.loss_mask > 0].tolist() for a in annotated)
+    assert ended == pytest.approx([1.5, 1.5, 1.0, 1.0, 1.0, 1.0])
+    assert truncated == pytest.approx([2.0, 2.0, 1.5, 1.5, 1.5, 1.5])
 
 
 def test_defect_d4_an_overlong_masked_episode_is_penalised_in_the_baseline(
@@ -196,10 +218,10 @@ def test_defect_d4_an_overlong_masked_episode_is_penalised_in_the_baseline(
     every = prepare_batch(
         [group], dataclasses.replace(rules, overlong=Overlong.NONE, skip_zero_variance=False), 0
     )
-    penalties = kl_turn_penalties(
+    penalties = kl_token_penalties(
         core.reference, every.samples, core.trainer.scoring, core.cfg.loss.kl_estimator, 0.5
     )
-    assert float(np.abs(penalties[("d4", 0)]).sum()) > 0.1
+    assert sum(float(np.abs(p).sum()) for p in penalties[("d4", 0)].values()) > 0.1
     unpenalised = {k: v for k, v in penalties.items() if k != ("d4", 0)}
     wrong = prepare_batch([group], rules, 0, unpenalised)
     right = prepare_batch([group], rules, 0, penalties)

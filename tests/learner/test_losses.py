@@ -7,7 +7,17 @@ import math
 import pytest
 import torch
 
-from learner.config import Aggregation, Correction, CorrectionLevel, KLEstimator, PolicyRatio
+from learner.config import (
+    Aggregation,
+    Correction,
+    CorrectionLevel,
+    KLEstimator,
+    LearnerConfig,
+    LossConfig,
+    OptimConfig,
+    PolicyRatio,
+    loss_aggregation,
+)
 from learner.losses import (
     PolicyLossConfig,
     PolicyTerms,
@@ -238,3 +248,41 @@ def test_k1_and_k3_straight_through_carry_k2s_gradient() -> None:
         out.sum().backward()
         assert float(out.detach()) == pytest.approx(value), estimator
         assert float(logp.grad) == pytest.approx(ln2), estimator  # type: ignore[arg-type]
+
+
+def test_gspo_defaults_no_dual_clip_and_seq_mean_token_mean() -> None:
+    # A sequence with A < 0 and GSPO ratio s = 4.5: verl's GSPO has no dual clip, so each token
+    # keeps the gradient -A s = 4.5. The token ratio's default dual clip (3) zeroed it.
+    gspo = LossConfig(policy_ratio=PolicyRatio.SEQUENCE)
+    cfg = PolicyLossConfig.of(OptimConfig(), gspo)
+    assert cfg.dual_clip is None
+    prox = torch.full((1, 2), math.log(0.1), dtype=torch.float64)
+    logp = (prox + math.log(4.5)).requires_grad_(True)
+    adv, mask = torch.full((1, 2), -1.0, dtype=torch.float64), torch.ones(1, 2)
+    terms = decoupled_ppo_loss(logp, prox, prox, adv, mask, cfg=cfg)
+    terms.loss.sum().backward()
+    assert logp.grad is not None and logp.grad[0].tolist() == pytest.approx([4.5, 4.5])
+    assert not terms.dual_clipped.any()
+    # each default is overridable: an explicit c applies to GSPO too, 0 turns it off
+    assert LossConfig(policy_ratio=PolicyRatio.SEQUENCE, dual_clip=3.0).dual_clip_c == 3.0
+    assert PolicyLossConfig.of(OptimConfig(), LossConfig()).dual_clip == 3.0
+    assert LossConfig(dual_clip=0.0).dual_clip_c is None
+    with pytest.raises(ValueError, match="dual_clip"):
+        LossConfig(dual_clip=0.5)
+    # aggregation: seq-mean-token-mean for GSPO, token-mean otherwise, unless set
+    assert loss_aggregation(OptimConfig(), gspo) is Aggregation.SEQ_MEAN
+    assert loss_aggregation(OptimConfig(), LossConfig()) is Aggregation.TOKEN_MEAN
+    chosen = OptimConfig(aggregation=Aggregation.TOKEN_MEAN)
+    assert loss_aggregation(chosen, gspo) is Aggregation.TOKEN_MEAN
+
+
+def test_gspo_defaults_reach_the_learner_from_its_flags() -> None:
+    cfg = LearnerConfig.load({"model": "m", "policy_ratio": "sequence"}, environ={})
+    assert cfg.loss.dual_clip_c is None
+    assert loss_aggregation(cfg.optim, cfg.loss) is Aggregation.SEQ_MEAN
+    cfg = LearnerConfig.load(
+        {"model": "m", "policy_ratio": "sequence", "dual_clip": 2.5, "aggregation": "token-mean"},
+        environ={},
+    )
+    assert cfg.loss.dual_clip_c == 2.5
+    assert loss_aggregation(cfg.optim, cfg.loss) is Aggregation.TOKEN_MEAN

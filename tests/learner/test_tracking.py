@@ -69,6 +69,13 @@ def test_render_marks_the_trained_spans_and_averages_their_advantage() -> None:
     # without the learner's mask the wire contract decides: every completion token trainable
     plain = render_turns(episode, letters)
     assert as_text(plain).endswith("completion: ⟦gh⟧") and plain[0].advantage is None
+    # the reasoning a parser split off a completion is counted in the turn's header
+    thought = dataclasses.replace(
+        episode, turns=(dataclasses.replace(episode.turns[0], reasoning_tokens=2),)
+    )
+    assert as_text(render_turns(thought, letters)).startswith(
+        "[turn 1 · weights v3 · reward 0 · reasoning 2 tokens]"
+    )
     # model text may hold terminal controls: written out, newlines kept
     odd = render_turns(episode, lambda ids: "\x1b[2J\n" if ids == [5] else letters(ids))
     assert "prompt: \\x1b[2J\n" in as_text(odd)

@@ -7,6 +7,7 @@ test session with the same idempotent build the test script runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -80,6 +81,20 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 async def pool_factory(backend: str) -> AsyncIterator[Callable[..., Any]]:
+    async with _factory(backend) as make:
+        yield make
+
+
+@pytest.fixture
+async def docker_pool_factory() -> AsyncIterator[Callable[..., Any]]:
+    """For what only Docker has: several sessions sharing one agent."""
+    require_backend("docker")
+    async with _factory("docker") as make:
+        yield make
+
+
+@contextlib.asynccontextmanager
+async def _factory(backend: str) -> AsyncIterator[Callable[..., Any]]:
     pools: list[SandboxPool] = []
 
     async def make(**overrides: Any) -> SandboxPool:
@@ -95,9 +110,11 @@ async def pool_factory(backend: str) -> AsyncIterator[Callable[..., Any]]:
         await pool.start()
         return pool
 
-    yield make
-    for pool in pools:
-        await pool.close()
+    try:
+        yield make
+    finally:
+        for pool in pools:
+            await pool.close()
 
 
 @pytest.fixture

@@ -90,7 +90,10 @@ async def test_oversized_and_truncated_frames_close_only_that_connection(
 
 
 async def test_bad_run_requests_to_a_session_socket(pool: SandboxPool) -> None:
-    opened = await exchange(agent_socket(pool), encode_frame({"op": "open", "session": "raw1"}))
+    ceiling = pool.config.limits.ceiling(pool.config.baseline_processes)
+    opened = await exchange(
+        agent_socket(pool), encode_frame({"op": "open", "session": "raw1", "limits": ceiling})
+    )
     assert opened is not None and opened["ok"], opened
     path = agent_socket(pool).with_name(opened["socket"])
     limits = pool.config.limits.wire(5)

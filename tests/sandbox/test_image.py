@@ -54,6 +54,18 @@ def test_config_rejects_unknown_keys_and_bad_bounds() -> None:
         SandboxConfig(socket_dir=Path("/tmp/" + "x" * 60))
 
 
+def test_session_memory_shares_fit_in_the_sandbox() -> None:
+    # unset: 640 MiB a session, the sandbox holds them all and the agent's 64 MiB
+    assert SandboxConfig(sessions_per_sandbox=4).memory_plan() == (4 * 640 + 64, 640)
+    # memory_mb set: an equal share of it; bwrap jails hold one session each
+    assert SandboxConfig(memory_mb=576, sessions_per_sandbox=2).memory_plan() == (576, 256)
+    assert SandboxConfig(backend="bwrap", memory_mb=576, work_mb=64).memory_plan() == (576, 512)
+    with pytest.raises(ValidationError, match="cannot hold"):
+        SandboxConfig(memory_mb=1024, sessions_per_sandbox=4, session_memory_mb=512)
+    with pytest.raises(ValidationError, match="files are memory"):
+        SandboxConfig(memory_mb=1024, sessions_per_sandbox=16)  # 60 MiB each < work_mb
+
+
 @pytest.mark.docker
 def test_build_is_idempotent_and_fast_when_tagged() -> None:
     require_backend("docker")  # builds the image once for the session

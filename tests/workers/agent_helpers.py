@@ -28,7 +28,7 @@ DEFAULTS = SamplingDefaults(temperature=1.0, top_p=1.0, max_tokens=8)
 
 @asynccontextmanager
 async def serving(
-    model: Path, urls: list[str] | None = None, retry_budget_s: float = 60
+    model: Path, urls: list[str] | None = None, retry_budget_s: float = 60, history: str = "keep"
 ) -> AsyncIterator[AgentEndpoint]:
     """An AgentEndpoint over a real CPU policy server on `model` (or over `urls`)."""
     server = None
@@ -37,7 +37,7 @@ async def serving(
         urls = [server.url]
     config = ClientConfig(request_timeout_s=60, retry_budget_s=retry_budget_s, backoff_max_s=0.2)
     client = await GenerationClient(urls, config).start()
-    endpoint = AgentEndpoint(load_codec(str(model)), client)
+    endpoint = AgentEndpoint(load_codec(str(model)), client, history=history)  # type: ignore[arg-type]
     await endpoint.start()
     try:
         yield endpoint

@@ -173,9 +173,10 @@ def _next_messages(
 
 async def test_recorded_tokens_equal_a_fresh_rendering_of_every_call(tiny_model_dir: Path) -> None:
     """Property: over random agent histories (continued, edited, restarted), every call's prompt
-    rebuilt from the recorded turns is the template's rendering of that call."""
+    rebuilt from the recorded turns is the template's rendering of that call (with
+    `--reasoning-history drop`, where every call is rendered whole)."""
     rng = random.Random(17)
-    async with serving(tiny_model_dir) as endpoint:
+    async with serving(tiny_model_dir, history="drop") as endpoint:
         record, _, sdk = open_episode(endpoint)
         bodies: list[dict[str, Any]] = []
         messages: list[dict[str, Any]] = [{"role": "user", "content": "start"}]

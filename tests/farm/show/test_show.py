@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import re
@@ -317,3 +318,28 @@ def test_an_episode_without_turns_and_a_skipped_group(codec):
     )
     assert "no turns" in text
     assert '<div class="turn note">no turns</div>' in render_html(view)
+
+
+def test_the_reasoning_a_parser_split_off_is_shown_apart_from_the_answer(codec):
+    """`Turn.reasoning_tokens` (wire schema 6): the first tokens of a completion are the
+    model's reasoning; show labels them, in the terminal and on the page."""
+    group = make_group(codec, "think", arithmetic("R"))
+    first = group.trajectories[0].turns[0]
+    thought = dataclasses.replace(first, reasoning_tokens=4)
+    trajs = list(group.trajectories)
+    trajs[0] = dataclasses.replace(trajs[0], turns=(thought, *trajs[0].turns[1:]))
+    again = decode(encode(dataclasses.replace(group, trajectories=tuple(trajs))))
+    view = build_view(
+        again, "1-0", "here", BatchRules(), decode=lambda ids: codec.decode(ids, skip_special=False)
+    )
+    turn = view.episodes[0].turns[0]
+    whole = codec.decode(first.completion_ids, skip_special=False)
+    assert "".join(s.text for s in turn.reasoning) == codec.decode(first.completion_ids[:4])
+    assert "".join(s.text for s in (*turn.reasoning, *turn.completion)) == whole
+    assert not view.episodes[0].turns[1].reasoning
+    console = Console(record=True, width=160, color_system=None, file=io.StringIO())
+    render(view, console)
+    assert "reasoning 4 tokens" in console.export_text()
+    assert 'class="trained reasoning"' in render_html(
+        view
+    ) or 'class="untrained reasoning"' in render_html(view)

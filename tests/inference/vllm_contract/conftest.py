@@ -9,6 +9,7 @@ The environment is built on first use (env.py, cached across runs); when it cann
 | `auth` | the same with `--api-key` (vLLM's AuthenticationMiddleware) |
 | `tp2` | tensor parallel 2 (2 workers) |
 | `pp2dp2` | pipeline parallel 2 x data parallel 2 (4 workers) |
+| `lora` | one GPU worker, for the LoRA push tests that may kill its engine (stub_engine) |
 
 Every app is started as with `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`: vLLM's
 runtime-LoRA routes and `/v1/models` over its own `OpenAIServingModels`.
@@ -34,7 +35,7 @@ from tests.conftest import require
 from tests.inference.vllm_contract.env import VLLM_VERSION, ensure_env, ensure_lora_router_env
 
 API_KEY = "contract-key"
-APPS = ("plain:1:1:1", f"auth:1:1:1:{API_KEY}", "tp2:2:1:1", "pp2dp2:1:2:2")
+APPS = ("plain:1:1:1", f"auth:1:1:1:{API_KEY}", "tp2:2:1:1", "pp2dp2:1:2:2", "lora:1:1:1")
 ROOT = Path(__file__).resolve().parents[3]
 
 

@@ -12,8 +12,10 @@ on PYTHONPATH of a separate process (the stub server, tests/inference/vllm_contr
 Torch, transformers, pydantic, numpy, aiohttp, ... come from the project venv underneath.
 The result is cached in `$FARM_VLLM_CONTRACT_DIR` (default `~/.cache/rollout-farm/vllm-0.33.0`),
 stamped with a hash of the pins; a changed pin rebuilds it. The runtime-LoRA router's own
-dependencies (`LORA_ROUTER_DEPS`) go to a second directory beside it (`<dir>-lora`). `python -m
-tests.inference.vllm_contract.env` builds it ahead of time (scripts/bootstrap.sh does).
+dependencies (`LORA_ROUTER_DEPS`) go to a second directory beside it (`<dir>-lora`), and Triton
+(`TRITON_DEPS`, for running vLLM's GPU sampling kernels in Triton's interpreter on the CPU) to
+a third (`<dir>-triton`). `python -m tests.inference.vllm_contract.env` builds them ahead of
+time (scripts/bootstrap.sh does).
 """
 
 from __future__ import annotations
@@ -72,6 +74,23 @@ DEPS = (
 LORA_ROUTER_DEPS = ("model-hosting-container-standards==0.1.16", "jmespath==1.1.0")
 
 
+# What importing vLLM 0.33's tool and reasoning parsers needs beyond DEPS: its engine-based
+# parsers import `vllm.parser.mistral`, which reads `ijson` and `mistral_common`. A directory of
+# their own (`<dir>-parsers`), like LORA_ROUTER_DEPS, so the main environment is not rebuilt.
+PARSER_DEPS = (
+    "ijson==3.6.0",
+    "mistral-common==1.13.1",
+    "pydantic-extra-types==2.11.1",
+    "pycountry==26.2.16",
+)
+
+# Triton for vLLM 0.33's Triton kernels, run by Triton's interpreter (`TRITON_INTERPRET=1`) on
+# the CPU: 3.8.0 is the version torch 2.14.0, the torch vLLM 0.33 requires, pins. Its
+# interpreter needs no GPU and works beside the project's CPU torch. Only the contract
+# processes put it on their path: the project venv never imports Triton.
+TRITON_DEPS = ("triton==3.8.0",)
+
+
 def default_dir() -> Path:
     explicit = os.environ.get("FARM_VLLM_CONTRACT_DIR")
     if explicit:
@@ -93,6 +112,18 @@ def ensure_lora_router_env(root: Path | None = None) -> Path:
     """The second PYTHONPATH directory: LORA_ROUTER_DEPS, built on first use like the first."""
     main = default_dir()
     return _ensure(Path(root or main.with_name(main.name + "-lora")), LORA_ROUTER_DEPS)
+
+
+def ensure_parser_env(root: Path | None = None) -> Path:
+    """The third PYTHONPATH directory: PARSER_DEPS, built on first use like the first."""
+    main = default_dir()
+    return _ensure(Path(root or main.with_name(main.name + "-parsers")), PARSER_DEPS)
+
+
+def ensure_triton_env(root: Path | None = None) -> Path:
+    """The fourth PYTHONPATH directory: TRITON_DEPS, built on first use like the first."""
+    main = default_dir()
+    return _ensure(Path(root or main.with_name(main.name + "-triton")), TRITON_DEPS)
 
 
 def _ensure(root: Path, deps: tuple[str, ...], with_vllm: bool = False) -> Path:
@@ -135,3 +166,5 @@ def _unpack_vllm(target: Path) -> None:
 if __name__ == "__main__":
     print(ensure_env())
     print(ensure_lora_router_env())
+    print(ensure_parser_env())
+    print(ensure_triton_env())

@@ -1,6 +1,6 @@
 """vLLM 0.33's own sampler as an oracle: processed logprobs for given logits and sampling rows.
 
-`vllm_processed(logits, rows)` runs `sampler_probe.py` in a process whose PYTHONPATH holds the
+`vllm_processed(logits, rows, temperatures)` runs `sampler_probe.py` in a process whose PYTHONPATH holds the
 contract environment, and returns vLLM's processed logprobs ([N, V], -inf outside the kept set).
 Skips locally and fails under CI when the environment cannot be built (`tests.conftest.require`).
 """
@@ -33,14 +33,21 @@ def _row(s: Sampling) -> dict:
     }
 
 
-def vllm_processed(logits: torch.Tensor, rows: list[Sampling]) -> torch.Tensor:
-    """vLLM's processed logprobs of `logits` (one `Sampling` per row), -inf where dropped."""
+def vllm_processed(
+    logits: torch.Tensor, rows: list[Sampling], temperatures: list[float] | None = None
+) -> torch.Tensor:
+    """vLLM's processed logprobs of `logits` (one `Sampling` per row), -inf where dropped.
+    `temperatures` are sent instead of the rows' own (a `Sampling` holds the temperature after
+    vLLM's clamping; a request may ask for less)."""
     try:
         env_dir = ensure_env()
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
         require(False, f"the vLLM {VLLM_VERSION} contract environment ({exc})")
         raise
-    request = {"logits": logits.float().tolist(), "rows": [_row(s) for s in rows]}
+    sent = [_row(s) for s in rows]
+    for row, t in zip(sent, temperatures or [], strict=False):
+        row["temperature"] = t
+    request = {"logits": logits.float().tolist(), "rows": sent}
     env = os.environ | {"PYTHONPATH": f"{env_dir}{os.pathsep}{ROOT}", "VLLM_LOGGING_LEVEL": "ERROR"}
     done = subprocess.run(
         [sys.executable, "-m", "tests.inference.vllm_contract.sampler_probe"],

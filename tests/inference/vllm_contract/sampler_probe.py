@@ -1,12 +1,14 @@
-"""Run vLLM 0.33's own `Sampler` (``--logprobs-mode processed_logprobs``) on given logits.
+"""Run vLLM 0.33's own V1 `Sampler` (``--logprobs-mode processed_logprobs``) on given logits.
 
 Started by tests/inference/vllm_contract/test_vllm_sampler.py in a separate process whose
 PYTHONPATH holds the contract environment (env.py). It reads one JSON object from stdin:
 ``{"logits": [[...]], "rows": [{"temperature", "top_k", "top_p", "min_p", "allowed"}]}`` and
 writes ``{"logprobs": [[...]]}``: the full processed logprobs vLLM's sampler returns with
-``max_num_logprobs = -1`` (its "whole unsorted distribution" path), -inf as null. On a machine
-without a GPU vLLM selects its PyTorch-native top-k/top-p path (no Triton), the reference the
-GPU kernels are tested against upstream.
+``max_num_logprobs = -1`` (its "whole unsorted distribution" path), -inf as null. Each row's
+parameters first go through vLLM's ``SamplingParams`` (a temperature in (0, 0.01) becomes
+0.01, a greedy row loses its truncation). Without Triton vLLM takes its PyTorch top-k/top-p
+path (``apply_top_k_top_p_pytorch``), its path on CPUs; on a GPU it runs the Triton kernels
+(triton_probe.py), which differ only in which tied tokens they keep.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import math
 import sys
 
 import torch
+from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor.builtin import MinPLogitsProcessor
 from vllm.v1.sample.logits_processor.state import LogitsProcessors
 from vllm.v1.sample.metadata import SamplingMetadata
@@ -28,6 +31,15 @@ def _min_p(values: list[float]) -> MinPLogitsProcessor:
     proc.min_p_count = sum(1 for v in values if v)
     proc.min_p = torch.tensor(values, dtype=torch.float32).unsqueeze(1)
     return proc
+
+
+def normalised(row: dict) -> dict:
+    """The row as vLLM's SamplingParams leaves it."""
+    params = SamplingParams(
+        temperature=row["temperature"], top_k=row["top_k"], top_p=row["top_p"], min_p=row["min_p"]
+    )
+    fields = ("temperature", "top_k", "top_p", "min_p")
+    return row | {name: getattr(params, name) for name in fields}
 
 
 def metadata(rows: list[dict], vocab: int) -> SamplingMetadata:
@@ -72,7 +84,8 @@ def main() -> None:
     request = json.load(sys.stdin)
     logits = torch.tensor(request["logits"], dtype=torch.float32)
     sampler = Sampler(logprobs_mode="processed_logprobs")
-    out = sampler(logits.clone(), metadata(request["rows"], logits.shape[-1]))
+    rows = [normalised(r) for r in request["rows"]]
+    out = sampler(logits.clone(), metadata(rows, logits.shape[-1]))
     processed = out.logprobs_tensors.logprobs.tolist()
     rows = [[None if math.isinf(v) else v for v in row] for row in processed]
     json.dump({"logprobs": rows}, sys.stdout)

@@ -14,6 +14,12 @@ What it does follows 0.33's engine:
   the communicator differs: vLLM's PyNcclCommunicator is replaced by the project's gloo
   stand-in (`inference.nccl.GlooCommunicator`), because this machine has no NCCL.
 - `collective_rpc("reload_weights", weights_path=...)` really reads the safetensors files.
+- LoRA: `add_lora` is the worker's `add_adapter` of vLLM's own `LRUCacheWorkerLoRAManager`
+  (`stub_lora`), and each decoding step of a completion under an adapter runs the manager's
+  `_apply_adapters` for it, as the model runner does before every forward: an adapter evicted
+  from the CPU cache is read again from its path. A failure there kills the engine, as an
+  exception inside `execute_model` kills vLLM's engine core (`dead`; later completions and
+  /health fail).
 
 Every call is appended to `calls`, so tests can check the order a client used.
 """
@@ -31,10 +37,11 @@ from vllm.config.lora import LoRAConfig
 from vllm.distributed.weight_transfer import nccl_engine
 from vllm.distributed.weight_transfer.nccl_common import _worker_group_rank
 from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
-from vllm.exceptions import LoRAAdapterNotFoundError, RetryableRequestError
-from vllm.lora.peft_helper import PEFTHelper
+from vllm.exceptions import RetryableRequestError
+from vllm.v1.engine.exceptions import EngineDeadError
 
 from inference.nccl import GlooCommunicator
+from tests.inference.vllm_contract.stub_lora import lora_worker, served_digest
 
 
 def _gloo_worker_group(init_info: Any, parallel_config: Any) -> GlooCommunicator:
@@ -98,22 +105,37 @@ class StubEngine:
         # what OpenAIServingModels reads of `vllm serve --enable-lora` (default max rank 16)
         self.model_config = SimpleNamespace(model="stub-model", max_model_len=4096)
         self.renderer = self.input_processor = None
-        self.lora_config = LoRAConfig(max_lora_rank=16, max_loras=2)
+        # max_cpu_loras defaults to max_loras: 2 adapters in the CPU cache, as in `vllm serve`
+        self.lora_config = LoRAConfig(max_lora_rank=16, max_loras=2, lora_dtype=torch.float32)
+        self.lora_worker = lora_worker(self.lora_config)
         self.loras: dict[int, str] = {}  # lora_int_id -> path of what add_lora loaded
+        self.generated_with: list[dict[str, str]] = []  # per completion: adapter, tensor digest
+        self.dead: str | None = None  # why the engine core died (None: alive)
 
     # -- LoRA -------------------------------------------------------------------------------
     async def add_lora(self, lora_request: Any) -> bool:
-        """What vLLM's worker checks when it loads an adapter (`worker_manager._load_adapter`):
-        its own PEFTHelper reads adapter_config.json and validates it against the LoRA config;
-        a missing directory becomes LoRAAdapterNotFoundError (the router's 404)."""
+        """The worker's load (`Worker.add_lora` -> `LRUCacheWorkerLoRAManager.add_adapter`):
+        vLLM's PEFTHelper checks, then the tensors read into the CPU cache; a missing directory
+        is LoRAAdapterNotFoundError (the router's 404)."""
         self.calls.append("add_lora")
-        try:
-            helper = PEFTHelper.from_local_dir(lora_request.lora_path, None)
-        except FileNotFoundError as exc:
-            raise LoRAAdapterNotFoundError(lora_request.lora_name, lora_request.lora_path) from exc
-        helper.validate_legal(self.lora_config)
+        loaded = self.lora_worker.add_adapter(lora_request)
         self.loras[lora_request.lora_int_id] = lora_request.lora_path
-        return True
+        return loaded
+
+    def apply_lora(self, lora_request: Any) -> None:
+        """One step's `set_active_adapters` for a request under `lora_request`; a failure
+        (the adapter's directory gone when it must be read again) kills the engine."""
+        if self.dead is not None:
+            raise EngineDeadError()
+        try:
+            self.lora_worker.set_active_adapters({lora_request}, None)
+        except Exception as exc:
+            self.dead = f"{type(exc).__name__}: {exc}"
+            raise EngineDeadError() from exc
+
+    def record_generation(self, lora_request: Any) -> None:
+        digest = served_digest(self.lora_worker, lora_request.lora_int_id)
+        self.generated_with.append({"model": lora_request.lora_name, "tensors": digest})
 
     # -- generation -------------------------------------------------------------------------
     async def admit(self) -> None:
@@ -140,7 +162,8 @@ class StubEngine:
         return True
 
     async def check_health(self) -> None:
-        return None
+        if self.dead is not None:
+            raise EngineDeadError()
 
     # -- pause ------------------------------------------------------------------------------
     async def pause_generation(self, *, mode: str = "abort", clear_cache: bool = True) -> None:

@@ -5,7 +5,8 @@ with the contract environment (env.py) on PYTHONPATH. Each `--app` is one simula
 on its own port: a FastAPI app carrying vLLM's own completion router, RL/weight-transfer router
 (`entrypoints/rl/online`), `/collective_rpc`, cache and health routers, `/v1/models` and the
 runtime-LoRA routes over vLLM's `OpenAIServingModels` (a completion naming a loaded adapter is
-served: token i shifts by 100 x the adapter's lora_int_id, the version stays engine-wide), its exception handlers
+served: token i shifts by 100 x the adapter's lora_int_id, the version stays engine-wide; each
+step runs vLLM's LoRA worker manager for it, see stub_engine), its exception handlers
 and, with an API key, its AuthenticationMiddleware, exactly as `vllm serve` registers them in
 dev mode. `/v1/completions` requests are parsed and validated by vLLM's `CompletionRequest`;
 the stub handler answers with vLLM's own response models. One more app, `validator`, checks
@@ -45,6 +46,7 @@ from vllm.entrypoints.serve.lora.api_router import attach_router as attach_lora
 from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
 from vllm.exceptions import VLLMNotFoundError
 from vllm.outputs import WeightVersionSpan
+from vllm.v1.engine.exceptions import EngineDeadError
 
 from tests.inference.vllm_contract.stub_engine import StubEngine
 
@@ -81,20 +83,25 @@ class StubServingCompletion:
             return create_error_response(exc)
         self.engine.started()
         try:
-            return await self._generate(request, prompt, lora.lora_int_id if lora else 0)
+            return await self._generate(request, prompt, lora)
+        except EngineDeadError as exc:
+            return create_error_response(exc)
         finally:
             self.engine.finished()
 
     async def _generate(
-        self, request: CompletionRequest, prompt: list[int], lora_id: int
+        self, request: CompletionRequest, prompt: list[int], lora: Any
     ) -> CompletionResponse:
         tokens: list[int] = []
         spans: list[WeightVersionSpan] = []
         finish, stop_reason = "length", None
+        lora_id = lora.lora_int_id if lora is not None else 0
         for i in range(request.max_tokens or 16):
             if not await self.engine.step():
                 finish = "abort"
                 break
+            if lora is not None:
+                self.engine.apply_lora(lora)  # the runner's set_active_loras before a forward
             token = (sum(prompt) + i + 100 * lora_id) % VOCAB
             tokens.append(token)
             if spans and spans[-1].version == self.engine.version:
@@ -104,6 +111,8 @@ class StubServingCompletion:
             if token in (request.stop_token_ids or []):
                 finish, stop_reason = "stop", token
                 break
+        if lora is not None:
+            self.engine.record_generation(lora)
         lps = [-(i + 1) / 100 for i in range(len(tokens))]
         choice = CompletionResponseChoice(
             index=0,
@@ -164,6 +173,8 @@ def build_app(tp: int, pp: int, dp: int, api_key: str | None) -> FastAPI:
             "reloaded": engine.reloaded,
             "cache_resets": engine.cache_resets,
             "loras": engine.loras,
+            "generated_with": engine.generated_with,
+            "dead": engine.dead,
         }
 
     return app
