@@ -17,7 +17,7 @@ from broker.consumer import Consumer, ConsumerConfig, Delivery
 from broker.keys import ARCHIVER_GROUP, LEARNER_GROUP, RunKeys
 from broker.messages import DeadLetter, TrajectoryGroup
 from broker.producer import Producer
-from broker.trim import StreamBounds, StreamKeeper, StreamTrimmer
+from broker.trim import StreamBounds, StreamKeeper, StreamTrimmer, StreamUsage, _floor
 from tests.broker.helpers import make_group, make_task
 
 KEYS = RunKeys("trim", partitions=2)  # two hash tags: two slots (nodes) on the cluster
@@ -37,11 +37,11 @@ def _learner(redis) -> Consumer:
     return Consumer(redis, KEYS, KEYS.all_trajectories, config, expect=TrajectoryGroup)
 
 
-async def _publish_groups(redis, n: int) -> None:
+async def _publish_groups(redis, n: int, prefix: str = "g") -> None:
     """`n` groups of ~6 KB on each partition's trajectories stream, as workers publish them."""
     producer = Producer(redis)
     for p in range(KEYS.partitions):
-        groups = [make_group(f"g{p}-{i}", tokens=700, group_size=2) for i in range(n)]
+        groups = [make_group(f"{prefix}{p}-{i}", tokens=700, group_size=2) for i in range(n)]
         await producer.publish(KEYS.trajectories(p), groups)
 
 
@@ -103,6 +103,66 @@ async def test_a_held_back_learner_keeps_every_unacknowledged_entry_and_holds_ad
     await budget.hold(BATCH, "left by a learner that died")
     await StreamKeeper(StreamTrimmer(redis, KEYS, TIGHT), budget, hold_limit=BATCH).keep()
     assert await budget.held() is None
+
+
+async def test_a_group_row_read_before_its_entries_were_acked_gives_a_floor(redis) -> None:
+    """XINFO GROUPS counted entries pending that were acked before XPENDING ran (the learner
+    acks between the trimmer's two commands), so XPENDING has no oldest: the floor is past
+    what the row saw delivered, and keeps what came since. In a soak this race ended the
+    trimming for good (XPENDING's min was None)."""
+    learner = _learner(redis)
+    await learner.ensure_groups()
+    await _publish_groups(redis, 3)
+    stream = KEYS.trajectories(0)
+    await learner.commit(await _read(learner, 6))
+    await _publish_groups(redis, 1, prefix="seen")
+    seen = await _read(learner, 2)  # one a partition, pending when the row is read
+    (row,) = await redis.xinfo_groups(stream)
+    assert int(row["pending"]) == 1
+    await learner.commit(seen)
+    await _publish_groups(redis, 1, prefix="newer")  # not delivered yet
+    newer = (await _ids(redis, stream))[-1]
+    floor = await _floor(redis, stream, row)
+    ms, seq = as_str(row["last-delivered-id"]).split("-")
+    assert floor == f"{ms}-{int(seq) + 1}"
+    await redis.xtrim(stream, minid=floor, approximate=False)
+    assert await _ids(redis, stream) == [newer]
+
+
+class _FailsOnce(StreamTrimmer):
+    """A trimmer with a bug in its first round (an injected fault: the race above is fixed,
+    so no real one is left to provoke)."""
+
+    failed = False
+
+    async def trim(self) -> list[StreamUsage]:
+        if not self.failed:
+            self.failed = True
+            raise TypeError("a bug in one round")
+        return await super().trim()
+
+
+async def test_the_keeper_outlives_a_round_that_fails(
+    redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    learner = _learner(redis)
+    await learner.ensure_groups()
+    await _publish_groups(redis, 3)
+    await learner.commit(await _read(learner, 6))
+    bounds = StreamBounds(trim_interval_s=0.05)
+    keeper = StreamKeeper(_FailsOnce(redis, KEYS, bounds), AdmissionBudget(redis, KEYS), BATCH)
+    stop = asyncio.Event()
+    with caplog.at_level(logging.WARNING, logger="broker.trim"):
+        running = asyncio.create_task(keeper.run(stop))
+        for _ in range(100):
+            if not any([await redis.xlen(s) for s in KEYS.all_trajectories]):
+                break
+            await asyncio.sleep(0.05)
+        stop.set()
+        await running
+    assert [await redis.xlen(s) for s in KEYS.all_trajectories] == [0, 0]
+    failed = [r for r in caplog.records if r.getMessage() == "streams not trimmed this round"]
+    assert len(failed) == 1 and failed[0].exc_info is not None  # with its traceback
 
 
 async def test_nothing_is_trimmed_before_its_readers_exist_or_past_the_archiver(
