@@ -28,7 +28,7 @@ from broker.consumer import Consumer, ConsumerConfig
 from broker.keys import LEARNER_GROUP, RunKeys
 from broker.memory import tune_malloc
 from broker.messages import TrajectoryGroup
-from broker.producer import Producer, Retention
+from broker.producer import Producer
 from tests.cluster import LocalCluster
 from workers.resources import loop_factory
 
@@ -51,7 +51,7 @@ class ClusterRow:
 async def _produce(url: str, run: str, tokens: int, count: int) -> None:
     redis = await connect(RedisSettings.from_url(url))
     keys = RunKeys(run, PARTITIONS)
-    producer = Producer(redis, Retention(maxlen=100_000))
+    producer = Producer(redis)
     template = make_group(tokens, 0)
     for i in range(0, count, 8):
         groups = [replace(template, group_id=f"g{j}") for j in range(i, min(i + 8, count))]

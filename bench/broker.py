@@ -32,7 +32,7 @@ from broker.consumer import Consumer, ConsumerConfig
 from broker.keys import LEARNER_GROUP, RunKeys
 from broker.memory import tune_malloc
 from broker.messages import TrajectoryGroup
-from broker.producer import Producer, Retention
+from broker.producer import Producer
 from workers.resources import loop_factory
 
 KEYS = RunKeys("bench")
@@ -123,8 +123,7 @@ def raw_ceiling(port: int, payload: bytes, requests: int) -> float:
 
 async def _produce(port: int, tokens: int, count: int, rate: float | None) -> None:
     redis = await connect(RedisSettings.from_url(f"redis://127.0.0.1:{port}/0"))
-    # Retention above the whole run: trimming must never outrun the consumer.
-    producer = Producer(redis, Retention(maxlen=100_000))
+    producer = Producer(redis)
     template = make_group(tokens, 0)
     batch = 1 if rate is not None else 8
     started = time.perf_counter()

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 
-from broker.archive import Archive, archive_stream
+from broker.archive import Archive, archive_stream, forget_archiver
 from broker.cli_config import BrokerCliConfig, resolve_stream
 from broker.codec import decode
 from broker.connection import RedisSettings, connect
@@ -47,9 +47,19 @@ def add_commands(p: argparse.ArgumentParser) -> None:
     tail.add_argument("-f", "--follow", action="store_true")
     ar = sub.add_parser("archive", help="copy a stream into segment files")
     ar.add_argument("stream")
-    ar.add_argument("--out", required=True, help="archive directory")
+    ar.add_argument("--out", help="archive directory (required unless --forget)")
     ar.add_argument("--segment-entries", type=int, default=10_000)
-    ar.add_argument("--follow", action="store_true", help="keep archiving until SIGTERM")
+    ar.add_argument("--segment-bytes", type=int, default=64 << 20, help="bytes per segment")
+    ar.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep archiving until SIGTERM; trimming waits for what it has not written",
+    )
+    ar.add_argument(
+        "--forget",
+        action="store_true",
+        help="remove a retired archiver's group from the stream (trimming stops waiting) and exit",
+    )
     rp = sub.add_parser("replay", help="re-publish archived or live entries into a stream")
     src = rp.add_mutually_exclusive_group(required=True)
     src.add_argument("--archive", help="archive directory to read")
@@ -110,12 +120,20 @@ async def cmd_tail(redis: aioredis.Redis, keys: RunKeys, ctx: Context) -> int:
 async def cmd_archive(redis: aioredis.Redis, keys: RunKeys, ctx: Context) -> int:
     args = ctx.args
     stream = resolve_stream(keys, args.stream)
+    if args.forget:
+        removed = await forget_archiver(redis, stream)
+        print(f"archiver group on {stream}: {'removed' if removed else 'none'}")
+        return 0
+    if not args.out:
+        print("archive needs --out DIR", file=sys.stderr)
+        return 2
     archive = Archive(args.out)
     n = await archive_stream(
         redis,
         stream,
         archive,
         segment_entries=args.segment_entries,
+        segment_bytes=args.segment_bytes,
         follow=args.follow,
         stop=ctx.stop,
     )

@@ -5,7 +5,8 @@ limit to ``(max_staleness + 1) * groups_per_batch`` and acquires a slot per task
 it issues, passing what it already buffers as ``reserve``; a slot is released
 once the task's group has been consumed. Acquire and release are single Lua
 scripts, so any number of processes can use the budget at once and the count
-of slots in flight never exceeds the limit. With ``wait_replicas`` (a replicated
+of slots in flight never exceeds the limit. While a stream is over its bounds the trimmer
+holds the limit lower (`hold`, `broker.trim`). With ``wait_replicas`` (a replicated
 Redis or a cluster) each acquire and release is followed by WAIT on its connection,
 so a failover does not roll the count back under the tasks already published.
 """
@@ -17,17 +18,20 @@ import logging
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-from broker.connection import redis_errors
+from broker.connection import as_str, redis_errors
 from broker.errors import BudgetError
 from broker.keys import RunKeys
-from broker.metrics import ADMISSION_IN_FLIGHT, ADMISSION_LIMIT
+from broker.metrics import ADMISSION_HELD, ADMISSION_IN_FLIGHT, ADMISSION_LIMIT
 from broker.replication import queue_wait
 
 log = logging.getLogger(__name__)
 
 # KEYS[1] = budget hash; ARGV[1] = wanted, ARGV[2] = reserve. Returns granted.
+# A hold (`held_limit`) lowers the limit while a stream is over its bounds (broker.trim).
 _ACQUIRE = """
 local limit = tonumber(redis.call('HGET', KEYS[1], 'limit') or '0')
+local held = redis.call('HGET', KEYS[1], 'held_limit')
+if held then limit = math.min(limit, tonumber(held)) end
 local in_flight = tonumber(redis.call('HGET', KEYS[1], 'in_flight') or '0')
 local grant = math.min(tonumber(ARGV[1]), limit - tonumber(ARGV[2]) - in_flight)
 if grant <= 0 then return 0 end
@@ -113,6 +117,24 @@ class AdmissionBudget:
             raise BudgetError(f"released {n} slots, more than were in flight")
         ADMISSION_IN_FLIGHT.set(left)
         return left
+
+    async def hold(self, limit: int, reason: str) -> None:
+        """Lower the limit to `limit` until `release_hold`, saying why (`farm status`)."""
+        if limit < 1:
+            raise BudgetError(f"a held admission limit must be >= 1, got {limit}")
+        with redis_errors("holding admission"):
+            await self._redis.hset(self._key, mapping={"held_limit": limit, "held_reason": reason})
+        ADMISSION_HELD.set(1)
+
+    async def release_hold(self) -> None:
+        with redis_errors("releasing the admission hold"):
+            await self._redis.hdel(self._key, "held_limit", "held_reason")
+        ADMISSION_HELD.set(0)
+
+    async def held(self) -> str | None:
+        """Why admission is held, or None."""
+        reason = await self._redis.hget(self._key, "held_reason")
+        return None if reason is None else as_str(reason)
 
     async def in_flight(self) -> int:
         return int(await self._redis.hget(self._key, "in_flight") or 0)

@@ -7,6 +7,12 @@ versions and environments. Writes are crash-safe: a segment is written to a
 temporary file, fsynced and renamed, then the index is rewritten the same way.
 A segment that a crash left out of the index is adopted on the next open, so
 archiving resumes from the last archived id without gaps or repeats.
+
+A following archiver (`follow=True`) keeps its position in Redis as the consumer group
+`ARCHIVER_GROUP` on its stream, moved (XGROUP SETID) past each segment only once the
+segment is on disk: `broker.trim` never trims past a group's position, so nothing is
+trimmed before it is archived. `forget_archiver` removes the group when an archiver is
+retired, so trimming stops waiting for it. A one-off copy registers nothing.
 """
 
 from __future__ import annotations
@@ -21,16 +27,19 @@ from pathlib import Path
 
 import msgpack
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from broker.codec import decode
-from broker.connection import as_str
+from broker.connection import as_str, redis_errors
 from broker.errors import DecodeError
+from broker.keys import ARCHIVER_GROUP
 from broker.messages import Task, TrajectoryGroup
 
 log = logging.getLogger(__name__)
 
 INDEX = "index.json"
 Entry = tuple[str, dict[bytes, bytes]]
+_READ_ENTRIES = 256  # entries per XRANGE: a segment's bytes are checked between reads
 
 
 @dataclass(frozen=True)
@@ -183,35 +192,77 @@ class Archive:
             yield from self._read_file(self.directory / seg.file)
 
 
+async def register_archiver(redis: aioredis.Redis, stream: str, archive: Archive) -> None:
+    """Put the archiver's group at the archive's last id (created if missing)."""
+    last = archive.last_id or "0-0"
+    with redis_errors(f"registering the archiver on {stream}"):
+        try:
+            await redis.xgroup_create(stream, ARCHIVER_GROUP, id=last, mkstream=True)
+            return
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        for group in await redis.xinfo_groups(stream):
+            held = as_str(group["last-delivered-id"])
+            if as_str(group["name"]) == ARCHIVER_GROUP and id_key(held) > id_key(last):
+                log.warning(
+                    "the archiver's group on %s is at %s but this archive ends at %s: "
+                    "entries between may have been trimmed (another archive directory?)",
+                    stream,
+                    held,
+                    last,
+                )
+        await redis.xgroup_setid(stream, ARCHIVER_GROUP, last)
+
+
+async def forget_archiver(redis: aioredis.Redis, stream: str) -> bool:
+    """Remove the archiver's group: trimming stops waiting for it. False if there was none."""
+    with redis_errors(f"removing the archiver's group from {stream}"):
+        try:
+            return bool(await redis.xgroup_destroy(stream, ARCHIVER_GROUP))
+        except ResponseError as exc:  # no such stream
+            if "no such key" in str(exc).lower():
+                return False
+            raise
+
+
 async def archive_stream(
     redis: aioredis.Redis,
     stream: str,
     archive: Archive,
     *,
     segment_entries: int = 10_000,
+    segment_bytes: int = 64 << 20,
     follow: bool = False,
     stop: asyncio.Event | None = None,
     poll_s: float = 1.0,
 ) -> int:
     """Copy entries after the archive's last id into segments; return how many.
 
-    With `follow`, keep going until `stop` is set, writing a segment whenever
-    `segment_entries` have accumulated or the stream goes quiet.
+    A segment is written whenever `segment_entries` entries or `segment_bytes` bytes have
+    accumulated, or the stream goes quiet. With `follow`, keep going until `stop` is set,
+    moving the archiver's group past each segment written (`register_archiver`): what the
+    archiver holds back from trimming stays under about one segment.
     """
+    if follow:
+        await register_archiver(redis, stream, archive)
     cursor = archive.last_id or "0-0"
     buffer: list[Entry] = []
-    total = 0
+    total = size = 0
     while True:
-        rows = await redis.xrange(stream, min=f"({cursor}", max="+", count=segment_entries)
+        rows = await redis.xrange(stream, min=f"({cursor}", max="+", count=_READ_ENTRIES)
         for raw_id, fields in rows:
             cursor = as_str(raw_id)
             buffer.append((cursor, dict(fields)))
-        if buffer and (len(buffer) >= segment_entries or not rows):
-            archive.append(buffer)
-            total += len(buffer)
-            buffer = []
+            size += sum(len(v) for v in fields.values())
+            if len(buffer) >= segment_entries or size >= segment_bytes:
+                total += await _write_segment(redis, stream, archive, buffer, follow)
+                buffer, size = [], 0
         if rows:
             continue
+        if buffer:  # the stream went quiet
+            total += await _write_segment(redis, stream, archive, buffer, follow)
+            buffer, size = [], 0
         if not follow or (stop is not None and stop.is_set()):
             return total
         if stop is not None:
@@ -221,3 +272,14 @@ async def archive_stream(
                 pass
         else:
             await asyncio.sleep(poll_s)
+
+
+async def _write_segment(
+    redis: aioredis.Redis, stream: str, archive: Archive, entries: list[Entry], follow: bool
+) -> int:
+    """Write `entries` as a segment; a following archiver's group then moves past them."""
+    archive.append(entries)
+    if follow:  # on disk now: trimming may pass it
+        with redis_errors(f"moving the archiver's group on {stream}"):
+            await redis.xgroup_setid(stream, ARCHIVER_GROUP, entries[-1][0])
+    return len(entries)

@@ -19,7 +19,8 @@ Ack = tuple[str, str, str]
 # Publish (unless already committed), ack and mark seen, atomically.
 # KEYS[1] = seen zset, KEYS[2..] = streams. ARGV: group, now, seen_ttl_s, n_acks,
 # n_acks x (key index, entry id, message id), n_pubs, n_pubs x (key index,
-# message id, maxlen, kind, version, body). Returns published ids ("" if skipped).
+# message id, kind, version, body). Returns published ids ("" if skipped). XADD never
+# trims: a MAXLEN would drop entries a group has not acknowledged (broker.trim trims).
 # Acks go out as one XACK per stream and one ZADD, in chunks that stay far under
 # Lua's unpack() limit: a batch costs a few calls, not two per entry. Key types are
 # checked before any write, so a batch fails whole rather than half-published.
@@ -45,13 +46,11 @@ end
 local n_pubs = tonumber(ARGV[i]); i = i + 1
 local published = {}
 for p = 1, n_pubs do
-  local key, mid, maxlen = KEYS[tonumber(ARGV[i])], ARGV[i + 1], tonumber(ARGV[i + 2])
-  local k, v, b = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
-  i = i + 6
+  local key, mid = KEYS[tonumber(ARGV[i])], ARGV[i + 1]
+  local k, v, b = ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  i = i + 5
   if mid ~= '' and redis.call('ZSCORE', KEYS[1], mid) then
     published[p] = ''
-  elseif maxlen > 0 then
-    published[p] = redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', $kind, k, $version, v, $body, b)
   else
     published[p] = redis.call('XADD', key, '*', $kind, k, $version, v, $body, b)
   end
@@ -78,7 +77,6 @@ COMMIT_SCRIPT = string.Template(_COMMIT_LUA).substitute(
 def commit_args(
     group: str,
     seen_ttl_s: float,
-    maxlen: int,
     acks: Sequence[Ack],
     publish: Sequence[tuple[str, str, dict[bytes, bytes]]],
 ) -> tuple[list[str], list[object]]:
@@ -94,6 +92,6 @@ def commit_args(
         args += [key_index(stream), entry_id, mid]
     args.append(len(publish))
     for stream, mid, fields in publish:
-        args += [key_index(stream), mid, maxlen]
+        args += [key_index(stream), mid]
         args += [fields[FIELD_KIND], fields[FIELD_VERSION], fields[FIELD_BODY]]
     return list(streams), args

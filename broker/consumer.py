@@ -70,6 +70,12 @@ class ConsumerSettings:
     wait_timeout_ms: int = Field(
         1000, ge=1, le=60_000, description="how long a commit waits for its replicas (WAIT timeout)"
     )
+    seen_ttl_s: float = Field(
+        86_400.0,
+        ge=60.0,
+        description="how long committed message ids are remembered for dedup (a task run "
+        "twice, a replay of the run's own entries); ~120 bytes of Redis each",
+    )
 
 
 @dataclass(frozen=True)
@@ -83,8 +89,6 @@ class ConsumerConfig:
     block_ms: int = 1000  # longest blocking read; kept under the socket timeout
     count: int = 16  # entries per read
     reclaim_interval_s: float = 5.0  # how often read() looks for idle entries
-    seen_ttl_s: float = 7 * 86_400.0  # how long committed message ids are remembered
-    publish_maxlen: int = 100_000  # approximate MAXLEN for streams commit() publishes to
 
 
 @dataclass(frozen=True)
@@ -328,8 +332,7 @@ class Consumer:
         cfg = self._config
         streams, args = commit_args(
             cfg.group,
-            cfg.seen_ttl_s,
-            cfg.publish_maxlen,
+            cfg.settings.seen_ttl_s,
             acks,
             [(stream, message_id(m), encode(m)) for stream, m in publish],
         )

@@ -30,6 +30,9 @@ _TAG = re.compile(r"^\{(" + _RUN_CHARS + r")(?::(\d+))?\}")
 # evaluation, a `learner evaluate`) reads the eval streams through a group of its own.
 WORKERS_GROUP = "workers"
 LEARNER_GROUP = "learner"
+# A following archiver's position on its stream (`broker.archive`): a group with nothing
+# pending whose last delivery is the last entry a segment holds, so trimming waits for it.
+ARCHIVER_GROUP = "archiver"
 EVAL_GROUP_PREFIX = "eval-"
 
 

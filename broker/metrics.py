@@ -36,3 +36,21 @@ STREAM_PENDING = Gauge(
 )
 ADMISSION_IN_FLIGHT = Gauge("farm_admission_in_flight", "Tasks admitted and not yet released.")
 ADMISSION_LIMIT = Gauge("farm_admission_limit", "Admission budget limit.")
+ADMISSION_HELD = Gauge(
+    "farm_admission_held",
+    "1 while admission is held at one batch because a stream is over its bounds.",
+)
+STREAM_BYTES = Gauge(
+    "farm_stream_bytes", "Memory a stream takes in Redis (MEMORY USAGE).", ["stream"]
+)
+STREAM_OVER = Gauge(
+    "farm_stream_over_bounds",
+    "1 while a stream holds more unacknowledged bytes or entries than its bounds.",
+    ["stream"],
+)
+TRIMMED = Counter(
+    "farm_broker_trimmed_total",
+    "Entries trimmed: acknowledged by every group (work streams), or the oldest beyond the "
+    "bounds (dead letters, policy events).",
+    ["stream"],
+)

@@ -1,9 +1,9 @@
-"""Publishing to streams: pipelined XADD with a retention policy.
+"""Publishing to streams: pipelined XADD.
 
-One `publish` call sends all its entries in a single pipeline round trip.
-Retention trims approximately (``~``), which lets Redis drop whole macro-nodes
-and keeps XADD O(1); MINID retention keeps a time window instead of a count.
-With `wait_replicas` the pipeline ends with WAIT (`broker.replication`): a publish
+One `publish` call sends all its entries in a single pipeline round trip. Publishing
+never trims: a MAXLEN on XADD would drop entries no consumer group has acknowledged
+yet. Streams are kept to their bounds by `broker.trim`, which trims only what every
+group has acknowledged. With `wait_replicas` the pipeline ends with WAIT (`broker.replication`): a publish
 returns once that many replicas hold it, or after the timeout with a warning (the
 entries are on the master then; raising would make a retry publish them twice).
 """
@@ -11,10 +11,7 @@ entries are on the master then; raising would make a retry publish them twice).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
 
 import redis.asyncio as aioredis
 
@@ -27,38 +24,16 @@ from broker.replication import queue_wait
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Retention:
-    """How much of a stream to keep."""
-
-    mode: Literal["none", "maxlen", "minid"] = "maxlen"
-    maxlen: int = 100_000  # entries kept (approximately) in "maxlen" mode
-    max_age_s: float = 86_400.0  # window kept in "minid" mode
-
-    def __post_init__(self) -> None:
-        if self.maxlen < 1 or self.max_age_s <= 0:
-            raise ValueError("retention bounds must be positive")
-
-    def xadd_kwargs(self) -> dict[str, object]:
-        if self.mode == "maxlen":
-            return {"maxlen": self.maxlen, "approximate": True}
-        if self.mode == "minid":
-            return {"minid": f"{int((time.time() - self.max_age_s) * 1000)}-0", "approximate": True}
-        return {}
-
-
 class Producer:
     """Appends encoded messages to streams."""
 
     def __init__(
         self,
         redis: aioredis.Redis,
-        retention: Retention | None = None,
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
     ) -> None:
         self._redis = redis
-        self._retention = retention or Retention()
         self._wait = (wait_replicas, wait_timeout_ms)  # replicas a publish must reach (WAIT)
 
     async def publish(self, stream: str, messages: Sequence[Message]) -> list[str]:
@@ -69,11 +44,10 @@ class Producer:
         """Append already-encoded entries (replay and dead-letter requeue use this)."""
         if not entries:
             return []
-        kwargs = self._retention.xadd_kwargs()
         with redis_errors(f"publish to {stream}"):
             async with self._redis.pipeline(transaction=False) as pipe:
                 for fields in entries:
-                    pipe.xadd(stream, fields, **kwargs)  # type: ignore[arg-type]
+                    pipe.xadd(stream, fields)  # type: ignore[arg-type]
                 if self._wait[0]:
                     queue_wait(pipe, self._redis, stream, *self._wait)
                 ids = await pipe.execute()

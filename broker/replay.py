@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 
 from broker.archive import Archive, Entry, SegmentInfo, entry_facts, id_key
 from broker.connection import as_str
-from broker.producer import Producer, Retention
+from broker.producer import Producer
 
 
 @dataclass(frozen=True)
@@ -125,11 +125,10 @@ async def replay(
     *,
     rate: float | None = None,
     batch: int = 256,
-    retention: Retention | None = None,
 ) -> int:
     """Publish every entry of `source` into `target` in order; `rate` is entries/s
     (None: as fast as possible). Returns the number published."""
-    producer = Producer(redis, retention or Retention(mode="none"))
+    producer = Producer(redis)
     started = time.monotonic()
     pending: list[dict[bytes, bytes]] = []
     sent = 0

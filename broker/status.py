@@ -58,6 +58,7 @@ class RunState:
     admission_in_flight: int
     admission_limit: int
     latest_dead_letter: str | None = None  # reason of the newest dead letter, if any
+    admission_held: str | None = None  # why admission is held at one batch (broker.trim)
 
 
 async def stream_state(redis: aioredis.Redis, stream: str) -> StreamState:
@@ -122,6 +123,7 @@ async def run_state(redis: aioredis.Redis, keys: RunKeys) -> RunState:
             admission_in_flight=await budget.in_flight(),
             admission_limit=await budget.limit(),
             latest_dead_letter=await latest_dead_letter(redis, keys) if dead else None,
+            admission_held=await budget.held(),
         )
 
 
@@ -164,6 +166,8 @@ def format_state(state: RunState) -> str:
         else "  policy version: none published"
     )
     lines.append(f"  admission {state.admission_in_flight}/{state.admission_limit} in flight")
+    if state.admission_held:
+        lines.append(f"    held at one batch: {state.admission_held}")
     lines.append(f"  dead letters {state.dead_letters}")
     if state.latest_dead_letter:
         lines.append(f"    latest: {state.latest_dead_letter}")

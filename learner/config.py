@@ -24,8 +24,10 @@ from pydantic.dataclasses import dataclass
 
 from broker.consumer import ConsumerSettings
 from broker.run import RunFields
+from broker.trim import StreamBounds
 from envs.wrappers import HorizonSchedule as TurnSchedule
 from launch.settings import CommaList, RoleConfig, section
+from learner.collapse import CollapseRules
 from learner.dataspec import DataConfig
 from learner.errors import ConfigError
 from learner.lora import LoraSettings
@@ -486,6 +488,7 @@ class LearnerConfig(RunFields, RoleConfig):
     consumer: ConsumerSettings = section(
         ConsumerSettings, reclaim_idle_s=3600.0, max_deliveries=10
     )  # a dead learner's groups wait long: its own stay pending until a checkpoint holds them
+    streams: StreamBounds = section(StreamBounds, prefix="stream_")  # broker.trim, run by rank 0
     # --- components ---------------------------------------------------------------------------
     optim: OptimConfig = section(OptimConfig)
     scale: ScaleConfig = section(ScaleConfig)
@@ -497,6 +500,7 @@ class LearnerConfig(RunFields, RoleConfig):
     evaluation: EvalConfig = section(EvalConfig)
     data: DataConfig = section(DataConfig)  # learner.dataspec: datasets of prompts
     lora: LoraSettings = section(LoraSettings, prefix="lora_")  # learner.lora
+    collapse: CollapseRules = section(CollapseRules, prefix="collapse_")  # learner.collapse
 
     @model_validator(mode="after")
     def _consistent(self) -> LearnerConfig:

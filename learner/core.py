@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from learner.checkpoint import (
     load_training_state,
     save_checkpoint,
 )
+from learner.collapse import CollapseWatch, batch_shape
 from learner.components import critic_for, reference_for
 from learner.config import KLMode, LearnerConfig, Overlong
 from learner.critic import Critic, restore_critic, save_critic
@@ -66,6 +68,13 @@ class Core:
     critic: Critic | None = None  # --algorithm ppo
     stopped: bool = False  # rank 0 has released the other ranks
     tracker: Tracker = dataclasses.field(default_factory=Tracker.off)  # rank 0's (--tracker)
+    collapse: CollapseWatch | None = None  # rank 0's: built from cfg.collapse on first use
+
+    def watch_collapse(self, reward_mean: float, rollout_entropy: float | None) -> None:
+        """Feed one batch (step or skipped) to the collapse watch (`learner.collapse`)."""
+        if self.collapse is None:
+            self.collapse = CollapseWatch(self.cfg.collapse)
+        self.collapse.observe(reward_mean, rollout_entropy, self.state.step)
 
     def prepare(self, groups: list[TrajectoryGroup], replay: bool) -> PreparedBatch:
         """The batch's sequences; with a KL reward penalty, rewards shaped by the reference.
@@ -111,8 +120,10 @@ class Core:
         self, groups: list[TrajectoryGroup], replay: bool
     ) -> tuple[PreparedBatch, StepStats | None]:
         """Prepare and train one batch (rank 0 announces and broadcasts it; every rank trains
-        its share). A batch with no trainable sample is not a step: the step, the policy
-        version and --max-steps stay where they are (stats None)."""
+        its share). A batch with no trainable sample, or whose every optimizer step met an
+        exactly-zero gradient (`Trainer.step` skips those), is not a step: the step, the
+        policy version, the learning-rate schedule and --max-steps stay where they are
+        (stats None)."""
         if self.dist.is_main:
             self.dist.broadcast_command(TRAIN)
             self.dist.broadcast_groups(groups)
@@ -120,13 +131,15 @@ class Core:
             learning_rate(self.cfg.optim, self.state.step, self.cfg.lr_decay_steps)
         )
         prepared = self.prepare(groups, replay)
-        stats = None
-        if prepared.samples:
-            stats = self._update(prepared)
+        stats = self._update(prepared) if prepared.samples else None
+        if stats is not None and stats.zero_gradient_steps:
+            self.state.count("zero_gradient_steps", stats.zero_gradient_steps)
+        if stats is not None and stats.optimizer_steps:
             self._adapt_kl(stats)
             self.state.step += 1
             self.state.record_step([g.group_id for g in groups])
         else:
+            stats = None
             self.state.count("skipped_batches", 1)
         self.state.count("groups", len(groups))
         self.state.count("trained_groups", len(prepared.trained_groups))
@@ -239,20 +252,42 @@ def build_core(cfg: LearnerConfig, dist: DistContext, device: torch.device) -> C
 
 
 def step_record(
-    core: Core, prepared: PreparedBatch, stats: StepStats | None, wait_s: float, push_s: float
+    core: Core,
+    groups: Sequence[TrajectoryGroup],
+    prepared: PreparedBatch,
+    stats: StepStats | None,
+    *,
+    wait_s: float,
+    push_s: float,
 ) -> StepRecord:
-    """The typed record of the step just trained."""
-    state = core.state
-    groups = len(state.trained[-1])
-    return StepRecord.measure(
-        state.step, state.version, groups, prepared, stats, wait_s=wait_s, push_s=push_s
+    """The typed record of the step just trained (and the collapse watch fed with it)."""
+    state, shape = core.state, batch_shape(groups)
+    record = StepRecord.measure(
+        state.step,
+        state.version,
+        len(groups),
+        prepared,
+        stats,
+        wait_s=wait_s,
+        push_s=push_s,
+        shape=shape,
     )
+    core.watch_collapse(record.reward_mean, shape.rollout_entropy)
+    return record
 
 
-def skip_record(core: Core, prepared: PreparedBatch, groups: int, wait_s: float) -> SkipRecord:
-    """The typed record of a batch that trained nothing (not a step)."""
-    state = core.state
-    return SkipRecord.measure(state.step, state.version, groups, prepared, wait_s)
+def skip_record(
+    core: Core, groups: Sequence[TrajectoryGroup], prepared: PreparedBatch, wait_s: float
+) -> SkipRecord:
+    """The typed record of a batch that trained nothing (not a step; the collapse watch
+    sees it all the same: a collapsed policy's batches are mostly skipped)."""
+    state, shape = core.state, batch_shape(groups)
+    record = SkipRecord.measure(
+        state.step, state.version, len(groups), prepared, wait_s=wait_s, shape=shape
+    )
+    if prepared.episode_returns:
+        core.watch_collapse(record.reward_mean, shape.rollout_entropy)
+    return record
 
 
 def run_follower(core: Core) -> None:

@@ -27,6 +27,15 @@ LOSS = Gauge("farm_learner_loss", "Policy loss of the last step")
 REWARD_MEAN = Gauge("farm_learner_reward_mean", "Mean episode return of the last batch")
 CLIP_FRACTION = Gauge("farm_learner_clip_fraction", "Fraction of tokens with the PPO clip active")
 ENTROPY = Gauge("farm_learner_entropy", "Mean token entropy of the last step")
+ROLLOUT_ENTROPY = Gauge(
+    "farm_learner_rollout_entropy",
+    "Mean -log(behaviour prob) of every sampled token of the last batch, trained or skipped "
+    "(nats/token: the sampling policy's entropy)",
+)
+DETERMINISTIC_FRACTION = Gauge(
+    "farm_learner_deterministic_fraction",
+    "Fraction of the last batch's groups whose samples were all identical",
+)
 POLICY_VERSION = Gauge("farm_learner_policy_version", "Policy version after the last step")
 STALENESS = Histogram(
     "farm_learner_staleness_steps",
@@ -81,7 +90,12 @@ OUTSIDE_MASS = Gauge(
     "truncation) in the last step",
 )
 SKIPPED_BATCHES = Counter(
-    "farm_learner_skipped_batches", "Batches with no trainable sample (not steps: no push)"
+    "farm_learner_skipped_batches",
+    "Batches that took no step: no trainable sample, or an exactly-zero gradient (no push)",
+)
+ZERO_GRADIENT_BATCHES = Counter(
+    "farm_learner_zero_gradient_batches",
+    "Skipped batches whose samples carried an exactly-zero gradient (no optimizer step)",
 )
 EVAL_SCORE = Gauge(
     "farm_learner_eval_score",

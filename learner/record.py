@@ -19,6 +19,7 @@ import numpy as np
 
 from learner import metrics as m
 from learner.batch import PreparedBatch
+from learner.collapse import NO_SHAPE, BatchShape
 from learner.trainer import StepStats
 
 log = logging.getLogger("learner")
@@ -40,6 +41,7 @@ LOSS_FIELDS = (
     "outside_mass",
     "rejected_fraction",
     "optimizer_steps",
+    "zero_gradient_steps",
     "value_loss",
     "learning_rate",
     "kl_coef",
@@ -61,6 +63,7 @@ class StepRecord:
     adv_std: float
     staleness_max: int  # largest policy lag among the batch's groups
     zero_variance: int  # groups whose returns were all equal
+    deterministic: int  # groups whose samples were all identical (learner.collapse)
     infra_failed: int  # groups failed by the infrastructure (not trained)
     no_action_timeouts: int  # groups with an episode that timed out before acting (not trained)
     overlong: int  # trajectories cut by the context limit
@@ -70,6 +73,7 @@ class StepRecord:
     compute_s: float  # forward, backward and optimizer
     push_s: float  # weight push and verification (0 when not pushed)
     samples_per_s: float
+    rollout_entropy: float | None = None  # mean -log μ of every sampled token (learner.collapse)
     loss: float | None = None  # the statistics below: None when nothing was trained
     clip_fraction: float | None = None
     entropy: float | None = None  # of the sampled distribution (allowed set, truncation)
@@ -87,7 +91,8 @@ class StepRecord:
     rejected_fraction: float | None = None  # tokens MIS left out of the loss
     learning_rate: float | None = None  # of this step's updates (--lr-schedule)
     kl_coef: float | None = None  # of this step (moved by --kl-target)
-    optimizer_steps: int | None = None  # ppo_epochs x mini_batches
+    optimizer_steps: int | None = None  # taken: ppo_epochs x mini_batches, less the below
+    zero_gradient_steps: int | None = None  # not taken: the gradient was exactly zero
     value_loss: float | None = None  # the critic's clipped value loss (ppo)
     filter_rate: float | None = None  # dynamic sampling's measured filter rate
 
@@ -102,6 +107,7 @@ class StepRecord:
         *,
         wait_s: float,
         push_s: float,
+        shape: BatchShape = NO_SHAPE,
     ) -> StepRecord:
         """The record of a step from its batch, its statistics and its timings."""
         returns = np.asarray(prepared.episode_returns or [0.0])
@@ -120,6 +126,7 @@ class StepRecord:
             adv_std=float(adv.std()),
             staleness_max=max(prepared.staleness, default=0),
             zero_variance=len(prepared.zero_variance),
+            deterministic=shape.deterministic,
             infra_failed=len(prepared.infra_failed),
             no_action_timeouts=len(prepared.no_action_timeouts),
             overlong=prepared.overlong,
@@ -129,6 +136,7 @@ class StepRecord:
             compute_s=round(compute_s, 4),
             push_s=round(push_s, 4),
             samples_per_s=round(len(prepared.samples) / max(wait_s + compute_s, 1e-9), 2),
+            rollout_entropy=shape.rollout_entropy,
             **losses,
         )
 
@@ -155,6 +163,7 @@ def emit(record: StepRecord, prepared: PreparedBatch) -> None:
     m.STALE_GROUPS.labels(action="dropped").inc(record.stale_dropped)
     m.STALE_GROUPS.labels(action="corrected").inc(record.stale_corrected)
     m.ZERO_VARIANCE.inc(record.zero_variance)
+    _shape_gauges(record.groups, record.deterministic, record.rollout_entropy)
     m.INFRA_FAILED.inc(record.infra_failed)
     m.NO_ACTION_TIMEOUTS.inc(record.no_action_timeouts)
     m.OVERLONG.inc(record.overlong)
@@ -184,11 +193,14 @@ def emit(record: StepRecord, prepared: PreparedBatch) -> None:
 class SkipRecord:
     """A batch that trained nothing: not a step (no version, push or --max-steps)."""
 
+    reason: str  # "no_samples": nothing trainable; "zero_gradient": no optimizer step moved
     step: int  # steps done so far (unchanged by this batch)
     version: int  # policy version the servers hold
     groups: int  # groups in the batch
     reward_mean: float  # mean episode return over the batch's non-failed groups
     zero_variance: int
+    deterministic: int  # groups whose samples were all identical
+    rollout_entropy: float | None  # mean -log μ of every sampled token
     infra_failed: int
     no_action_timeouts: int
     stale_dropped: int
@@ -196,16 +208,26 @@ class SkipRecord:
 
     @classmethod
     def measure(
-        cls, step: int, version: int, groups: int, prepared: PreparedBatch, wait_s: float
+        cls,
+        step: int,
+        version: int,
+        groups: int,
+        prepared: PreparedBatch,
+        *,
+        wait_s: float,
+        shape: BatchShape = NO_SHAPE,
     ) -> SkipRecord:
         """The record of a skipped batch."""
         returns = np.asarray(prepared.episode_returns or [0.0])
         return cls(
+            reason="zero_gradient" if prepared.samples else "no_samples",
             step=step,
             version=version,
             groups=groups,
             reward_mean=float(returns.mean()),
             zero_variance=len(prepared.zero_variance),
+            deterministic=shape.deterministic,
+            rollout_entropy=shape.rollout_entropy,
             infra_failed=len(prepared.infra_failed),
             no_action_timeouts=len(prepared.no_action_timeouts),
             stale_dropped=len(prepared.dropped_stale),
@@ -220,9 +242,20 @@ def emit_skip(record: SkipRecord, prepared: PreparedBatch) -> None:
     """Log a skipped batch and count its groups."""
     log.info("%s", json.dumps(record.as_json()))
     m.SKIPPED_BATCHES.inc()
+    if record.reason == "zero_gradient":
+        m.ZERO_GRADIENT_BATCHES.inc()
     if prepared.episode_returns:
         m.REWARD_MEAN.set(record.reward_mean)
     m.STALE_GROUPS.labels(action="dropped").inc(record.stale_dropped)
     m.ZERO_VARIANCE.inc(record.zero_variance)
+    _shape_gauges(record.groups, record.deterministic, record.rollout_entropy)
     m.INFRA_FAILED.inc(record.infra_failed)
     m.NO_ACTION_TIMEOUTS.inc(record.no_action_timeouts)
+
+
+def _shape_gauges(groups: int, deterministic: int, rollout_entropy: float | None) -> None:
+    """The collapse figures of the last batch, step or skipped (`FarmPolicyCollapsed`)."""
+    if rollout_entropy is not None:
+        m.ROLLOUT_ENTROPY.set(rollout_entropy)
+    if groups:
+        m.DETERMINISTIC_FRACTION.set(deterministic / groups)

@@ -108,10 +108,10 @@ async def run_replay(core: Core, stop: asyncio.Event) -> LearnerState:
     async for batch in batches_of(groups, cfg.groups_per_batch, lambda g: problem_with(g, vocab)):
         prepared, stats = core.train(batch, replay=True)
         if stats is None:  # nothing trainable: not a step
-            emit_skip(skip_record(core, prepared, len(batch), 0.0), prepared)
+            emit_skip(skip_record(core, batch, prepared, 0.0), prepared)
             core.tracker.skip(state.step)
         else:
-            record = step_record(core, prepared, stats, 0.0, 0.0)
+            record = step_record(core, batch, prepared, stats, wait_s=0.0, push_s=0.0)
             emit(record, prepared)
             core.tracker.step(record, batch, prepared)
         if stop.is_set() or (cfg.max_steps and state.step >= cfg.max_steps):

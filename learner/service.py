@@ -4,7 +4,9 @@ One straight line per step on rank 0: take a batch of complete groups from the
 source, broadcast it to the other ranks, prepare and train it (every rank its
 slice), push the new weights and publish the version every `push_interval`
 steps, and every `checkpoint_interval` steps write a checkpoint and only then
-ack the entries trained since the previous one. Each step logs one JSON line
+ack the entries trained since the previous one. Alongside, it keeps the run's streams
+trimmed to what is unacknowledged and holds admission at one batch while a stream is
+over its bounds (`broker.trim`). Each step logs one JSON line
 (``{"event": "step", ...}``) and updates the Prometheus metrics. SIGTERM stops
 after the current step, with a final checkpoint and ack.
 
@@ -35,6 +37,7 @@ from broker.outage import retry_while_unavailable
 from broker.policy import current_policy, publish_policy
 from broker.producer import Producer
 from broker.status import export_stream_gauges
+from broker.trim import StreamKeeper, StreamTrimmer
 from learner import metrics as m
 from learner.checkpoint import LearnerState
 from learner.components import dynamic_sampling
@@ -62,8 +65,12 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
         if cfg.metrics_port
         else None
     )
+    keeping: asyncio.Task | None = None
+    done = asyncio.Event()  # ends the stream keeper however the loop ends
     try:
         feeder = await _make_feeder(core, redis, keys)
+        keeper = _make_keeper(core, redis, keys, feeder)
+        keeping = asyncio.create_task(keeper.run(done), name="stream-keeper")
         source = await _make_source(core, redis, keys, feeder, stop)
         await retry_while_unavailable(lambda: _publish_initial(redis, keys, state), "policy", stop)
         evals = await _make_evals(core, redis, keys)
@@ -81,6 +88,9 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
         await _make_durable(core, source, unacked, stop, final=True)
         return state
     finally:
+        done.set()
+        if keeping is not None:
+            await asyncio.gather(keeping, return_exceptions=True)
         if gauges is not None:
             gauges.cancel()
             await asyncio.gather(gauges, return_exceptions=True)
@@ -119,7 +129,7 @@ async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Deli
             # Not a step: nothing for a checkpoint to hold, so ack now (waiting for the next
             # checkpoint would let a run that trains nothing pile up pending entries).
             await live.source.commit_trained(batch.deliveries, stop)
-            emit_skip(skip_record(core, prepared, len(batch.groups), batch.wait_s), prepared)
+            emit_skip(skip_record(core, batch.groups, prepared, batch.wait_s), prepared)
             core.tracker.skip(core.state.step)
             failures.observe(batch.groups, 0)  # RunFailedError past the limit
             continue
@@ -128,7 +138,9 @@ async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Deli
         push_s = 0.0
         if live.pusher is not None and state.step % cfg.push_interval == 0:
             push_s = await _push(core, live.pusher, live.redis, live.keys, stop)
-        record = step_record(core, prepared, stats, batch.wait_s, push_s)
+        record = step_record(
+            core, batch.groups, prepared, stats, wait_s=batch.wait_s, push_s=push_s
+        )
         if live.source.sampling is not None:
             record = dataclasses.replace(record, filter_rate=round(live.source.sampling.rate, 4))
         emit(record, prepared)
@@ -207,6 +219,16 @@ async def _make_source(
     return source
 
 
+def _make_keeper(
+    core: Core, redis: aioredis.Redis, keys: RunKeys, feeder: TaskFeeder | None
+) -> StreamKeeper:
+    """The stream trimmer; while a stream is over its bounds, admission holds one batch."""
+    wait = (core.cfg.consumer.wait_replicas, core.cfg.consumer.wait_timeout_ms)
+    budget = feeder.budget if feeder is not None else AdmissionBudget(redis, keys, *wait)
+    trimmer = StreamTrimmer(redis, keys, core.cfg.streams)
+    return StreamKeeper(trimmer, budget, core.cfg.groups_per_batch)
+
+
 async def _make_feeder(core: Core, redis: aioredis.Redis, keys: RunKeys) -> TaskFeeder | None:
     cfg = core.cfg
     if cfg.tasks is None:
@@ -215,7 +237,7 @@ async def _make_feeder(core: Core, redis: aioredis.Redis, keys: RunKeys) -> Task
     sampler.restore(core.state.sampler)
     # Tasks and their admission slots are written like commits: on as many replicas.
     wait = (cfg.consumer.wait_replicas, cfg.consumer.wait_timeout_ms)
-    producer = Producer(redis, None, *wait)
+    producer = Producer(redis, *wait)
     budget = AdmissionBudget(redis, keys, *wait)
     feeder = TaskFeeder(
         redis,

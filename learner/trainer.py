@@ -11,7 +11,10 @@ included). Logprobs come from `learner.policy.PolicyModel` (chunked LM head, und
 distribution each token was sampled from: allowed tokens, temperature, truncation). Under torchrun the policy is sharded with FSDP2
 (`learner.sharding`), which sums gradients across ranks in backward; every rank runs the
 same number of micro-batches (empty ones are zero-loss fillers) because each forward and
-backward is collective. Then global-norm clipping and AdamW. One process without torchrun
+backward is collective. Then global-norm clipping and AdamW, unless the (all-reduced)
+gradient is exactly zero: that mini-batch takes no optimizer step (`zero_gradient_steps`),
+so Adam's momentum, weight decay and second-moment decay never act without a gradient
+(docs/learner.md, "A batch with no gradient"). One process without torchrun
 trains the plain module. On CUDA without FSDP the forward runs under bf16 autocast
 (`autocast_context`); with FSDP, mixed precision is FSDP's policy. Dropout stays off (eval
 mode) so that the recomputed logprobs are those the served model would give.
@@ -68,7 +71,8 @@ class StepStats:
     dual_clip_fraction: float = 0.0  # tokens whose dual clip was active
     correction_fraction: float = 0.0  # tokens whose pi_prox/mu was capped (TIS) or masked (MIS)
     kl: float = 0.0  # mean per-token KL estimate to the reference
-    optimizer_steps: int = 1
+    optimizer_steps: int = 1  # optimizer steps taken
+    zero_gradient_steps: int = 0  # optimizer steps not taken: the gradient was exactly zero
     behaviour_ratio_mean: float = 1.0  # pi_prox/mu before the cap: inference vs learner
     behaviour_ratio_max: float = 1.0
     behaviour_ratio_min: float = 1.0
@@ -275,7 +279,14 @@ class Trainer:
                 if param.grad is not None:
                     param.grad.mul_(scale)
         grad_norm = clip_grad_norm(params, self.cfg.max_grad_norm)
-        self.optimizer.step()
+        # No gradient, no step: AdamW would still move the weights by its momentum (and by
+        # the weight decay) and decay its second moment, inflating the next real step. The
+        # norm is all-reduced (FSDP), so every rank sees the same value and skips together.
+        took = grad_norm != 0.0
+        if took:
+            self.optimizer.step()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
         return tally.stats(
             sums,
             mins,
@@ -284,6 +295,7 @@ class Trainer:
             grad_norm=float(grad_norm),
             compute_s=time.perf_counter() - started,
             scale=scale,
+            took=took,
         )
 
 
@@ -370,6 +382,7 @@ class _Tally:
         grad_norm: float,
         compute_s: float,
         scale: float,
+        took: bool,
     ) -> StepStats:
         """The step's statistics from the rank-reduced sums and minimums."""
         s = dict(zip(self.SUMS, sums.tolist(), strict=True))
@@ -398,6 +411,8 @@ class _Tally:
             behaviour_log_ratio_std=log_var**0.5,
             outside_mass=s["outside"] / n,
             rejected_fraction=s["rejected"] / n,
+            optimizer_steps=int(took),
+            zero_gradient_steps=int(not took),
         )
 
 
@@ -432,5 +447,6 @@ def merge_stats(stats: Sequence[StepStats]) -> StepStats:
         behaviour_log_ratio_std=mean("behaviour_log_ratio_std"),
         outside_mass=mean("outside_mass"),
         rejected_fraction=mean("rejected_fraction"),
-        optimizer_steps=len(stats),
+        optimizer_steps=sum(s.optimizer_steps for s in stats),
+        zero_gradient_steps=sum(s.zero_gradient_steps for s in stats),
     )

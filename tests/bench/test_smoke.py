@@ -3,7 +3,8 @@
 A benchmark rots when the code under it changes (`bench learner` once crashed on a changed
 `WeightPusher.push`); these runs make that a CI failure. They assert only that the run
 completes, that stdout is the envelope of `bench._report` with the machine's load, and
-that the table (stderr under `--json`) was printed; the figures themselves are not checked.
+that the table (stderr under `--json`) was printed; the figures themselves are not checked,
+but for the soak's trimming (a learner whose trimming had died soaked a whole hour).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ SMOKES = {
     "learner --memory": (["--memory"], "| chunked | 256 |", ()),
     "lora": ([], "push per version (s)", ()),
     "sandbox": ([], "speed-up vs docker exec", ("docker",)),
+    "soak": ([], "nothing lost:", ()),
     "workers": ([], "sync batch-barrier loop", ()),
 }
 MARKS = {"bwrap": pytest.mark.bwrap, "docker": pytest.mark.docker}
@@ -66,6 +68,9 @@ def test_smoke(key: str) -> None:
         assert len(machine[when]) == 3 and all(x >= 0 for x in machine[when])
     assert machine["quiet"] is False  # subprocess.run closes an inherited lock descriptor
     assert envelope["result"]
+    if name == "soak":  # the learner trimmed what it had acked, and nothing was lost
+        assert envelope["result"]["redis"]["trimmed_entries"] > 0, done.stderr[-3000:]
+        assert envelope["result"]["goals"]["nothing_lost"], done.stderr[-3000:]
     assert table_line in done.stderr
     assert "(machine: " in done.stderr
 

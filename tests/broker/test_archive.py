@@ -34,6 +34,18 @@ async def test_archive_is_resumable_and_indexed(redis, tmp_path):
     assert [e[0] for e in reopened.entries()] == ids + more
 
 
+async def test_segments_are_cut_by_bytes_too(redis, tmp_path):
+    """A following archiver holds trimming back by about one segment, so a segment ends
+    at --segment-bytes whatever its entry count."""
+    await fill(redis, 12)
+    size = sum(
+        len(v) for _, f in await redis.xrange(KEYS.trajectories(), count=1) for v in f.values()
+    )
+    archive = Archive(tmp_path)
+    n = await archive_stream(redis, KEYS.trajectories(), archive, segment_bytes=3 * size)
+    assert n == 12 and [s.count for s in archive.segments] == [3, 3, 3, 3]
+
+
 async def test_segment_orphaned_by_a_crash_is_adopted(redis, tmp_path):
     await fill(redis, 5)
     archive = Archive(tmp_path)

@@ -13,7 +13,7 @@ from redis.exceptions import NoPermissionError
 from broker.connection import RedisSettings, connect
 from broker.errors import RedisAuthFailed, RedisUnavailable
 from broker.keys import WORKERS_GROUP, RunKeys
-from broker.producer import Producer, Retention
+from broker.producer import Producer
 from tests.broker.helpers import make_task, task_consumer
 from tests.conftest import free_port, require
 
@@ -124,24 +124,6 @@ async def test_large_entries_over_plain_tcp(redis_server):
     client = await connect(RedisSettings.from_url(redis_server.url))
     try:
         await _round_trip_large_entry(client)
-    finally:
-        await client.aclose()
-
-
-async def test_retention_modes(redis_server):
-    client = await connect(RedisSettings.from_url(redis_server.url))
-    try:
-        capped = Producer(client, Retention(mode="maxlen", maxlen=10))
-        for _ in range(20):
-            await capped.publish("{c}:capped", [make_task(f"t{i}") for i in range(50)])
-        assert 10 <= await client.xlen("{c}:capped") < 1000  # approximate trimming: whole nodes
-        windowed = Producer(client, Retention(mode="minid", max_age_s=0.2))
-        await windowed.publish("{c}:window", [make_task("old")] * 200)
-        time.sleep(0.4)
-        await windowed.publish("{c}:window", [make_task("new")] * 200)
-        assert await client.xlen("{c}:window") < 400
-        with pytest.raises(ValueError):
-            Retention(maxlen=0)
     finally:
         await client.aclose()
 

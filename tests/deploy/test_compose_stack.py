@@ -121,6 +121,8 @@ def _override(tasks: Path, ckpt: Path) -> dict[str, object]:
         "FARM_MAX_STALENESS": MAX_STALENESS,
         "FARM_MAX_STEPS": STEPS,
         "FARM_CHECKPOINT_INTERVAL": 5,
+        # the books below read the run's whole history off the streams: trim only at start
+        "FARM_STREAM_TRIM_INTERVAL_S": 3600,
     }
     worker_env = {**plugin, "FARM_CONCURRENCY": TASKS_PER_WORKER * GROUP_SIZE, "FARM_MAX_TOKENS": 1}
     mount = f"{ENV_FILE}:/opt/plugins/compose_env.py:ro"

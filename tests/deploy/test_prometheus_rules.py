@@ -25,6 +25,7 @@ REQUIRED_ALERTS = {
     "FarmSandboxPoolExhausted",
     "FarmSamplerLearnerMismatch",
     "FarmPolicyMassLeavingSupport",
+    "FarmPolicyCollapsed",
 }
 
 

@@ -17,7 +17,7 @@ from broker.connection import RedisSettings, connect
 from broker.keys import WORKERS_GROUP, RunKeys
 from broker.messages import PolicyVersion, Task
 from broker.policy import publish_policy
-from broker.producer import Producer, Retention
+from broker.producer import Producer
 from farm.config import load_config
 from farm.errors import ConfigError
 
@@ -86,7 +86,7 @@ async def test_status_shows_streams_lag_pending_policy_and_budget(broker_url) ->
     try:
         tasks = [Task(f"t{i}", "toy@{}", 2, i, 0) for i in range(5)]
         await redis.xgroup_create(keys.tasks, WORKERS_GROUP, id="0", mkstream=True)
-        await Producer(redis, Retention()).publish(keys.tasks, tasks)
+        await Producer(redis).publish(keys.tasks, tasks)
         await redis.xreadgroup(WORKERS_GROUP, "w-1", {keys.tasks: ">"}, count=2)
         budget = AdmissionBudget(redis, keys)
         await budget.set_limit(16)

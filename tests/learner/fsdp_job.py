@@ -9,7 +9,8 @@ and gathered whole (``OUT/after_first.safetensors``), the same weights as a weig
 streams them, rank 1 following the learner's stream command (``OUT/transfer.safetensors``;
 first a transfer stopped after two tensors, whose gathers must finish on their own), a checkpoint, a second step, a fresh trainer resumed from the checkpoint, the same
 second step, and the full weights of both written (``OUT/continued.safetensors``,
-``OUT/resumed.safetensors``); last, the first step again with CPU offload and activation
+``OUT/resumed.safetensors``); a zero-advantage step on the first trainer, which both ranks
+skip (its count and how far the weights moved, 0, go to the stats); last, the first step again with CPU offload and activation
 checkpointing on (``OUT/offloaded_grads.safetensors``). The export directory of the checkpoint is left in ``OUT/ckpt``.
 """
 
@@ -21,6 +22,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
@@ -46,8 +48,12 @@ def gathered(trainer: Trainer, grads: bool) -> dict[str, torch.Tensor]:
     return out
 
 
+def _totals(samples: list[Sample]) -> tuple[int, int]:
+    return sum(int(s.loss_mask.sum()) for s in samples), len(samples)
+
+
 def step(trainer: Trainer, samples: list[Sample]) -> dict[str, float]:
-    stats = trainer.step(samples, sum(int(s.loss_mask.sum()) for s in samples), len(samples))
+    stats = trainer.step(samples, *_totals(samples))
     return {"loss": stats.loss, "grad_norm": stats.grad_norm, "entropy": stats.entropy}
 
 
@@ -86,6 +92,14 @@ def main(model: Path, out: Path) -> None:
     )
     step(trainer, second)
     continued = gathered(trainer, grads=False)
+    # a batch of zero advantages: both ranks skip the optimizer step together (a rank that
+    # stepped alone would wait in its next collective forever), and nothing moves
+    zero = [replace(s, advantages=np.zeros_like(s.advantages)) for s in first]
+    stats["zero_gradient_steps"] = trainer.step(zero, *_totals(zero)).zero_gradient_steps
+    stats["zero_moved"] = max(
+        float((w - continued[name]).abs().max())
+        for name, w in gathered(trainer, grads=False).items()
+    )
     resumed = make_trainer(model, dist)
     load_training_state(out / "ckpt" / "step-00000001", resumed.policy, resumed.optimizer)
     step(resumed, second)

@@ -22,10 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.codec import decode
 from broker.connection import RedisSettings, connect
-from broker.keys import LEARNER_GROUP, RunKeys
-from broker.messages import TrajectoryGroup
+from broker.keys import LEARNER_GROUP, WORKERS_GROUP, RunKeys
 from tests.conftest import RedisServer
 from tests.learner.farm import farm, step_records, toy_tasks
 
@@ -40,41 +38,42 @@ LIMIT = (MAX_STALENESS + 1) * GROUPS_PER_BATCH
 
 
 async def sample_in_flight(url: str, keys: RunKeys, learner: subprocess.Popen[bytes]) -> list[int]:
-    """issued - consumed by the learner, sampled until the learner exits."""
+    """issued - consumed by the learner, sampled until the learner exits. Issued is the
+    tasks stream's entries-added: the learner trims what the workers acknowledged."""
     redis = await connect(RedisSettings.from_url(url))
     samples: list[int] = []
     try:
         while learner.poll() is None:
             async with redis.pipeline(transaction=True) as pipe:
-                pipe.xlen(keys.tasks)
+                pipe.exists(keys.tasks)
                 pipe.exists(keys.trajectories())
-                issued, exists = await pipe.execute()
-            consumed = 0
-            if exists:
+                tasks, exists = await pipe.execute()
+            issued = consumed = 0
+            if tasks and exists:
                 async with redis.pipeline(transaction=True) as pipe:
-                    pipe.xlen(keys.tasks)
+                    pipe.xinfo_stream(keys.tasks)
                     pipe.xinfo_groups(keys.trajectories())
-                    issued, groups = await pipe.execute()
+                    stream, groups = await pipe.execute()
+                issued = int(stream["entries-added"])
                 for g in groups:
                     if g["name"] in (LEARNER_GROUP, LEARNER_GROUP.encode()):
                         consumed = int(g["entries-read"] or 0)
-            samples.append(int(issued) - consumed)
+            samples.append(issued - consumed)
             await asyncio.sleep(0.02)
     finally:
         await redis.aclose()
     return samples
 
 
-async def group_producers(url: str, keys: RunKeys) -> set[str]:
+async def task_consumers(url: str, keys: RunKeys) -> set[str]:
+    """The workers that took tasks (each task they took became a group they published;
+    the trained groups themselves are trimmed from Redis once acknowledged)."""
     redis = await connect(RedisSettings.from_url(url))
-    rows = await redis.xrange(keys.trajectories())
-    await redis.aclose()
-    out = set()
-    for _, fields in rows:
-        group = decode(fields, expect=TrajectoryGroup)
-        assert isinstance(group, TrajectoryGroup)
-        out.add(group.worker_id)
-    return out
+    try:
+        rows = await redis.xinfo_consumers(keys.tasks, WORKERS_GROUP)
+    finally:
+        await redis.aclose()
+    return {c["name"].decode() for c in rows}
 
 
 def run_farm(
@@ -193,7 +192,7 @@ def test_reward_rises_with_weight_push_and_not_without(
     # the admission bound, across three worker processes
     assert max(in_flight) <= LIMIT, f"in flight reached {max(in_flight)} > {LIMIT}"
     assert max(in_flight) == LIMIT, "the bound never bound anything"
-    assert len(asyncio.run(group_producers(redis_server.url, RunKeys("learn")))) >= 2
+    assert len(asyncio.run(task_consumers(redis_server.url, RunKeys("learn")))) >= 2
     # with weights pushed every step, nothing trained is older than the bound
     assert all(int(r["staleness_max"]) <= MAX_STALENESS for r in learning)  # type: ignore[arg-type]
     assert sum(int(r["stale_corrected"]) + int(r["stale_dropped"]) for r in learning) == 0  # type: ignore[arg-type]

@@ -8,6 +8,7 @@
   100-byte ones), loads with transformers and holds exactly the weights after the first step;
   so do the whole tensors a weight transfer streams (`full_weights`), also after a transfer
   stopped midway (its gathers finish, or the next collective would hang).
+* A zero-advantage step is skipped by both ranks together, and moves no weight.
 """
 
 from __future__ import annotations
@@ -47,6 +48,15 @@ def test_one_fsdp_step_equals_the_single_process_step(fsdp_run: Path, tiny_model
         for name, p in trainer.model.named_parameters():
             torch.testing.assert_close(grads[name], p.grad, rtol=1e-5, atol=1e-7, msg=name)
     assert stats.grad_norm > 0
+
+
+@pytest.mark.slow
+def test_fsdp_ranks_skip_a_zero_gradient_step_together(fsdp_run: Path) -> None:
+    """Both ranks skip the optimizer step of a zero-advantage batch (else the job hangs in
+    its next collective) and no sharded weight moves."""
+    fsdp = json.loads((fsdp_run / "stats.json").read_text())
+    assert fsdp["zero_gradient_steps"] == 1
+    assert fsdp["zero_moved"] == 0.0
 
 
 @pytest.mark.slow

@@ -70,7 +70,7 @@ async def test_master_sigkill_mid_run_loses_nothing(
     settings = {"reclaim_idle_s": 3.0, "wait_replicas": wait_replicas}
     async with redis_client(cluster.url) as redis, redis_client(cluster.url) as worker_redis:
         rows = [TaskRow('wk-dialogue@{"turns": 2, "step_s": 0.1}')]
-        producer = Producer(redis, None, wait_replicas)
+        producer = Producer(redis, wait_replicas)
         budget = AdmissionBudget(redis, KEYS, wait_replicas)
         feeder = TaskFeeder(
             redis,

@@ -1,0 +1,185 @@
+"""What `bench soak` samples from a running farm: its processes, its Redis, its books.
+
+- `disk_mib`: the farm's work directory on disk;
+- `processes`: the farm's process tree by role (supervisor, redis, inference, worker-N,
+  learner), each with its resident memory (VmRSS) and open file descriptors, from /proc;
+- `redis_probe`: Redis's used and resident memory, the bytes of each of the run's streams
+  and seen sets (MEMORY USAGE), whether admission is held, and how many entries the
+  learner has trimmed from the tasks and trajectories streams;
+- `books`: one MULTI/EXEC snapshot of the counters that account for every task issued
+  (`entries-added` survives trimming): each one is waiting or pending on a tasks stream,
+  dead-lettered, or a group on a trajectories stream that the learner has read or has
+  still to read. Whatever is missing was lost (trimmed before it was consumed).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from broker.codec import decode
+from broker.errors import DecodeError
+from broker.keys import LEARNER_GROUP, WORKERS_GROUP, RunKeys
+from broker.messages import DeadLetter
+
+ROLES = (("redis-server", "redis"), ("-m inference", "inference"), ("-m learner", "learner"))
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One process of the farm at one sample."""
+
+    role: str
+    pid: int
+    rss_mib: float
+    fds: int
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # exited meanwhile
+            continue
+        tree.setdefault(ppid, []).append(int(entry.name))
+    return tree
+
+
+def _role(pid: int, root: int) -> str | None:
+    if pid == root:
+        return "supervisor"
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return None
+    for needle, role in ROLES:
+        if needle in cmd:
+            return role
+    if "-m workers" in cmd:
+        marker = "--worker-id "
+        return cmd.split(marker, 1)[1].split()[0] if marker in cmd else "worker"
+    return None
+
+
+def _measure(pid: int) -> tuple[float, int] | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+    kb = next((int(x.split()[1]) for x in status.splitlines() if x.startswith("VmRSS:")), 0)
+    return kb / 1024, fds
+
+
+def processes(root: int) -> list[Proc]:
+    """The farm's processes under `root` (the `farm up` process), by role."""
+    tree, out, frontier = _children(), [], [root]
+    while frontier:
+        pid = frontier.pop()
+        frontier += tree.get(pid, [])
+        role = _role(pid, root)
+        if role is not None and (measured := _measure(pid)) is not None:
+            out.append(Proc(role, pid, *measured))
+    return out
+
+
+def disk_mib(directory: Path) -> float:
+    """What the farm's work directory holds (logs, checkpoints, weights, Redis's AOF)."""
+    total = 0
+    for root, _, files in os.walk(directory):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name)).st_size
+            except OSError:  # replaced meanwhile (a checkpoint rotating)
+                continue
+    return total / (1 << 20)
+
+
+def _usage(client: redis.Redis, key: str) -> int:
+    return int(client.memory_usage(key, samples=0) or 0)
+
+
+def _trimmed(client: redis.Redis, keys: RunKeys) -> int:
+    """Entries trimmed so far from the tasks and trajectories streams (added less held)."""
+    total = 0
+    for stream in (*keys.all_tasks, *keys.all_trajectories):
+        if client.exists(stream):
+            info = client.xinfo_stream(stream)
+            total += int(info["entries-added"]) - int(info["length"])
+    return total
+
+
+def redis_probe(client: redis.Redis, keys: RunKeys) -> dict[str, float]:
+    """Redis's memory (MiB): used, resident, the run's streams (largest and all), seen sets;
+    the work streams' entries trimmed so far."""
+    info = client.info("memory")
+    streams = [_usage(client, s) for s in keys.streams]
+    seen = [
+        _usage(client, keys.seen(g, p))
+        for g in (WORKERS_GROUP, LEARNER_GROUP)
+        for p in range(keys.partitions)
+    ]
+    mib = 1 << 20
+    return {
+        "used_mib": info["used_memory"] / mib,
+        "rss_mib": info["used_memory_rss"] / mib,
+        "streams_mib": sum(streams) / mib,
+        "largest_stream_mib": max(streams, default=0) / mib,
+        "seen_mib": sum(seen) / mib,
+        "held": float(client.hexists(keys.admission, "held_reason")),
+        "trimmed": _trimmed(client, keys),
+    }
+
+
+def _task_letters(client: redis.Redis, keys: RunKeys) -> int:
+    """Dead letters of tasks (a group dead-lettered by the learner was read: counted there)."""
+    count = 0
+    for stream in keys.all_deadletters:
+        for _, fields in client.xrange(stream):
+            try:
+                letter = decode(fields, expect=DeadLetter)
+            except DecodeError:
+                continue
+            count += isinstance(letter, DeadLetter) and letter.source_stream in keys.all_tasks
+    return count
+
+
+def _group(groups: list[dict], name: str) -> dict | None:
+    return next((g for g in groups if g["name"].decode() == name), None)
+
+
+def books(client: redis.Redis, keys: RunKeys) -> dict[str, int | None]:
+    """Tasks issued, and each one's whereabouts, from one consistent snapshot."""
+    streams = [*keys.all_tasks, *keys.all_trajectories]
+    if not all(client.exists(s) for s in streams):
+        return {"issued": 0, "accounted": 0, "lost": 0}
+    with client.pipeline(transaction=True) as pipe:  # one slot per partition: MULTI is exact
+        for stream in streams:
+            pipe.xinfo_stream(stream)
+            pipe.xinfo_groups(stream)
+        replies = pipe.execute()
+    issued = accounted = 0
+    for stream, info, groups in zip(streams, replies[::2], replies[1::2], strict=True):
+        name = WORKERS_GROUP if stream in keys.all_tasks else LEARNER_GROUP
+        group = _group(groups, name)
+        if stream in keys.all_tasks:
+            issued += int(info["entries-added"])
+            if group is None:
+                accounted += int(info["length"])
+                continue
+        elif group is None:
+            accounted += int(info["length"])
+            continue
+        if group["lag"] is None:
+            return {"issued": issued, "accounted": None, "lost": None}  # Redis cannot tell
+        accounted += int(group["lag"]) + (
+            int(group["pending"]) if stream in keys.all_tasks else int(group["entries-read"])
+        )
+    accounted += _task_letters(client, keys)
+    return {"issued": issued, "accounted": accounted, "lost": issued - accounted}
