@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 
 KILL_WAIT_S = 2.0  # bound on waiting for killed leftovers to die
 PR_SET_PDEATHSIG = 1
@@ -56,8 +57,8 @@ def kill_descendants(root: int, keep: frozenset[int] = frozenset()) -> int:
     Stopping first freezes fork bombs that escaped their process group, so the walk
     converges; the kill then removes the frozen tree at once.
     """
-    stopped: set[int] = set()
-    for _ in range(50):
+
+    def descendants() -> list[int]:
         tree = _proc_children()
         todo, found = list(tree.get(root, [])), []
         while todo:
@@ -66,24 +67,24 @@ def kill_descendants(root: int, keep: frozenset[int] = frozenset()) -> int:
                 continue
             found.append(pid)
             todo.extend(tree.get(pid, []))
-        new = [p for p in found if p not in stopped]
-        if not new:
-            break
-        for pid in new:
-            _signal(pid, signal.SIGSTOP)
-        stopped.update(new)
-    for pid in stopped:
-        _signal(pid, signal.SIGKILL)
-    _await_dead(stopped, time.monotonic() + KILL_WAIT_S)
-    return len(stopped)
+        return found
+
+    return _stop_then_kill(descendants)
 
 
 def kill_uid(uid: int) -> int:
     """Stop, then kill, every process whose real uid is ``uid`` (but the caller); returns
     how many. A closed session's whole uid goes, whatever tree its processes escaped to."""
-    me, stopped = os.getpid(), set()
+    me = os.getpid()
+    return _stop_then_kill(lambda: [pid for pid in _pids_of(uid) if pid != me])
+
+
+def _stop_then_kill(find: Callable[[], list[int]]) -> int:
+    """SIGSTOP what `find` lists until a walk finds nothing new (at most 50 walks), then
+    SIGKILL every stopped pid and wait for them; returns how many."""
+    stopped: set[int] = set()
     for _ in range(50):
-        new = [pid for pid in _pids_of(uid) if pid != me and pid not in stopped]
+        new = [pid for pid in find() if pid not in stopped]
         if not new:
             break
         for pid in new:
