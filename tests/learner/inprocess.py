@@ -22,7 +22,7 @@ import inspect
 import json
 import os
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -192,9 +192,7 @@ def train(  # noqa: PLR0913
     `until` ends the run early at the first 10-step window whose mean reward reaches it; the
     steps before are the same as in the full run.
     """
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads or before)
-    try:
+    with torch_threads(threads):
         return _train(
             model_dir,
             env_spec,
@@ -207,6 +205,15 @@ def train(  # noqa: PLR0913
             push=push,
             until=until,
         )
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to `threads` (None: left as they are) for the block."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        yield
     finally:
         torch.set_num_threads(before)
 
@@ -293,16 +300,18 @@ def evaluate(
     *,
     k: int,
     settings: EpisodeSettings,
+    threads: int | None = None,
 ) -> Score:
     """`k` samples of each task line's problem (``{"env_spec": ..., "row": ...}``, the
     learner's eval-set format: each row its own problem, seeded by its index) from `model`,
-    through the workers' episode code."""
+    through the workers' episode code, on `threads` torch threads (None: as they are)."""
     ctx = EpisodeContext(load_codec(str(model_dir)), ModelGenerator(model), SamplingParams)
     rows = [json.loads(line) for line in lines]
     tasks = [
         Task(f"eval-{i}", r["env_spec"], k, i, 0, row=r.get("row")) for i, r in enumerate(rows)
     ]
-    groups = asyncio.run(_groups(ctx, settings, tasks))
+    with torch_threads(threads):
+        groups = asyncio.run(_groups(ctx, settings, tasks))
     returns = [[sum(t.reward for t in tr.turns) for tr in g.trajectories] for g in groups]
     return Score(
         mean=sum(map(sum, returns)) / sum(map(len, returns)),

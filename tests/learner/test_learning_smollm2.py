@@ -14,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from envs.arith import split_lines
 from tests.learner.inprocess import Score, evaluate, train
@@ -34,12 +33,8 @@ SEED = 0
 def _score(model: object, model_dir: Path) -> Score:
     """Every held-out problem once (addressed by row: `split_lines`), k samples each, on one
     thread as the training (`train(threads=1)`)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return evaluate(model, model_dir, split_lines("heldout"), k=K, settings=SETTINGS)  # type: ignore[arg-type]
-    finally:
-        torch.set_num_threads(threads)
+    lines = split_lines("heldout")
+    return evaluate(model, model_dir, lines, k=K, settings=SETTINGS, threads=1)  # type: ignore[arg-type]
 
 
 @pytest.mark.slow
