@@ -4,7 +4,8 @@
     ├── ConfigError     the farm's configuration is invalid (bad flag, env var, TOML)
     ├── StartupError    a child never became ready, or a tool it needs is missing
     ├── ChildFailed     a child kept crashing past its restart budget
-    └── ImageError      an image of the compose stack could not be built
+    ├── ImageError      an image of the compose stack could not be built
+    └── LockError       a dependency lock could not be read (farm.lock)
 
 Library exceptions (pydantic, OSError from spawning) are translated at this boundary.
 """
@@ -30,3 +31,7 @@ class ChildFailed(FarmError):
 
 class ImageError(FarmError):
     """An image of the compose stack could not be built (`farm images build`)."""
+
+
+class LockError(FarmError):
+    """A dependency lock (locks/*.txt) could not be read, or does not fit this platform."""

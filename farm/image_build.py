@@ -1,8 +1,9 @@
 """Plumbing of the offline image builds, shared by `farm.images` and `farm.plugins`.
 
-The pins of the running environment (what the tests ran), the requirements a wheelhouse
-still lacks for an image's Python, and a Docker build from a tar context whose failure
-becomes an `ImageError` carrying the end of the build log.
+The pins of the CPU lock (locks/cpu.txt, what the tests ran) for an image's Python, the
+requirements a wheelhouse still lacks for it, the wheelhouse as hashed requirements checked
+against the lock, and a Docker build from a tar context whose failure becomes an `ImageError`
+carrying the end of the build log.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ import io
 import logging
 import tarfile
 import zipfile
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from farm import lock
 from farm.errors import ImageError
 
 if TYPE_CHECKING:
@@ -23,14 +24,35 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def constraints_text() -> str:
-    """Pins of every distribution in the running environment (the versions the tests ran)."""
-    pins = {}
-    for dist in metadata.distributions():
-        name = dist.metadata["Name"]
-        if name and name.lower() not in ("rollout-farm", "torch"):
-            pins[name.lower()] = f"{name}=={dist.version}"
-    return "\n".join(sorted(pins.values())) + "\n"
+def locked(python_version: str) -> dict[str, lock.Pin]:
+    """The CPU lock's entry of each package for an image whose python is `python_version`."""
+    return lock.for_python(lock.read("cpu"), python_version)
+
+
+def constraints_text(python_version: str) -> str:
+    """Pip constraints: the CPU lock's version of every package, for `python_version`."""
+    return "\n".join(lock.constraints(locked(python_version))) + "\n"
+
+
+def locked_requirements(into: Path, python_version: str) -> str:
+    """The wheels in `into` as the lock's lines, hashes included (an image installs them
+    with ``--require-hashes --no-deps``); an `ImageError` names a wheel the lock lacks."""
+    from packaging.utils import parse_wheel_filename
+    from packaging.version import Version
+
+    pins = locked(python_version)
+    lines = []
+    for wheel in sorted(into.glob("*.whl")):
+        name, version, _, _ = parse_wheel_filename(wheel.name)
+        pin = pins.get(name)
+        if pin is None or Version(pin.version) != version:
+            where = f"at {pin.version}" if pin else "not at all"
+            raise ImageError(
+                f"{wheel.name}: locks/cpu.txt has {name} {where} for python {python_version}; "
+                "relock (scripts/upgrade-deps.sh --keep) after changing what the image needs"
+            )
+        lines.append(pin.requirement())
+    return "\n".join(lines) + "\n"
 
 
 def unmet(into: Path, python_version: str, have: set[str] | None = None) -> list[str]:

@@ -4,9 +4,11 @@ No registry is reachable, so nothing is pulled. Every image starts from the sand
 debootstrap base (`sandbox.image.ensure_base`):
 
 - ``rollout-farm/python``: Debian's python3 plus a virtual environment with the project's
-  dependencies, installed from a wheelhouse that `pip download` fills on the host (from the
-  package index the host reaches, pinned to the versions installed in the running
-  environment; torch is the ``TORCH`` CPU wheel);
+  dependencies (its base and ``EXTRAS``) at the versions locks/cpu.txt pins for that python:
+  `pip download` fills a wheelhouse on the host (from the package index the host reaches,
+  under the lock's pins as constraints, torch the CPU wheel in FARM_TORCH_FIND_LINKS), every
+  wheel must be the lock's, and the image installs them with the lock's hashes
+  (``--require-hashes --no-deps``, no index);
 - ``rollout-farm/worker``: the project on top of it (workers, CPU policy server, learner);
 - ``rollout-farm/redis`` and ``rollout-farm/prometheus``: Debian's packages from the apt
   mirror that the base names.
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
+import os
 import subprocess
 import sys
 import tarfile
@@ -35,12 +38,19 @@ import time
 import tomllib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from farm import lock
 from farm.errors import ImageError
-from farm.image_build import add_bytes, build_image, constraints_text, missing, unmet
+from farm.image_build import (
+    add_bytes,
+    build_image,
+    constraints_text,
+    locked_requirements,
+    missing,
+    unmet,
+)
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -50,8 +60,10 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILES = ROOT / "deploy" / "docker"
 ENV_FILE = ROOT / "deploy" / "compose" / ".env"
-TORCH = "torch==2.13.0"  # the CPU wheel on this machine's disk (see scripts/bootstrap.sh)
 EXTRAS = ("train", "sandbox", "data")  # data: Parquet datasets and --reward math
+# Installed beside them: pip itself, and setuptools, which builds the project in the worker
+# layer (--no-build-isolation: nothing is fetched there). The lock pins both.
+TOOLS = ("pip", "setuptools")
 # What the worker image copies (worker.Dockerfile); the tag hashes exactly these files.
 SOURCES = (
     "pyproject.toml",
@@ -93,11 +105,20 @@ def _digest(*parts: bytes) -> str:
 
 
 def requirements() -> list[str]:
-    """The project's runtime requirements (with EXTRAS), torch pinned first."""
+    """The project's runtime requirements (with EXTRAS) and TOOLS: the lock gives versions."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = [r for e in EXTRAS for r in project["optional-dependencies"][e]]
-    rest = [r for r in project["dependencies"] + extras if not r.startswith("torch")]
-    return [TORCH, *rest]
+    return [*project["dependencies"], *extras, *TOOLS]
+
+
+def torch_links() -> str:
+    """Where pip finds the CPU torch the lock pins (as scripts/bootstrap.sh looks)."""
+    given = os.environ.get("FARM_TORCH_FIND_LINKS")
+    if given:
+        return given
+    if Path("/opt/wheels").is_dir():
+        return "/opt/wheels"
+    return "https://download.pytorch.org/whl/cpu/torch/"
 
 
 def source_files() -> Iterator[Path]:
@@ -113,7 +134,8 @@ def tags(base: str) -> dict[Image, str]:
     text = {
         i: (DOCKERFILES / i.dockerfile).read_bytes() for i in (PYTHON, WORKER, REDIS, PROMETHEUS)
     }
-    python = _digest(base.encode(), text[PYTHON], "\n".join(requirements()).encode())
+    recipe = "\n".join(requirements()).encode()
+    python = _digest(base.encode(), text[PYTHON], recipe, lock.LOCKS["cpu"].read_bytes())
     python_tag = f"{PYTHON.repository}:{python}"
     sources = [str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() for f in source_files()]
     return {
@@ -125,21 +147,22 @@ def tags(base: str) -> dict[Image, str]:
 
 
 def wheelhouse(into: Path, python_version: str, quiet: bool) -> None:
-    """Download every wheel the python image installs (and pip itself) into `into`.
+    """Download every wheel the python image installs into `into`, at the lock's versions,
+    and write them as hashed requirements (requirements.txt) for the image's `python_version`.
 
     pip evaluates dependency markers for the interpreter it runs on, not for the image's
     (`--python-version` does not change that), so a dependency behind a marker such as
     ``python_full_version < "3.11.3"`` is downloaded in further rounds until the
     wheelhouse is closed for the image's `python_version`.
     """
-    (into / "requirements.txt").write_text("\n".join(requirements()) + "\n")
     constraints = into.parent / "constraints.txt"
-    constraints.write_text(constraints_text())
-    wanted = [*requirements(), f"pip=={metadata.version('pip')}"]
+    constraints.write_text(constraints_text(python_version))
+    wanted = requirements()
     for _ in range(5):
         _pip_download(into, constraints, wanted, quiet)
         wanted = unmet(into, python_version)
         if not wanted:
+            (into / "requirements.txt").write_text(locked_requirements(into, python_version))
             return
         log.info("for python %s the wheelhouse also needs %s", python_version, wanted)
     raise ImageError(f"the wheelhouse does not close for python {python_version}: {wanted}")
@@ -154,6 +177,8 @@ def _pip_download(into: Path, constraints: Path, wanted: list[str], quiet: bool)
         "--disable-pip-version-check",
         "--only-binary",
         ":all:",
+        "--find-links",
+        torch_links(),
         "-d",
         str(into),
         "-c",

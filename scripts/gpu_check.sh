@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# The CUDA paths, checked on a GPU node that has the project's packages:
+# The CUDA paths, checked on a GPU node that already has torch:
+#   0. the environment (scripts/gpu_env.sh): locks/gpu.txt installed into OUT_DIR/venv over the
+#      machine's packages, keeping the machine's torch, CUDA libraries and vLLM (farm.lock
+#      STACK) and installing the rest at the lock's versions; the summary says what was kept
+#      at another version than the lock's and what still differs (OUT_DIR/lock-*.txt). Where
+#      nothing can be installed (no package index, FARM_GPU_LOCK=0) the machine's packages run.
 #   1. vLLM (when `vllm` is on PATH and importable): `farm up --inference vllm` on MODEL for
 #      VLLM_STEPS steps, one server on GPU 0 and the learner on GPU 1, weights pushed over NCCL;
 #      scripts/served_follows.py checks that the server's /weight_info follows the learner's
@@ -22,6 +27,10 @@ SUMMARY="$OUT_DIR/summary.txt"
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 failed=0
+
+# 0. the environment: the lock over the machine's torch stack
+PY="$(PYTHON="$PY" scripts/gpu_env.sh "$OUT_DIR")"
+note "$(cat "$OUT_DIR/lock.txt")"
 
 "$PY" -c 'import torch, transformers
 assert torch.cuda.is_available(), "no CUDA device"

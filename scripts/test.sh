@@ -24,6 +24,11 @@ phase() {
   return "$rc"
 }
 rc=0
-phase -m "not alone" -n "${FARM_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@" || rc=$?
+# Beside another pytest worker every torch process (the tests', and the learners, policy
+# servers and benches they start) gets one intra-op thread: two OpenMP threads per process on
+# two busy cores spin against each other (the SmolLM2 learning test took 809 s so, ~130 s
+# alone). The `alone` phase keeps torch's default.
+OMP_NUM_THREADS=1 FARM_INFERENCE_TORCH_THREADS=1 \
+  phase -m "not alone" -n "${FARM_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@" || rc=$?
 phase -m alone "$@" || rc=$?
 exit "$rc"

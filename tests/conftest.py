@@ -43,7 +43,6 @@ ALONE = (
     "tests/learner/test_e2e.py",
     "tests/learner/test_lora_farm.py",
     "tests/learner/test_smollm2_farm.py",
-    "tests/learner/test_chat_template_farm.py",
     "tests/deploy/test_compose_stack.py",
     "tests/workers/test_lifecycle.py",
     "tests/learner/test_torchrun_exit.py",  # saturates every core on purpose

@@ -11,6 +11,7 @@ FROM ${VLLM_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /opt/farm
 COPY pyproject.toml README.md ./
+COPY locks ./locks
 COPY broker ./broker
 COPY workers ./workers
 COPY envs ./envs
@@ -20,10 +21,16 @@ COPY learner ./learner
 COPY farm ./farm
 COPY bench ./bench
 COPY launch ./launch
-# torch is already in the base image with its CUDA build; installing the project
-# without dependencies' upgrades keeps it (pip leaves satisfied requirements alone);
-# `tracking` brings wandb and tensorboard for --tracker.
-RUN pip install ".[train,tracking,data]"
+# Everything from locks/gpu.txt (farm/lock.py), hashes checked, except what the base image
+# brings and keeps (--keep-stack: its torch, CUDA libraries and vLLM, which the farm's vLLM
+# routes are tested against); what the base has at the lock's version stays as it is. Then the
+# project, built with the locked setuptools, and the lock check printed into the build log:
+# the kept packages whose version is not the lock's, and anything else that differs.
+RUN python3 -m farm.lock requirements --lock gpu --keep-stack > /tmp/locked.txt \
+ && pip install --require-hashes --no-deps -r /tmp/locked.txt \
+ && pip install --no-deps --no-build-isolation . \
+ && python3 -m farm.lock check --lock gpu --keep-stack --report \
+ && rm /tmp/locked.txt
 
 EXPOSE 9102
 ENTRYPOINT ["python", "-m", "learner"]

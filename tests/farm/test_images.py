@@ -1,4 +1,5 @@
-"""`farm images`: the wheelhouse closes for the image's python, tags, and a clear error.
+"""`farm images`: the wheelhouse closes for the image's python and is the lock's, tags, and a
+clear error.
 
 The full offline build runs in tests/deploy/test_compose_stack.py; these are the parts
 that answer in seconds.
@@ -12,8 +13,12 @@ import sys
 import zipfile
 from pathlib import Path
 
-from farm.image_build import unmet
-from farm.images import PROMETHEUS, PYTHON, REDIS, WORKER, write_env_file
+import pytest
+
+from farm import lock
+from farm.errors import ImageError
+from farm.image_build import constraints_text, locked_requirements, unmet
+from farm.images import DOCKERFILES, PROMETHEUS, PYTHON, REDIS, WORKER, write_env_file
 
 
 def _wheel(into: Path, name: str, version: str, requires: list[str]) -> None:
@@ -139,3 +144,39 @@ def test_the_plugin_layer_pulls_nothing_and_returns_to_the_base_user() -> None:
     assert [line.split()[1] for line in lines if line.startswith("FROM ")] == ["${BASE_IMAGE}"]
     assert "--no-index" in DOCKERFILE.read_text()
     assert [line for line in lines if line.startswith("USER ")] == ["USER root", "USER ${RUN_AS}"]
+
+
+def test_the_wheelhouse_installs_as_the_locks_lines_and_refuses_a_wheel_off_the_lock(
+    tmp_path: Path,
+) -> None:
+    """The python image installs requirements.txt with --require-hashes --no-deps: each wheel
+    must be the lock's version for the image's python, and comes with the lock's hashes."""
+    pins = lock.for_python(lock.read("cpu"), "3.11.2")
+    _wheel(tmp_path, "numpy", pins["numpy"].version, [])
+    _wheel(tmp_path, "async_timeout", pins["async-timeout"].version, [])  # 3.11.2 only
+    lines = locked_requirements(tmp_path, "3.11.2").splitlines()
+    assert lines == [pins["async-timeout"].requirement(), pins["numpy"].requirement()]
+    assert all(" --hash=sha256:" in line and ";" not in line for line in lines)
+    with pytest.raises(ImageError, match=r"async_timeout-.*has async-timeout not at all"):
+        locked_requirements(tmp_path, "3.11.7")
+    _wheel(tmp_path, "numpy", "2.0.0", [])
+    with pytest.raises(ImageError, match=rf"numpy-2\.0\.0.* at {pins['numpy'].version} for"):
+        locked_requirements(tmp_path, "3.11.2")
+
+
+def test_the_wheelhouse_is_downloaded_under_the_locks_pins_for_the_images_python() -> None:
+    """redis needs async-timeout below python 3.11.3 only: pinned for bookworm's 3.11.2."""
+    bookworm = constraints_text("3.11.2").splitlines()
+    pins = lock.for_python(lock.read("cpu"), "3.11.2")
+    assert f"async-timeout=={pins['async-timeout'].version}" in bookworm
+    assert not any(c.startswith("async-timeout==") for c in constraints_text("3.11.7").split())
+    assert f"torch=={pins['torch'].version}" in bookworm and pins["torch"].version.endswith("+cpu")
+
+
+def test_every_image_installs_its_python_packages_from_a_lock_with_hashes() -> None:
+    python = (DOCKERFILES / PYTHON.dockerfile).read_text()
+    assert "--require-hashes --no-deps -r /tmp/wheels/requirements.txt" in python
+    learner = (DOCKERFILES / "learner.Dockerfile").read_text()
+    assert "python3 -m farm.lock requirements --lock gpu --keep-stack" in learner
+    assert "pip install --require-hashes --no-deps -r" in learner
+    assert "COPY locks ./locks" in learner
