@@ -4,8 +4,8 @@
 - `processes`: the farm's process tree by role (supervisor, redis, inference, worker-N,
   learner), each with its resident memory (VmRSS) and open file descriptors, from /proc;
 - `redis_probe`: Redis's used and resident memory, the bytes of each of the run's streams
-  and seen sets (MEMORY USAGE), whether admission is held, and how many entries the
-  learner has trimmed from the tasks and trajectories streams;
+  and seen sets (MEMORY USAGE), whether admission is held, and the entries added to and
+  held by the tasks and trajectories streams (the difference is what the learner trimmed);
 - `books`: one MULTI/EXEC snapshot of the counters that account for every task issued
   (`entries-added` survives trimming): each one is waiting or pending on a tasks stream,
   dead-lettered, or a group on a trajectories stream that the learner has read or has
@@ -105,14 +105,14 @@ def _usage(client: redis.Redis, key: str) -> int:
     return int(client.memory_usage(key, samples=0) or 0)
 
 
-def _trimmed(client: redis.Redis, keys: RunKeys) -> int:
-    """Entries trimmed so far from the tasks and trajectories streams (added less held)."""
-    total = 0
+def _entries(client: redis.Redis, keys: RunKeys) -> tuple[int, int]:
+    """(entries added, entries held) of the tasks and trajectories streams so far."""
+    added = held = 0
     for stream in (*keys.all_tasks, *keys.all_trajectories):
         if client.exists(stream):
             info = client.xinfo_stream(stream)
-            total += int(info["entries-added"]) - int(info["length"])
-    return total
+            added, held = added + int(info["entries-added"]), held + int(info["length"])
+    return added, held
 
 
 def redis_probe(client: redis.Redis, keys: RunKeys) -> dict[str, float]:
@@ -133,7 +133,7 @@ def redis_probe(client: redis.Redis, keys: RunKeys) -> dict[str, float]:
         "largest_stream_mib": max(streams, default=0) / mib,
         "seen_mib": sum(seen) / mib,
         "held": float(client.hexists(keys.admission, "held_reason")),
-        "trimmed": _trimmed(client, keys),
+        "entries": _entries(client, keys),
     }
 
 

@@ -222,7 +222,8 @@ def summarize(
             "streams_end_mib": round(last["redis"]["streams_mib"], 3),
             "seen_end_mib": round(last["redis"]["seen_mib"], 3),
             "held_share": round(float(np.mean([s["redis"]["held"] for s in samples])), 3),
-            "trimmed_entries": int(last["redis"]["trimmed"]),
+            "trimmed_entries": last["redis"]["entries"][0] - last["redis"]["entries"][1],
+            "held_entries": last["redis"]["entries"][1],
         },
         "disk": {
             "warm_mib": round(disk_warm, 1),
@@ -271,7 +272,8 @@ def table(result: dict[str, Any]) -> str:
         f"  streams {r['streams_end_mib']:.2f} MiB at the end, largest ever {r['largest_stream_mib']:.2f} "
         f"MiB (budget {r['stream_budget_mib']:.1f} MiB a stream); seen sets {r['seen_end_mib']:.2f} MiB; "
         f"admission held in {100 * r['held_share']:.0f} % of samples; "
-        f"{r['trimmed_entries']} task and trajectory entries trimmed",
+        f"task and trajectory entries: {r['trimmed_entries']} trimmed, {r['held_entries']} held "
+        "at the end",
         f"work dir on disk: {d['warm_mib']:.1f} MiB at warm-up, {d['end_mib']:.1f} at the end "
         f"({d['mib_per_h']:+.1f} MiB/h: logs, checkpoints, weights, Redis's AOF)",
         f"books: {b['issued']} tasks issued, {b['accounted']} accounted for, lost {b['lost']} "

@@ -69,7 +69,8 @@ def test_smoke(key: str) -> None:
     assert machine["quiet"] is False  # subprocess.run closes an inherited lock descriptor
     assert envelope["result"]
     if name == "soak":  # the learner trimmed what it had acked, and nothing was lost
-        assert envelope["result"]["redis"]["trimmed_entries"] > 0, done.stderr[-3000:]
+        redis = envelope["result"]["redis"]  # most of what was published is gone at the end
+        assert redis["held_entries"] < redis["trimmed_entries"], done.stderr[-3000:]
         assert envelope["result"]["goals"]["nothing_lost"], done.stderr[-3000:]
     assert table_line in done.stderr
     assert "(machine: " in done.stderr
