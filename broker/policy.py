@@ -13,6 +13,10 @@ from broker.connection import redis_errors
 from broker.keys import RunKeys
 from broker.messages import PolicyVersion
 
+# The newest versions kept in the events stream (a record for `broker tail policy`; the hash
+# holds the current one). Small, so that a long run's Redis stops growing within minutes.
+POLICY_EVENTS_KEPT = 1_000
+
 
 async def publish_policy(redis: aioredis.Redis, keys: RunKeys, policy: PolicyVersion) -> None:
     fields = encode(policy)
@@ -20,7 +24,7 @@ async def publish_policy(redis: aioredis.Redis, keys: RunKeys, policy: PolicyVer
         async with redis.pipeline(transaction=True) as pipe:
             pipe.delete(keys.policy_version)
             pipe.hset(keys.policy_version, mapping=fields)  # type: ignore[arg-type]
-            pipe.xadd(keys.policy_events, fields, maxlen=10_000, approximate=True)  # type: ignore[arg-type]
+            pipe.xadd(keys.policy_events, fields, maxlen=POLICY_EVENTS_KEPT, approximate=True)  # type: ignore[arg-type]
             await pipe.execute()
 
 

@@ -15,7 +15,8 @@ from broker.archive import Archive, archive_stream, forget_archiver, register_ar
 from broker.connection import RedisSettings, as_str, connect
 from broker.consumer import Consumer, ConsumerConfig, Delivery
 from broker.keys import ARCHIVER_GROUP, LEARNER_GROUP, RunKeys
-from broker.messages import DeadLetter, TrajectoryGroup
+from broker.messages import DeadLetter, PolicyVersion, TrajectoryGroup
+from broker.policy import POLICY_EVENTS_KEPT, current_policy, publish_policy
 from broker.producer import Producer
 from broker.trim import StreamBounds, StreamKeeper, StreamTrimmer, StreamUsage, _floor
 from tests.broker.helpers import make_group, make_task
@@ -223,3 +224,14 @@ def test_bounds_reject_nonsense() -> None:
         StreamBounds(max_bytes=10)
     with pytest.raises(ValueError, match="maxlen"):
         StreamBounds(maxlen=0)
+
+
+async def test_the_policy_events_keep_about_the_newest_thousand_versions(redis) -> None:
+    """A long run pushes a version every few seconds: the events stream stops growing at
+    ~1,000 entries (the current version is in its hash), so Redis levels off within minutes."""
+    for v in range(1, 1601):
+        await publish_policy(redis, KEYS, PolicyVersion(version=v, step=v))
+    kept = int(await redis.xlen(KEYS.policy_events))
+    # MAXLEN ~ trims whole radix-tree nodes (100 entries each by default): at most one over
+    assert POLICY_EVENTS_KEPT <= kept <= POLICY_EVENTS_KEPT + 100, kept
+    assert (await current_policy(redis, KEYS)).version == 1600  # type: ignore[union-attr]
