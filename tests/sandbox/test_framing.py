@@ -27,7 +27,9 @@ async def test_output_cannot_end_a_call(pool: SandboxPool) -> None:
         assert (await sb.shell(bg)).ok
         for word in ("one", "two"):
             r = await sb.shell(f"sleep 0.3; echo {word}")
-            assert r.ok and r.stdout.endswith(f"{word}\n") and r.duration_s >= 0.3, r
+            # the call ended after its word; the job's lines may follow it (under load it is
+            # still printing: its markers are taken out, the newline before each stays)
+            assert r.ok and r.stdout.rstrip("\n").endswith(word) and r.duration_s >= 0.3, r
 
 
 async def test_terminal_modes_and_descriptors_are_reset_every_call(pool: SandboxPool) -> None:
