@@ -129,7 +129,9 @@ async def _up(args: argparse.Namespace) -> int:
         return 0
     console = Console(log_dir=cfg.work_dir / "logs", echo_children=not args.quiet)
     outcome = await run_farm(cfg, console)
-    print(f"farm stopped ({outcome.stop_reason})")
+    from farm.demo import stop_reason
+
+    print(f"farm stopped ({stop_reason(outcome, cfg.work_dir / 'logs' / 'learner.log')})")
     return 0
 
 
@@ -142,6 +144,8 @@ async def _demo(args: argparse.Namespace) -> int:
     kwargs = flag_values(args, FarmConfig)
     kwargs["work_dir"] = kwargs["work_dir"] or demo.default_output_dir()
     kwargs["max_steps"] = kwargs["max_steps"] or demo.DEMO_MAX_STEPS
+    if kwargs["stop_when_solved"] is None:  # the demo ends once the toy is solved
+        kwargs["stop_when_solved"] = True
     kwargs["worker_args"] = [*demo.DEMO_WORKER_ARGS, *(kwargs["worker_args"] or [])]
     cfg = load_config(args.config, **kwargs)
     # the demo's settings for the environment (known once the file is read) go first: the
