@@ -25,13 +25,10 @@ import json
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as config_dataclass
-
-if TYPE_CHECKING:  # learner.config holds ProgressRules: the records' modules import it
-    from learner.record import SkipRecord, StepRecord
 
 log = logging.getLogger("learner")
 
@@ -61,6 +58,20 @@ class ProgressRules:
     )
 
 
+class Batch(Protocol):
+    """What the watches read of a batch: `learner.record`'s StepRecord or SkipRecord (named
+    by shape: learner.config holds ProgressRules, and the records' modules import it)."""
+
+    step: int
+    groups: int
+    reward_mean: float
+    zero_variance: int
+    zero_variance_reward: float | None
+    infra_failed: int
+    no_action_timeouts: int
+    stale_dropped: int
+
+
 @dataclass
 class IdleWatch:
     """The current streak of batches that trained nothing, and what their groups were."""
@@ -74,9 +85,10 @@ class IdleWatch:
     stale_dropped: int = 0
     warned_at: int = 0  # streak length of the last WARNING
 
-    def observe(self, record: StepRecord | SkipRecord) -> None:
-        """Count one batch; log when the streak reaches the limit (and doubles), or ends."""
-        if trained(record):
+    def observe(self, record: Batch, trained: bool) -> None:
+        """Count one batch (`trained`: it was a step); log when the streak of untrained ones
+        reaches the limit (and doubles), or ends."""
+        if trained:
             if self.warned_at:
                 log.info(
                     "training again at step %d after %d idle batches", record.step, self.streak
@@ -115,13 +127,6 @@ class IdleWatch:
         return head + ", ".join(parts) + "." + (remedy if self.zero_variance else "")
 
 
-def trained(record: StepRecord | SkipRecord) -> bool:
-    """Whether the batch was a step rather than skipped."""
-    from learner.record import StepRecord  # here: learner.record imports learner.config
-
-    return isinstance(record, StepRecord)
-
-
 def common_reward_text(mean: float) -> str:
     """What zero-variance groups' mean common reward says: "all 1.0: solved", ..."""
     if mean >= 1.0 - 1e-6:
@@ -139,7 +144,7 @@ class SolvedWatch:
     rewards: deque[float] = field(default_factory=deque)
     held: int = 0  # batches in a row with the mean at or above the target
 
-    def observe(self, record: StepRecord | SkipRecord) -> str | None:
+    def observe(self, record: Batch) -> str | None:
         """Count one batch; once solved (and asked to stop), the reason to stop, else None."""
         if not self.rules.stop_when_solved:
             return None
@@ -171,10 +176,10 @@ class Progress:
     def of(cls, rules: ProgressRules) -> Progress:
         return cls(IdleWatch(rules.idle_warn_batches), SolvedWatch(rules))
 
-    def observe(self, record: StepRecord | SkipRecord) -> bool:
-        """Count one batch; True once the run is solved and should stop (logged as an
-        ``{"event": "solved"}`` line, which `farm` reports as its stop reason)."""
-        self.idle.observe(record)
+    def observe(self, record: Batch, trained: bool) -> bool:
+        """Count one batch (`trained`: it was a step); True once the run is solved and should
+        stop (logged as an ``{"event": "solved"}`` line, `farm`'s stop reason then)."""
+        self.idle.observe(record, trained)
         reason = self.solved.observe(record)
         if reason is None:
             return False

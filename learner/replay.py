@@ -118,7 +118,7 @@ async def run_replay(core: Core, stop: asyncio.Event) -> LearnerState:
             record = step_record(core, batch, prepared, stats, wait_s=0.0, push_s=0.0)
             emit(record, prepared)
             core.tracker.step(record, batch, prepared)
-        solved = progress.observe(record)
+        solved = progress.observe(record, trained=stats is not None)
         if solved or stop.is_set() or (cfg.max_steps and state.step >= cfg.max_steps):
             break
     core.save()

@@ -137,7 +137,7 @@ async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Deli
             emit_skip(skipped, prepared)
             core.tracker.skip(skipped)
             failures.observe(batch.groups, 0)  # RunFailedError past the limit
-            if progress.observe(skipped):
+            if progress.observe(skipped, trained=False):
                 break
             continue
         failures.observe(batch.groups, len(prepared.samples))
@@ -157,7 +157,9 @@ async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Deli
             await _make_durable(core, live.source, unacked, stop)
         if live.evals is not None:
             await live.evals.after_step(state.step, state.version)
-        if progress.observe(record):  # solved: run_live checkpoints and acks what is left
+        if progress.observe(
+            record, trained=True
+        ):  # solved: run_live checkpoints and acks what is left
             break
     if live.evals is not None:  # the round in flight, within its deadline
         await live.evals.drain()

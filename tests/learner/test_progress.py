@@ -110,9 +110,9 @@ def test_batches_with_nothing_to_train_warn_naming_cause_and_remedies(
     watch = IdleWatch(limit=3)
     with caplog.at_level(logging.INFO, logger="learner"):
         for _ in range(2):
-            watch.observe(skipped(reward=1.0))
+            watch.observe(skipped(reward=1.0), False)
         assert warnings(caplog) == []
-        watch.observe(skipped(reward=1.0))
+        watch.observe(skipped(reward=1.0), False)
     (message,) = warnings(caplog)
     assert message.startswith("3 batches in a row trained nothing (still at step 7)")
     assert "12 of 12 groups had zero variance (all 1.0: solved)" in message
@@ -120,15 +120,15 @@ def test_batches_with_nothing_to_train_warn_naming_cause_and_remedies(
         assert remedy in message
     with caplog.at_level(logging.INFO, logger="learner"):
         for _ in range(3):  # batches 4-6: the next WARNING comes at twice the streak
-            watch.observe(skipped(reward=1.0))
+            watch.observe(skipped(reward=1.0), False)
     assert len(warnings(caplog)) == 2 and warnings(caplog)[1].startswith("6 batches")
     with caplog.at_level(logging.INFO, logger="learner"):
-        watch.observe(trained())
+        watch.observe(trained(), True)
     assert "training again at step 8 after 6 idle batches" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="learner"):
         for _ in range(3):
-            watch.observe(skipped(reward=0.0))
+            watch.observe(skipped(reward=0.0), False)
     (hard,) = warnings(caplog)
     assert hard.startswith("3 batches") and "(all 0.0: too hard)" in hard
 
@@ -138,12 +138,12 @@ def test_a_streak_of_infrastructure_failures_names_no_zero_variance_remedy(
 ) -> None:
     watch = IdleWatch(limit=1)
     with caplog.at_level(logging.WARNING, logger="learner"):
-        watch.observe(skipped(zero_variance=0, reward=None))
+        watch.observe(skipped(zero_variance=0, reward=None), False)
     (message,) = warnings(caplog)
     assert "0 of 4 groups had zero variance, 4 failed in the infrastructure." in message
     assert "--dynamic-sampling" not in message
     quiet = IdleWatch(limit=0)
-    quiet.observe(skipped())
+    quiet.observe(skipped(), False)
     assert quiet.warned_at == 0
 
 
@@ -152,7 +152,7 @@ def test_a_solved_run_stops_once_the_mean_has_held_for_the_window() -> None:
     progress = Progress.of(rules)
     # the 3-batch mean: -, -, 0.8, 1.0 (held 1), 1.0 (held 2: stop)
     batches = (trained(0.4), trained(1.0), skipped(), skipped(), skipped())
-    seen = [progress.observe(r) for r in batches]
+    seen = [progress.observe(r, isinstance(r, StepRecord)) for r in batches]
     assert seen == [False, False, False, False, True]
     watch = SolvedWatch(rules)
     reasons = [watch.observe(r) for r in (skipped(), skipped(), skipped(), trained(0.5))]
@@ -168,8 +168,8 @@ def test_the_solved_reason_names_the_mean_and_the_window(caplog: pytest.LogCaptu
     rules = ProgressRules(stop_when_solved=True, solved_mean_batches=2, solved_window=1)
     progress = Progress.of(rules)
     with caplog.at_level(logging.INFO, logger="learner"):
-        assert not progress.observe(skipped())
-        assert progress.observe(skipped())
+        assert not progress.observe(skipped(), False)
+        assert progress.observe(skipped(), False)
     assert (
         '{"event": "solved", "step": 7, "reason": "solved: the 2-batch mean reward 1.000 '
         'stayed >= 0.95 for 1 batches (step 7)"}' in caplog.text
