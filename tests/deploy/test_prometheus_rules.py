@@ -26,6 +26,7 @@ REQUIRED_ALERTS = {
     "FarmSamplerLearnerMismatch",
     "FarmPolicyMassLeavingSupport",
     "FarmPolicyCollapsed",
+    "FarmNothingToTrain",
 }
 
 

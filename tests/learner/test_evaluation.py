@@ -46,7 +46,6 @@ async def stream_groups(url: str, stream: str) -> list[TrajectoryGroup]:
     return [decode(fields, expect=TrajectoryGroup) for _, fields in rows]  # type: ignore[misc]
 
 
-@pytest.mark.slow
 async def read_state(url: str, keys: RunKeys) -> status.RunState:
     redis = await connect(RedisSettings.from_url(url))
     try:
@@ -55,6 +54,7 @@ async def read_state(url: str, keys: RunKeys) -> status.RunState:
         await redis.aclose()
 
 
+@pytest.mark.slow
 def test_eval_runs_through_the_farm_and_is_never_trained(
     redis_server: RedisServer, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
