@@ -24,7 +24,8 @@ from broker.run import RunSection
 from farm.config import FarmConfig
 from farm.errors import FarmError
 from launch.logs import setup_logging
-from launch.settings import add_flags, flag_values
+from launch.runner import build_parser
+from launch.settings import add_flags, flag_values, helpful
 
 # The settings `farm eval|filter` keep for the stack; every other flag passes through
 # to `python -m learner evaluate|filter`.
@@ -64,6 +65,7 @@ def parser() -> argparse.ArgumentParser:
             name,
             help=f"bring the stack up without a learner and run "
             f"`python -m learner {what}` (its flags pass through)",
+            epilog=_passed_through(what),
         )
         _config_flags(one, _ONESHOT)
         one.add_argument("--verbose", action="store_true", help="show the children's logs")
@@ -91,7 +93,18 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--quiet", action="store_true", help="print only errors")
     build.add_argument("--force", action="store_true", help="rebuild even if tagged")
     images_sub.add_parser("tags", help="print the content tags a build produces")
-    return root
+    return helpful(root)
+
+
+def _passed_through(command: str) -> str:
+    """The flags of `python -m learner <command>` that `farm eval|filter` pass through (the
+    run's own ones are the farm's), as that command's --help lists them."""
+    from learner.evaluate import FILTER, ROLE
+
+    role = ROLE if command == "evaluate" else FILTER
+    text = build_parser(role).format_help()
+    options = text[text.index("\noptions:") + 1 :]
+    return f"flags of `python -m learner {command}`, passed through:\n\n{options}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,6 +38,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from launch.settings import HelpFormatter
+
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "FARM_MODEL_CACHE"
@@ -278,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m inference.models",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("name", choices=sorted(MODELS), help="which model")
     parser.add_argument("out_dir", type=Path, nargs="?", help="copy the directory here too")
