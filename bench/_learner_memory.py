@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import _report as report
+from launch.settings import HelpFormatter
 
 if TYPE_CHECKING:  # torch loads inside the measured subprocesses only
     from learner.distributed import DistContext
@@ -353,7 +354,9 @@ def plan(
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench learner --memory")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench learner --memory", formatter_class=HelpFormatter
+    )
     parser.add_argument(
         "--lengths",
         default="2048,8192,16384",

@@ -32,6 +32,7 @@ from broker.messages import Sampling
 from inference.protocol import CompletionRequest, completion_response, error_body
 from inference.sampling import SampleSpec
 from inference.sequence import GenParams, GenRequest
+from launch.settings import HelpFormatter
 
 VOCAB = 256  # random tokens are bytes, which every tokenizer of the farm decodes
 MODEL = "loadgen"
@@ -134,7 +135,9 @@ def build_app(gen: LoadGenerator) -> web.Application:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench._loadgen", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench._loadgen", description=__doc__, formatter_class=HelpFormatter
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--median-ms", type=float, default=50.0, help="median latency")

@@ -33,6 +33,7 @@ from broker.keys import LEARNER_GROUP, RunKeys
 from broker.memory import tune_malloc
 from broker.messages import TrajectoryGroup
 from broker.producer import Producer
+from launch.settings import HelpFormatter
 from workers.resources import loop_factory
 
 KEYS = RunKeys("bench")
@@ -274,7 +275,11 @@ def table(rows: list[Row]) -> str:
 
 def main(argv: list[str]) -> int:
     global READ_COUNT  # farm_pass reads it; one knob, set once per run
-    p = argparse.ArgumentParser(prog="python -m bench broker", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m bench broker",
+        description=__doc__.splitlines()[0],
+        formatter_class=HelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help="small counts, one repeat (under a minute)")
     p.add_argument("--smoke", action="store_true", help="the smallest counts (CI)")
     p.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")

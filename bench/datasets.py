@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import _report as report
+from launch.settings import HelpFormatter
 
 ROW_GROUP = 65_536
 CONTEXT_BYTES = 1024
@@ -95,7 +96,9 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench datasets", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench datasets", description=__doc__, formatter_class=HelpFormatter
+    )
     parser.add_argument("--smoke", action="store_true", help="1 MB and 16 MB (CI)")
     parser.add_argument("--json", action="store_true", help="table to stderr, JSON to stdout")
     parser.add_argument("--draws", type=int, default=10_000, help="rows drawn and read")

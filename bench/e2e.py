@@ -39,6 +39,7 @@ from typing import Any
 
 from bench import _report as report
 from farm.demo import learner_history, time_to_target
+from launch.settings import HelpFormatter
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUP_SIZE, GROUPS_PER_BATCH, WARMUP_STEPS = 8, 16, 10
@@ -254,7 +255,9 @@ def _table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench e2e", description=__doc__.splitlines()[0]
+        prog="python -m bench e2e",
+        description=__doc__.splitlines()[0],
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--runs", type=int, default=3, help="runs of each system (median)")
     parser.add_argument("--target", type=float, default=0.4, help="mean reward to reach")

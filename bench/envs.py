@@ -22,6 +22,7 @@ from typing import Any
 import envs
 from bench import _report as report
 from envs.sandboxed import SandboxPool
+from launch.settings import HelpFormatter
 
 SUM_TWO = "a, b = map(int, input().split())\nprint(a + b)\n"
 
@@ -117,7 +118,9 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench envs", description=__doc__.splitlines()[0]
+        prog="python -m bench envs",
+        description=__doc__.splitlines()[0],
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--quick", action="store_true", help="fewer samples (well under a minute)")
     parser.add_argument("--smoke", action="store_true", help="two samples a case (CI)")

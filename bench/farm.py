@@ -40,6 +40,7 @@ from bench import _report as report
 from bench._loadgen import MIX, code_answer
 from bench._loadgen_proc import free_port, loadgen
 from bench.broker import start_redis
+from launch.settings import HelpFormatter
 
 ENV_SPEC = 'code@{"problem_ids": ["sum-two"], "max_attempts": 3}'
 EPISODES_PER_WORKER = 250
@@ -472,7 +473,9 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench farm", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench farm", description=__doc__, formatter_class=HelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="100 episodes, short window")
     parser.add_argument("--smoke", action="store_true", help="8 episodes, 1 s windows, bwrap (CI)")
     parser.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")

@@ -29,6 +29,7 @@ import aiohttp
 
 from bench import _report as report
 from bench._multiturn import MultiTurn, compare, table_rows
+from launch.settings import HelpFormatter
 
 if TYPE_CHECKING:  # torch and the model stack load inside the benchmarks that need them
     from inference.server import PolicyServer
@@ -230,7 +231,9 @@ def _table(r: dict[str, Any], load: MultiTurn) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench inference", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench inference", description=__doc__, formatter_class=HelpFormatter
+    )
     parser.add_argument(
         "--quick", action="store_true", help="small model and load (under a minute)"
     )

@@ -39,6 +39,7 @@ from broker.connection import RedisSettings, connect
 from broker.keys import RunKeys
 from broker.messages import Task, Trajectory, TrajectoryGroup, Turn
 from broker.producer import Producer
+from launch.settings import HelpFormatter
 
 RUN = "bench-learner"
 GROUP_SIZE, GROUPS_PER_BATCH, PROMPT, COMPLETION = 8, 8, 64, 64
@@ -274,7 +275,9 @@ def main(argv: list[str]) -> int:
         from bench import _learner_memory
 
         return _learner_memory.main(argv)
-    parser = argparse.ArgumentParser(prog="python -m bench learner", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench learner", description=__doc__, formatter_class=HelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="fewer steps (under a minute)")
     parser.add_argument("--smoke", action="store_true", help="one timed step and push (CI)")
     parser.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")

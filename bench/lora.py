@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 
 from bench import _report as report
+from launch.settings import HelpFormatter
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -188,7 +189,9 @@ def _table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench lora", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench lora", description=__doc__, formatter_class=HelpFormatter
+    )
     parser.add_argument("--smoke", action="store_true", help="the smallest sizes (CI)")
     parser.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")
     parser.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import _report as report
+from launch.settings import HelpFormatter
 from sandbox import SandboxConfig, SandboxPool
 
 CALL = "def f(x):\n    return x + 1\nprint(f(41))"
@@ -254,7 +255,9 @@ def table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench sandbox", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench sandbox", description=__doc__, formatter_class=HelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="under a minute")
     parser.add_argument("--smoke", action="store_true", help="the smallest counts (CI)")
     parser.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")

@@ -41,6 +41,7 @@ from bench import _report as report
 from bench._loadgen_proc import free_port
 from bench._soak_probe import books, disk_mib, processes, redis_probe
 from broker.keys import RunKeys
+from launch.settings import HelpFormatter
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "soak"
@@ -293,7 +294,9 @@ def table(result: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench soak", description=__doc__.splitlines()[0]
+        prog="python -m bench soak",
+        description=__doc__.splitlines()[0],
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--minutes", type=float, default=60.0, help="soak length after start-up")
     parser.add_argument("--warmup-min", type=float, default=20.0, help="left out of the slopes")

@@ -34,6 +34,7 @@ from bench._agent_endpoint import measure_endpoint_cpu
 from bench._loadgen_proc import Server, loadgen_process, serving
 from broker.messages import Task
 from envs import Env
+from launch.settings import HelpFormatter
 from workers.episode import EpisodeContext, EpisodeSettings, run_episode
 from workers.lag import LagMonitor
 from workers.resources import loop_factory, raise_open_files_limit, tune_gc
@@ -419,7 +420,9 @@ SIZES = {
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench workers", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench workers", description=__doc__, formatter_class=HelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="smaller run, under a minute")
     parser.add_argument("--smoke", action="store_true", help="the smallest sizes (CI)")
     parser.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")

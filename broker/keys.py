@@ -122,6 +122,11 @@ class RunKeys:
         return f"{self.prefix}:policy"
 
     @property
+    def last_eval(self) -> str:
+        """String holding the newest evaluation's summary (`broker.status.publish_eval`)."""
+        return f"{self.prefix}:eval:last"
+
+    @property
     def policy_events(self) -> str:
         """Stream of every PolicyVersion published, for replay and audit."""
         return f"{self.prefix}:policy:events"

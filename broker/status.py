@@ -7,8 +7,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
@@ -59,6 +61,7 @@ class RunState:
     admission_limit: int
     latest_dead_letter: str | None = None  # reason of the newest dead letter, if any
     admission_held: str | None = None  # why admission is held at one batch (broker.trim)
+    last_eval: dict[str, Any] | None = None  # the newest evaluation's summary (publish_eval)
 
 
 async def stream_state(redis: aioredis.Redis, stream: str) -> StreamState:
@@ -124,7 +127,44 @@ async def run_state(redis: aioredis.Redis, keys: RunKeys) -> RunState:
             admission_limit=await budget.limit(),
             latest_dead_letter=await latest_dead_letter(redis, keys) if dead else None,
             admission_held=await budget.held(),
+            last_eval=_summary(await redis.get(keys.last_eval)),
         )
+
+
+async def publish_eval(redis: aioredis.Redis, keys: RunKeys, summary: dict[str, Any]) -> None:
+    """Keep `summary` (the learner's ``eval`` event: step, weight versions, per-set figures)
+    as the run's newest evaluation, for `farm status` and the farm's console. A display
+    record, kept as the JSON the learner logs: no program acts on it."""
+    with redis_errors("publishing the evaluation summary"):
+        await redis.set(keys.last_eval, json.dumps(summary))
+
+
+def _summary(raw: bytes | str | None) -> dict[str, Any] | None:
+    try:
+        value = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def eval_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per eval set (its per-environment rows left out): mean@k, pass@k, rows and
+    the weight versions that answered."""
+    versions = summary.get("weight_versions") or [summary.get("version"), summary.get("version")]
+    low, high = versions[0], versions[-1]
+    weights = f"weights v{low}" if low == high else f"weights v{low}..{high}"
+    lines = []
+    for name, figures in (summary.get("sets") or {}).items():
+        if "/" in name or not isinstance(figures, dict):
+            continue
+        ks = sorted(int(m[len("pass_at_") :]) for m in figures if m.startswith("pass_at_"))
+        k = ks[-1] if ks else 1
+        lines.append(
+            f"eval {name} at step {summary.get('step')}: mean@{k} "
+            f"{figures.get('mean_at_k', 0.0):.3f}, pass@{k} {figures.get(f'pass_at_{k}', 0.0):.3f}"
+            f", rows {int(figures.get('rows', 0))}, {weights}"
+        )
+    return lines
 
 
 async def refresh_stream_gauges(redis: aioredis.Redis, keys: RunKeys) -> RunState:
@@ -171,6 +211,8 @@ def format_state(state: RunState) -> str:
     lines.append(f"  dead letters {state.dead_letters}")
     if state.latest_dead_letter:
         lines.append(f"    latest: {state.latest_dead_letter}")
+    if state.last_eval:
+        lines += [f"  last {line}" for line in eval_lines(state.last_eval)]
     for s in state.streams:
         lines.append(f"  stream {s.name}: {s.length} entries")
         for g in s.groups:

@@ -58,6 +58,8 @@ async def run_farm(
             status = await view.poll()
             last[:] = [status]
             console.status(status.line())
+            for text in status.new_eval:  # an evaluation finished since the last poll
+                console.line("eval", text)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), cfg.status_interval_s)
 

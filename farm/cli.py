@@ -24,7 +24,8 @@ from broker.run import RunSection
 from farm.config import FarmConfig
 from farm.errors import FarmError
 from launch.logs import setup_logging
-from launch.settings import add_flags, flag_values
+from launch.runner import build_parser
+from launch.settings import add_flags, flag_values, helpful
 
 # The settings `farm eval|filter` keep for the stack; every other flag passes through
 # to `python -m learner evaluate|filter`.
@@ -64,6 +65,7 @@ def parser() -> argparse.ArgumentParser:
             name,
             help=f"bring the stack up without a learner and run "
             f"`python -m learner {what}` (its flags pass through)",
+            epilog=_passed_through(what),
         )
         _config_flags(one, _ONESHOT)
         one.add_argument("--verbose", action="store_true", help="show the children's logs")
@@ -91,7 +93,18 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--quiet", action="store_true", help="print only errors")
     build.add_argument("--force", action="store_true", help="rebuild even if tagged")
     images_sub.add_parser("tags", help="print the content tags a build produces")
-    return root
+    return helpful(root)
+
+
+def _passed_through(command: str) -> str:
+    """The flags of `python -m learner <command>` that `farm eval|filter` pass through (the
+    run's own ones are the farm's), as that command's --help lists them."""
+    from learner.evaluate import FILTER, ROLE
+
+    role = ROLE if command == "evaluate" else FILTER
+    text = build_parser(role).format_help()
+    options = text[text.index("\noptions:") + 1 :]
+    return f"flags of `python -m learner {command}`, passed through:\n\n{options}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +142,9 @@ async def _up(args: argparse.Namespace) -> int:
         return 0
     console = Console(log_dir=cfg.work_dir / "logs", echo_children=not args.quiet)
     outcome = await run_farm(cfg, console)
-    print(f"farm stopped ({outcome.stop_reason})")
+    from farm.demo import stop_reason
+
+    print(f"farm stopped ({stop_reason(outcome, cfg.work_dir / 'logs' / 'learner.log')})")
     return 0
 
 
@@ -142,6 +157,8 @@ async def _demo(args: argparse.Namespace) -> int:
     kwargs = flag_values(args, FarmConfig)
     kwargs["work_dir"] = kwargs["work_dir"] or demo.default_output_dir()
     kwargs["max_steps"] = kwargs["max_steps"] or demo.DEMO_MAX_STEPS
+    if kwargs["stop_when_solved"] is None:  # the demo ends once the toy is solved
+        kwargs["stop_when_solved"] = True
     kwargs["worker_args"] = [*demo.DEMO_WORKER_ARGS, *(kwargs["worker_args"] or [])]
     cfg = load_config(args.config, **kwargs)
     # the demo's settings for the environment (known once the file is read) go first: the

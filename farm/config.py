@@ -24,6 +24,7 @@ from farm.errors import ConfigError
 from farm.gpus import GpuSettings
 from launch.settings import CommaList, RoleConfig, section
 from learner.dataspec import DataConfig
+from learner.progress import ProgressRules
 
 
 class FarmConfig(RunFields, RoleConfig):
@@ -81,6 +82,7 @@ class FarmConfig(RunFields, RoleConfig):
     restart_max: int = Field(5, ge=0, le=1000, description="crashes per child within 5 min")
     gpu: GpuSettings = section(GpuSettings)  # vLLM servers and learner ranks (farm.gpus)
     data: DataConfig = section(DataConfig)  # --prompt-column, --reward, ...: for the learner
+    progress: ProgressRules = section(ProgressRules)  # --stop-when-solved, ...: for the learner
 
     @field_validator("inference_urls")
     @classmethod

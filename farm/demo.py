@@ -2,8 +2,10 @@
 
 The demo runs the whole local stack (private Redis, CPU policy server with the
 tiny model, workers, learner) in a fresh run directory, with settings a 2-core
-machine trains visibly within its time limit, and stops when the learner reaches
-`max_steps` or the time limit passes. It then writes, into the run directory:
+machine trains visibly within its time limit, and stops when the toy is solved (the
+learner's ``--stop-when-solved``: a 10-batch mean reward of 0.95 or more held for 20
+batches), the learner reaches `max_steps`, or the time limit passes. It then writes,
+into the run directory:
 
     reward_curve.png   learner reward (batch mean) per optimizer step (matplotlib, Agg)
     summary.json       steps, first/last rewards, the rise, wall time, stop reason
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -72,6 +75,19 @@ def default_output_dir() -> Path:
     return Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
 
 
+def learner_events(log: Path, kind: str) -> Iterator[tuple[datetime, dict[str, Any]]]:
+    """(time stamp, event) of each ``{"event": kind, ...}`` line of the learner's log."""
+    for line in log.read_text(errors="replace").splitlines() if log.is_file() else []:
+        start = line.find("{")
+        try:
+            event = json.loads(line[start:]) if start >= 0 else None
+            stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("event") == kind:
+            yield stamp, event
+
+
 def learner_history(log: Path, origin: datetime | None = None) -> list[tuple[int, float, float]]:
     """(step, reward, seconds since `origin`) from the learner's step events.
 
@@ -82,19 +98,20 @@ def learner_history(log: Path, origin: datetime | None = None) -> list[tuple[int
     """
     history: list[tuple[int, float, float]] = []
     first: datetime | None = origin
-    for line in log.read_text(errors="replace").splitlines() if log.is_file() else []:
-        start = line.find("{")
-        try:
-            event = json.loads(line[start:]) if start >= 0 else None
-            stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
-        except ValueError:
-            continue
-        if not isinstance(event, dict) or event.get("event") != "step":
-            continue
+    for stamp, event in learner_events(log, "step"):
         first = first or stamp
         step, reward = int(event["step"]), float(event["reward_mean"])
         history.append((step, reward, (stamp - first).total_seconds()))
     return history
+
+
+def stop_reason(outcome: FarmOutcome, log: Path) -> str:
+    """Why the farm stopped: the learner's own reason when it ended a solved run
+    (``--stop-when-solved``), else the supervisor's."""
+    solved = [event for _, event in learner_events(log, "solved")]
+    if outcome.stop_reason == "learner finished" and solved:
+        return str(solved[-1]["reason"])
+    return outcome.stop_reason
 
 
 def time_to_target(
@@ -129,7 +146,7 @@ def summarize(
         "target_reward": TARGET_REWARD,
         "target_step": hit[0] if hit else None,
         "target_s": round(hit[1], 1) if hit else None,
-        "stop_reason": outcome.stop_reason,
+        "stop_reason": stop_reason(outcome, log),
         "history": [{"step": s, "reward": r, "elapsed_s": round(t, 1)} for s, r, t in history],
     }
 

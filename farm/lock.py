@@ -33,6 +33,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from farm.errors import LockError
+from launch.settings import HelpFormatter
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCKS = {"cpu": ROOT / "locks" / "cpu.txt", "gpu": ROOT / "locks" / "gpu.txt"}
@@ -262,7 +263,11 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m farm.lock", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m farm.lock",
+        description=__doc__.split("\n")[0],
+        formatter_class=HelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="installed versions against a lock (exit 1 on drift)")
     _lock_arguments(check)

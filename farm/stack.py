@@ -287,6 +287,7 @@ def _learner(
         "resume": True,
         "max_steps": cfg.max_steps,
         "data": cfg.data,
+        "progress": cfg.progress,
     }
     if gpus.learner_device != "auto":
         own["device"] = gpus.learner_device

@@ -4,7 +4,9 @@
 a timeout; a child that does not answer is left out of that poll) and reads the
 run's streams, admission budget and policy version from Redis through the broker's
 own `run_state`. It turns counters into rates between two polls and returns a
-`FarmStatus`. It also keeps the learner's reward per optimizer step, which
+`FarmStatus`: among them the share of the learner's groups that had zero variance in the
+period, with their common reward ("all 1.0: solved"), and the lines of an evaluation
+finished since the last poll (one per set). It also keeps the learner's reward per optimizer step, which
 `farm demo` plots at the end.
 """
 
@@ -15,6 +17,7 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis
@@ -22,7 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker.errors import BrokerError
 from broker.keys import LEARNER_GROUP, WORKERS_GROUP, RunKeys
-from broker.status import RunState, run_state
+from broker.status import RunState, eval_lines, run_state
+from learner.progress import common_reward_text
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
@@ -46,10 +50,18 @@ class FarmStatus:
     dead_letters: int | None = None
     latest_dead_letter: str | None = None  # where the newest dead letter came from, and why
     admission: tuple[int, int] | None = None
+    zero_variance_share: float | None = None  # of the groups the learner took since the last poll
+    zero_variance_reward: float | None = None  # their mean common reward
+    new_eval: tuple[str, ...] = ()  # one line per set of an evaluation first seen in this poll
 
     def line(self) -> str:
         parts = [f"t={self.elapsed_s:5.0f}s", f"step {_fmt(self.learner_step)}"]
         parts.append(f"reward {_fmt(self.reward, '.3f')}")
+        if self.zero_variance_share is not None:
+            zero = f"zero-var {self.zero_variance_share:.0%}"
+            if self.zero_variance_reward is not None:
+                zero += f" ({common_reward_text(self.zero_variance_reward)})"
+            parts.append(zero)
         parts.append(f"eps/s {_fmt(self.episodes_per_s, '.2f')}")
         parts.append(f"tok/s {_fmt(self.tokens_per_s, '.0f')}")
         parts.append(f"lag tasks {_fmt(self.tasks_lag)}/traj {_fmt(self.trajectories_lag)}")
@@ -112,6 +124,7 @@ class FarmView:
         self.started = time.monotonic()
         self.reward_history: list[tuple[int, float, float]] = []  # (step, reward, elapsed_s)
         self._previous: tuple[float, dict[str, float]] | None = None
+        self._eval_seen: dict[str, Any] | None = None
         self._session: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
@@ -152,6 +165,9 @@ class FarmView:
             "tokens": total(samples, "farm_worker_tokens_generated_total"),
             "stale_sum": total(samples, "farm_learner_staleness_steps_sum"),
             "stale_count": total(samples, "farm_learner_staleness_steps_count"),
+            "groups": total(samples, "farm_learner_groups_total"),
+            "zero_var": total(samples, "farm_learner_zero_variance_groups_total"),
+            "zero_var_reward": total(samples, "farm_learner_zero_variance_reward_total"),
         }
         current = {k: v for k, v in counters.items() if v is not None}
         rates = self._rates(now, current)
@@ -169,6 +185,8 @@ class FarmView:
             fields["policy_version"] = learner_version
         return FarmStatus(
             elapsed_s=elapsed,
+            new_eval=self._new_eval(state),
+            **_zero_variance(rates),
             learner_step=None if step is None else int(step),
             reward=reward,
             episodes_per_s=rates.get("episodes"),
@@ -178,6 +196,14 @@ class FarmView:
             sandbox=_sandbox(samples),
             **fields,
         )
+
+    def _new_eval(self, state: RunState | None) -> tuple[str, ...]:
+        """The lines of the run's newest evaluation, the first time a poll sees it."""
+        summary = state.last_eval if state is not None else None
+        if not summary or summary == self._eval_seen:
+            return ()
+        self._eval_seen = summary
+        return tuple(eval_lines(summary))
 
     def _rates(self, now: float, current: dict[str, float]) -> dict[str, float]:
         previous, self._previous = self._previous, (now, current)
@@ -195,6 +221,17 @@ class FarmView:
             return await asyncio.wait_for(run_state(self.redis, self.keys), 3.0)
         except (BrokerError, TimeoutError):
             return None
+
+
+def _zero_variance(rates: dict[str, float]) -> dict[str, float]:
+    """The share of the period's groups with zero variance, and their mean common reward."""
+    groups, zero = rates.get("groups"), rates.get("zero_var")
+    if not groups or zero is None:
+        return {}
+    out = {"zero_variance_share": zero / groups}
+    if zero and "zero_var_reward" in rates:
+        out["zero_variance_reward"] = rates["zero_var_reward"] / zero
+    return out
 
 
 def _int(value: float | None) -> int | None:

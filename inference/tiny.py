@@ -16,6 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from launch.settings import HelpFormatter
+
 # Ordered: ids 256.. in this order. The first three are true specials (skipped by
 # `decode(skip_special_tokens=True)`); the tool tags stay visible text so that tool-call
 # parsers see them after decoding, as with Qwen2.5.
@@ -145,7 +147,9 @@ def build_tiny_model(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inference.tiny", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m inference.tiny", description=__doc__, formatter_class=HelpFormatter
+    )
     parser.add_argument("out_dir", type=Path, help="directory to write the model into")
     parser.add_argument("--seed", type=int, default=0, help="initialisation seed")
     args = parser.parse_args(argv)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from launch.logs import setup_logging
-from launch.settings import RoleConfig, add_flags, flag_values, masked
+from launch.settings import RoleConfig, add_flags, flag_values, helpful, masked
 
 C = TypeVar("C", bound=RoleConfig)
 
@@ -71,6 +71,7 @@ class Role(Generic[C]):
     config: type[C]
     main: Callable[[RoleContext[C]], Awaitable[int | None]]  # returns the exit status (None: 0)
     description: str  # first line of --help
+    epilog: str = ""  # the end of --help (commands handled before parsing, e.g. `evaluate`)
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None  # e.g. subcommands
     prepare: Callable[[C], None] | None = None  # synchronous set-up after the config is logged
     loop_factory: Callable[[C], Callable[[], asyncio.AbstractEventLoop] | None] = _no_loop_factory
@@ -83,13 +84,14 @@ def build_parser(role: Role[Any]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"python -m {role.name}",
         description=role.description,
+        epilog=role.epilog or None,
         argument_default=argparse.SUPPRESS,
     )
     parser.add_argument("--config", type=Path, help="TOML file with config values")
     add_flags(parser, role.config)
     if role.add_arguments is not None:
         role.add_arguments(parser)
-    return parser
+    return helpful(parser)
 
 
 def parse(role: Role[C], argv: list[str]) -> tuple[C, argparse.Namespace]:

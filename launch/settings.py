@@ -26,9 +26,10 @@ name used twice within a role is a `TypeError` at the first resolve. Sections ne
 one level. Secrets are `SecretStr` fields; `masked` renders a config for the log
 with those and every password inside a URL hidden. `render_flags` is the resolver's
 inverse: a config as the flags that resolve back to it, for a process that starts
-another role (`farm`). A field may rename its flag (``json_schema_extra={"flag": ...}``)
-or add aliases (``{"flag_aliases": [...]}``); a plain list's flag is repeated, one item
-each, items kept whole.
+another role (`farm`). A field may rename its flag (``json_schema_extra={"flag": ...}``),
+add aliases (``{"flag_aliases": [...]}``) or say how ``--help`` shows a default made
+afresh each time (``{"help_default": "HOST-RANDOM"}``; every other default is shown as is);
+a plain list's flag is repeated, one item each, items kept whole.
 """
 
 from __future__ import annotations
@@ -278,7 +279,8 @@ def add_flags(
     """One flag per leaf of `cls` (or of those named in `only`), grouped by section.
 
     A field's ``json_schema_extra`` may rename its flag (``{"flag": "learner-arg"}``) and
-    give aliases (``{"flag_aliases": ["env"]}``); its description is the help.
+    give aliases (``{"flag_aliases": ["env"]}``); its description is the help, followed by
+    the role's default (``(default: 8)``); an enum's or Literal's choices are its metavar.
     """
     groups: dict[str, argparse._ArgumentGroup] = {}
     for name, leaf in leaves(cls).items():
@@ -291,17 +293,76 @@ def add_flags(
             target = groups[leaf.section]
         flags = [flag(name, leaf.field)]
         flags += ["--" + a.replace("_", "-") for a in _extra(leaf.field).get("flag_aliases", ())]
-        help_ = leaf.field.description
+        help_ = (leaf.field.description or "").replace("%", "%%")
+        shown = f"(default: {shown_default(cls, leaf)})".replace("%", "%%")
+        choices = _choices(leaf.field.annotation)
+        metavar = "{" + ",".join(choices) + "}" if choices else name.upper()
         if leaf.field.annotation is bool:
             action = argparse.BooleanOptionalAction
-            target.add_argument(*flags, dest=name, action=action, help=help_)
+            target.add_argument(*flags, dest=name, action=action, help=f"{help_} {shown}")
         elif _comma_list(leaf.field) or _verbatim_list(leaf.field):  # repeatable
-            metavar = name.upper()
             target.add_argument(
-                *flags, dest=name, metavar=metavar, action="append", help=f"{help_} (repeatable)"
+                *flags,
+                dest=name,
+                metavar=metavar,
+                action="append",
+                help=f"{help_} (repeatable) {shown}",
             )
         else:
-            target.add_argument(*flags, dest=name, metavar=name.upper(), help=help_)
+            target.add_argument(*flags, dest=name, metavar=metavar, help=f"{help_} {shown}")
+
+
+def shown_default(cls: type, leaf: Leaf) -> str:
+    """A leaf's default in role `cls` as ``--help`` shows it (secrets and URL passwords hidden)."""
+    if "help_default" in _extra(leaf.field):  # a default made afresh each time (an id)
+        return str(_extra(leaf.field)["help_default"])
+    value = _default(cls, leaf)
+    if value is _REQUIRED:
+        return "required"
+    if isinstance(value, SecretStr):
+        return "**********"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list | tuple | set):
+        return ",".join(_text(v) for v in value) or "none"
+    if isinstance(value, dict):
+        return json.dumps(value) if value else "none"
+    return "none" if value is None else str(mask(_text(value)))
+
+
+def _choices(annotation: Any) -> list[str]:
+    """The values a Literal or an enum (optional or not) allows, else []."""
+    kinds = [a for a in (typing.get_args(annotation) or (annotation,)) if a is not type(None)]
+    if typing.get_origin(annotation) is Literal:
+        return [str(a) for a in typing.get_args(annotation)]
+    if len(kinds) == 1 and typing.get_origin(kinds[0]) is Literal:
+        return [str(a) for a in typing.get_args(kinds[0])]
+    if len(kinds) == 1 and isinstance(kinds[0], type) and issubclass(kinds[0], enum.Enum):
+        return [str(m.value) for m in kinds[0]]
+    return []
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every CLI's ``--help``: each flag's default (unless its help already names one) and
+    descriptions and epilogs as written (module docstrings keep their layout)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        help_ = action.help or ""
+        if "default" in help_ or action.default is argparse.SUPPRESS:
+            return help_
+        if action.default is None and action.option_strings:
+            return f"{help_} (default: none)"
+        return super()._get_help_string(action)
+
+
+def helpful(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`parser` and every subcommand's parser, at any depth, with `HelpFormatter`."""
+    parser.formatter_class = HelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                helpful(sub)
+    return parser
 
 
 def render_flags(config: BaseModel, *, changed_only: bool = True) -> list[str]:

@@ -94,6 +94,7 @@ class PreparedBatch:
     infra_failed: list[str] = field(default_factory=list)
     no_action_timeouts: list[str] = field(default_factory=list)  # hung before the first action
     zero_variance: list[str] = field(default_factory=list)
+    zero_variance_returns: list[float] = field(default_factory=list)  # each one's common return
     overlong: int = 0  # trajectories cut by a length limit (masked or punished by the rule)
     dropped_stale: list[str] = field(default_factory=list)
     corrected_stale: list[str] = field(default_factory=list)
@@ -274,6 +275,7 @@ def prepare_batch(
     ):
         if zero_var:
             out.zero_variance.append(group.group_id)
+            out.zero_variance_returns.append(_group_return(group, rules.gamma))
             if rules.skip_zero_variance:
                 continue
         out.trained_groups.append(group.group_id)
@@ -293,6 +295,12 @@ def prepare_batch(
                 out.advantages += [float(a) for a in turn_adv]
                 out.samples += samples
     return out
+
+
+def _group_return(group: TrajectoryGroup, gamma: float) -> float:
+    """A group's mean episode return: for a zero-variance group, what every sample scored."""
+    returns = [episode_return([t.reward for t in tr.turns], gamma) for tr in group.trajectories]
+    return float(np.mean(returns)) if returns else 0.0
 
 
 @dataclass(frozen=True)

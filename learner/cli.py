@@ -122,6 +122,9 @@ ROLE = Role(
     config=LearnerConfig,
     main=_main,
     description="RL learner of the rollout farm (see docs/learner.md).",
+    epilog="subcommands (each with its own --help):\n"
+    "  python -m learner evaluate  one evaluation of the served weights through the farm\n"
+    "  python -m learner filter    keep the tasks whose pass rate lies in --keep LO:HI",
     prepare=_prepare,
     metrics_port=lambda cfg: cfg.metrics_port if process_rank() == 0 else 0,
     failures=(LearnerError,),

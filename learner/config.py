@@ -31,6 +31,7 @@ from learner.collapse import CollapseRules
 from learner.dataspec import DataConfig
 from learner.errors import ConfigError
 from learner.lora import LoraSettings
+from learner.progress import ProgressRules
 from learner.tracking.config import TrackingConfig
 
 COMPONENT = ConfigDict(extra="forbid")
@@ -501,6 +502,7 @@ class LearnerConfig(RunFields, RoleConfig):
     data: DataConfig = section(DataConfig)  # learner.dataspec: datasets of prompts
     lora: LoraSettings = section(LoraSettings, prefix="lora_")  # learner.lora
     collapse: CollapseRules = section(CollapseRules, prefix="collapse_")  # learner.collapse
+    progress: ProgressRules = section(ProgressRules)  # learner.progress: idle and solved runs
 
     @model_validator(mode="after")
     def _consistent(self) -> LearnerConfig:

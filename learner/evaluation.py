@@ -30,10 +30,11 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from broker.consumer import Consumer, ConsumerConfig, ConsumerSettings
-from broker.errors import RedisUnavailable
+from broker.errors import BrokerError, RedisUnavailable
 from broker.keys import EVAL_GROUP_PREFIX, RunKeys
 from broker.messages import EvalMark, Task, TrajectoryGroup
 from broker.producer import Producer
+from broker.status import publish_eval
 from learner.config import EvalConfig
 from learner.datasets import TaskRow, load_dataset
 from learner.dataspec import DataConfig
@@ -103,6 +104,7 @@ class Evaluator:
         *,
         settings: ConsumerSettings | None = None,
     ) -> None:
+        self.redis = redis
         self.keys = keys
         self.sets = sets
         self.cfg = cfg
@@ -234,13 +236,17 @@ class EvalSchedule:
         self.running: asyncio.Task[EvalResult] | None = None
         self.results: list[EvalResult] = []
 
-    def _done(self, result: EvalResult) -> None:
+    async def _done(self, result: EvalResult) -> None:
         report(result, self.out_dir)
         self.on_result(result)
         self.results.append(result)
+        try:  # for `farm status` and the farm's console; the log and files have it already
+            await publish_eval(self.evaluator.redis, self.evaluator.keys, result.as_json())
+        except BrokerError as exc:
+            log.warning("evaluation at step %d not published to Redis: %s", result.step, exc)
 
     async def before_train(self, step: int, version: int) -> None:
-        self._done(await self.evaluator.run_round(step, version))
+        await self._done(await self.evaluator.run_round(step, version))
 
     async def after_step(self, step: int, version: int) -> None:
         """Report a finished round; start one when it is due and none runs."""
@@ -254,7 +260,7 @@ class EvalSchedule:
     async def _reap(self) -> None:
         if self.running is not None and self.running.done():
             task, self.running = self.running, None
-            self._done(task.result())
+            await self._done(task.result())
 
     async def drain(self) -> None:
         """Wait for the round in flight (its own deadline bounds the wait) and report it."""

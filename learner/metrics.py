@@ -44,6 +44,12 @@ STALENESS = Histogram(
 )
 STALE_GROUPS = Counter("farm_learner_stale_groups", "Groups beyond max_staleness", ["action"])
 ZERO_VARIANCE = Counter("farm_learner_zero_variance_groups", "Groups whose returns were all equal")
+ZERO_VARIANCE_REWARD = Counter(
+    "farm_learner_zero_variance_reward",
+    "Sum of the zero-variance groups' common returns (over farm_learner_zero_variance_groups: "
+    "their mean; 1 for a solved toy, 0 for tasks too hard)",
+)
+GROUPS = Counter("farm_learner_groups", "Groups in the learner's batches, trained or not")
 INFRA_FAILED = Counter("farm_learner_infra_failed_groups", "Groups spoiled by infrastructure")
 PUSH_SECONDS = Histogram(
     "farm_learner_weight_push_seconds",

@@ -74,6 +74,7 @@ class StepRecord:
     push_s: float  # weight push and verification (0 when not pushed)
     samples_per_s: float
     rollout_entropy: float | None = None  # mean -log μ of every sampled token (learner.collapse)
+    zero_variance_reward: float | None = None  # mean common return of those groups (None: none)
     loss: float | None = None  # the statistics below: None when nothing was trained
     clip_fraction: float | None = None
     entropy: float | None = None  # of the sampled distribution (allowed set, truncation)
@@ -137,6 +138,7 @@ class StepRecord:
             push_s=round(push_s, 4),
             samples_per_s=round(len(prepared.samples) / max(wait_s + compute_s, 1e-9), 2),
             rollout_entropy=shape.rollout_entropy,
+            zero_variance_reward=_common_return(prepared),
             **losses,
         )
 
@@ -162,7 +164,7 @@ def emit(record: StepRecord, prepared: PreparedBatch) -> None:
         m.STALENESS.observe(s)
     m.STALE_GROUPS.labels(action="dropped").inc(record.stale_dropped)
     m.STALE_GROUPS.labels(action="corrected").inc(record.stale_corrected)
-    m.ZERO_VARIANCE.inc(record.zero_variance)
+    _count_groups(record.groups, prepared)
     _shape_gauges(record.groups, record.deterministic, record.rollout_entropy)
     m.INFRA_FAILED.inc(record.infra_failed)
     m.NO_ACTION_TIMEOUTS.inc(record.no_action_timeouts)
@@ -199,6 +201,7 @@ class SkipRecord:
     groups: int  # groups in the batch
     reward_mean: float  # mean episode return over the batch's non-failed groups
     zero_variance: int
+    zero_variance_reward: float | None  # mean common return of those groups (None: none)
     deterministic: int  # groups whose samples were all identical
     rollout_entropy: float | None  # mean -log μ of every sampled token
     infra_failed: int
@@ -226,6 +229,7 @@ class SkipRecord:
             groups=groups,
             reward_mean=float(returns.mean()),
             zero_variance=len(prepared.zero_variance),
+            zero_variance_reward=_common_return(prepared),
             deterministic=shape.deterministic,
             rollout_entropy=shape.rollout_entropy,
             infra_failed=len(prepared.infra_failed),
@@ -247,10 +251,24 @@ def emit_skip(record: SkipRecord, prepared: PreparedBatch) -> None:
     if prepared.episode_returns:
         m.REWARD_MEAN.set(record.reward_mean)
     m.STALE_GROUPS.labels(action="dropped").inc(record.stale_dropped)
-    m.ZERO_VARIANCE.inc(record.zero_variance)
+    _count_groups(record.groups, prepared)
     _shape_gauges(record.groups, record.deterministic, record.rollout_entropy)
     m.INFRA_FAILED.inc(record.infra_failed)
     m.NO_ACTION_TIMEOUTS.inc(record.no_action_timeouts)
+
+
+def _common_return(prepared: PreparedBatch) -> float | None:
+    """The mean of the zero-variance groups' common returns (all 1.0: solved; 0.0: too hard)."""
+    values = prepared.zero_variance_returns
+    return round(float(np.mean(values)), 6) if values else None
+
+
+def _count_groups(groups: int, prepared: PreparedBatch) -> None:
+    """The batch's groups, its zero-variance ones and their returns' sum (their mean: the
+    ratio of the two counters; `farm.view` shows it per status period)."""
+    m.GROUPS.inc(groups)
+    m.ZERO_VARIANCE.inc(len(prepared.zero_variance))
+    m.ZERO_VARIANCE_REWARD.inc(sum(prepared.zero_variance_returns))
 
 
 def _shape_gauges(groups: int, deterministic: int, rollout_entropy: float | None) -> None:

@@ -26,7 +26,8 @@ from broker.messages import TrajectoryGroup
 from learner.checkpoint import LearnerState
 from learner.core import Core, skip_record, step_record
 from learner.errors import ReplayError
-from learner.record import emit, emit_skip
+from learner.progress import Progress
+from learner.record import SkipRecord, StepRecord, emit, emit_skip
 from learner.source import problem_with
 
 log = logging.getLogger("learner")
@@ -105,16 +106,20 @@ async def run_replay(core: Core, stop: asyncio.Event) -> LearnerState:
     keys = RunKeys(cfg.run, cfg.partitions)
     vocab = int(core.trainer.model.config.vocab_size)  # type: ignore[union-attr]
     groups = replay_groups(cfg.replay, keys, cfg.redis_url)
+    progress = Progress.of(cfg.progress)
     async for batch in batches_of(groups, cfg.groups_per_batch, lambda g: problem_with(g, vocab)):
         prepared, stats = core.train(batch, replay=True)
+        record: StepRecord | SkipRecord
         if stats is None:  # nothing trainable: not a step
-            emit_skip(skip_record(core, batch, prepared, 0.0), prepared)
-            core.tracker.skip(state.step)
+            record = skip_record(core, batch, prepared, 0.0)
+            emit_skip(record, prepared)
+            core.tracker.skip(record)
         else:
             record = step_record(core, batch, prepared, stats, wait_s=0.0, push_s=0.0)
             emit(record, prepared)
             core.tracker.step(record, batch, prepared)
-        if stop.is_set() or (cfg.max_steps and state.step >= cfg.max_steps):
+        solved = progress.observe(record, trained=stats is not None)
+        if solved or stop.is_set() or (cfg.max_steps and state.step >= cfg.max_steps):
             break
     core.save()
     return state

@@ -13,6 +13,8 @@ after the current step, with a final checkpoint and ack.
 A batch with no trainable sample (all zero-variance, infra-failed or dropped) is
 not a step: it logs ``{"event": "skipped", ...}``, is counted and acked, and
 does not advance the policy version, push weights or count toward max_steps.
+`learner.progress` warns when batch after batch trains nothing, and with
+``--stop-when-solved`` ends the run once the reward has stayed at its target.
 `learner.health` stops the run (RunFailedError) when batch after batch is
 spoiled by infrastructure errors, or every task comes back dead-lettered.
 """
@@ -45,6 +47,7 @@ from learner.core import Core, skip_record, step_record
 from learner.errors import RunFailedError
 from learner.evaluation import EvalSchedule, Evaluator, load_sets
 from learner.health import DeadLetterWatch, FailureWatch
+from learner.progress import Progress
 from learner.record import emit, emit_skip
 from learner.source import LiveSource
 from learner.tasks import TaskFeeder, TaskSampler, count_in_flight, load_dataset, row_returns
@@ -116,6 +119,7 @@ async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Deli
     holding the trained entries no checkpoint holds yet."""
     cfg, state = core.cfg, core.state
     failures = FailureWatch(cfg.max_failed_batches)
+    progress = Progress.of(cfg.progress)
     while not (cfg.max_steps and state.step >= cfg.max_steps):
         batch = await live.source.next_batch(cfg.groups_per_batch, state.version, state.step, stop)
         if batch is None:
@@ -129,9 +133,12 @@ async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Deli
             # Not a step: nothing for a checkpoint to hold, so ack now (waiting for the next
             # checkpoint would let a run that trains nothing pile up pending entries).
             await live.source.commit_trained(batch.deliveries, stop)
-            emit_skip(skip_record(core, batch.groups, prepared, batch.wait_s), prepared)
-            core.tracker.skip(core.state.step)
+            skipped = skip_record(core, batch.groups, prepared, batch.wait_s)
+            emit_skip(skipped, prepared)
+            core.tracker.skip(skipped)
             failures.observe(batch.groups, 0)  # RunFailedError past the limit
+            if progress.observe(skipped, trained=False):
+                break
             continue
         failures.observe(batch.groups, len(prepared.samples))
         unacked += batch.deliveries
@@ -150,6 +157,10 @@ async def _steps(core: Core, live: Live, stop: asyncio.Event, unacked: list[Deli
             await _make_durable(core, live.source, unacked, stop)
         if live.evals is not None:
             await live.evals.after_step(state.step, state.version)
+        if progress.observe(
+            record, trained=True
+        ):  # solved: run_live checkpoints and acks what is left
+            break
     if live.evals is not None:  # the round in flight, within its deadline
         await live.evals.drain()
 

@@ -131,7 +131,8 @@ class WorkerConfig(RunFields, RoleConfig):
     worker_id: str = Field(
         default_factory=_default_worker_id,
         pattern=r"^[A-Za-z0-9_.:-]{1,128}$",
-        description="consumer name in the tasks group (default: host-random, so pods are stateless)",
+        description="consumer name in the tasks group (host-random, so pods are stateless)",
+        json_schema_extra={"help_default": "HOST-RANDOM"},  # a new one each start
     )
     # --- concurrency -----------------------------------------------------------------------
     concurrency: int = Field(

@@ -5,7 +5,8 @@ tensorboard only then) and hands them the resolved config. `Tracker.step` turns 
 `StepRecord` into namespaced scalars (``loss/loss``, ``ratio/clip_fraction``,
 ``reward/adv_std``, ``staleness/staleness_max``, ``throughput/wait_share``, ...) and,
 every ``tracker_sample_interval`` steps, adds a table of sample trajectories;
-`Tracker.skip` counts skipped batches (``batch/skipped_batches``). A backend that raises
+`Tracker.skip` counts skipped batches (``batch/skipped_batches``) and logs what their
+groups scored (``batch/skipped_reward_mean``, ``batch/skipped_zero_variance[_reward]``). A backend that raises
 is logged once, with its traceback, and dropped: a crashed wandb service or a full disk
 costs the charts, never the training run. This module imports neither torch nor a
 tracker library; tokenizer and backends load on demand.
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from broker.messages import TrajectoryGroup
     from learner.batch import PreparedBatch
     from learner.evaluation import EvalResult
-    from learner.record import StepRecord
+    from learner.record import SkipRecord, StepRecord
     from learner.tracking.render import Decode
     from learner.tracking.samples import SampleTable
 
@@ -131,11 +132,19 @@ class Tracker:
         scalars = tracker_scalars(result)
         self._each(result.step, lambda b: b.log_scalars(result.step, scalars))
 
-    def skip(self, step: int) -> None:
-        """Count a batch that trained nothing (logged at `step`, the steps done so far)."""
+    def skip(self, record: SkipRecord) -> None:
+        """Count a batch that trained nothing, with what its groups scored (logged at the
+        steps done so far: ``batch/skipped_*``, apart from the steps' own charts)."""
         self.skipped += 1
-        counter = {"batch/skipped_batches": float(self.skipped)}
-        self._each(step, lambda b: b.log_scalars(step, counter))
+        step = record.step
+        scalars = {
+            "batch/skipped_batches": float(self.skipped),
+            "batch/skipped_reward_mean": record.reward_mean,
+            "batch/skipped_zero_variance": float(record.zero_variance),
+        }
+        if record.zero_variance_reward is not None:
+            scalars["batch/skipped_zero_variance_reward"] = record.zero_variance_reward
+        self._each(step, lambda b: b.log_scalars(step, scalars))
 
     def close(self) -> None:
         """Flush and close every backend still running."""

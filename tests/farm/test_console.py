@@ -222,3 +222,88 @@ async def test_served_versions_come_from_the_learner_where_servers_export_none()
         await view.close()
         await runner.cleanup()
     assert status.served_versions == (6, 7)
+
+
+async def _serve(registry: CollectorRegistry) -> tuple[object, str]:
+    from aiohttp import web
+
+    from tests.conftest import free_port
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}/metrics"
+
+
+async def test_status_line_shows_the_periods_zero_variance_share_and_common_reward() -> None:
+    """Issue 42: between two polls 40 groups arrive, 30 of them all scoring 1.0."""
+    registry = CollectorRegistry()
+    groups = Counter("farm_learner_groups", "g", registry=registry)
+    zero = Counter("farm_learner_zero_variance_groups", "z", registry=registry)
+    reward = Counter("farm_learner_zero_variance_reward", "r", registry=registry)
+    groups.inc(100)
+    zero.inc(10)  # before the period: not counted in its share
+    runner, url = await _serve(registry)
+    view = FarmView({"learner": url}, None, RunKeys("x"))
+    try:
+        first = await view.poll()
+        groups.inc(40)
+        zero.inc(30)
+        reward.inc(30.0)
+        solved = await view.poll()
+        groups.inc(10)
+        zero.inc(10)
+        hard = await view.poll()
+        groups.inc(10)
+        idle = await view.poll()
+    finally:
+        await view.close()
+        await runner.cleanup()  # type: ignore[attr-defined]
+    assert first.zero_variance_share is None and "zero-var" not in first.line()
+    assert solved.zero_variance_share == 0.75 and solved.zero_variance_reward == 1.0
+    assert "| reward - | zero-var 75% (all 1.0: solved) | eps/s" in solved.line()
+    assert "zero-var 100% (all 0.0: too hard)" in hard.line()
+    assert "zero-var 0% |" in idle.line()
+    mixed = FarmStatus(elapsed_s=1, zero_variance_share=0.5, zero_variance_reward=0.25)
+    assert "zero-var 50% (mean reward 0.25)" in mixed.line()
+
+
+async def test_each_new_evaluation_becomes_one_line_per_set(redis_server) -> None:
+    from broker.connection import connect
+    from broker.status import format_state, publish_eval, run_state
+
+    keys = RunKeys("evals")
+    summary = {
+        "event": "eval",
+        "step": 40,
+        "version": 40,
+        "weight_versions": [38, 40],
+        "sets": {
+            "gsm8k": {"rows": 200, "mean_at_k": 0.5123, "pass_at_1": 0.5, "pass_at_4": 0.75},
+            "gsm8k/math": {"rows": 200, "mean_at_k": 0.5, "pass_at_1": 0.5, "pass_at_4": 0.7},
+            "held": {"rows": 3, "mean_at_k": 1.0, "pass_at_1": 1.0},
+        },
+    }
+    redis = await connect(RedisSettings.from_url(redis_server.url))
+    view = FarmView({}, redis, keys)
+    try:
+        assert (await view.poll()).new_eval == ()  # none yet
+        await publish_eval(redis, keys, summary)
+        new = (await view.poll()).new_eval
+        again = (await view.poll()).new_eval
+        state = await run_state(redis, keys)
+    finally:
+        await view.close()
+        await redis.aclose()
+    assert new == (
+        "eval gsm8k at step 40: mean@4 0.512, pass@4 0.750, rows 200, weights v38..40",
+        "eval held at step 40: mean@1 1.000, pass@1 1.000, rows 3, weights v38..40",
+    )
+    assert again == ()  # printed once
+    assert f"\n  last {new[0]}\n  last {new[1]}" in format_state(state)  # `farm status`

@@ -1,4 +1,5 @@
-"""`farm demo`: the run ends on the learner's last step and leaves a curve and a summary.
+"""`farm demo`: the run ends once solved (or on the learner's last step) and leaves a curve
+and a summary.
 
 The end-to-end test runs the real stack for a few learner steps (not the full
 demo: the rise in reward is the demo's own output, measured in docs/farm.md);
@@ -86,7 +87,13 @@ def test_demo_runs_the_stack_to_the_last_step_and_writes_its_outputs(
             str(out),
             "--workers",
             "1",
-            "--max-steps",
+            # the demo stops once solved: a 1-batch mean reward >= 0 held for 2 batches is
+            # "solved" at the second batch, as a 0.95 10-batch mean would be on a solved toy
+            "--solved-reward",
+            "0",
+            "--solved-mean-batches",
+            "1",
+            "--solved-window",
             "2",
             "--time-limit-s",
             "200",
@@ -101,11 +108,13 @@ def test_demo_runs_the_stack_to_the_last_step_and_writes_its_outputs(
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["stop_reason"] == "learner finished"
-    assert [h["step"] for h in summary["history"]] == [1, 2]
+    assert summary["stop_reason"].startswith("solved: the 1-batch mean reward"), summary
+    assert summary["stop_reason"].endswith(">= 0 for 2 batches (step 2)")
+    assert [h["step"] for h in summary["history"]] == [1, 2]  # two batches, both trained
     assert (out / "reward_curve.png").read_bytes().startswith(PNG_MAGIC)
     assert f"wrote {out / 'reward_curve.png'}" in result.stdout
     assert "steps trained      2" in result.stdout
+    assert "stopped because    solved: the 1-batch mean reward" in result.stdout
 
 
 @pytest.mark.slow

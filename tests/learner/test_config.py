@@ -71,3 +71,13 @@ def test_cli_reports_bad_config_and_help_skips_torch() -> None:
     code = "import sys, learner.cli as c\ntry:\n  c.load_config(['--help'])\nexcept SystemExit:\n  pass\nprint('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip().endswith("False"), out.stdout + out.stderr
+
+
+def test_every_algorithm_is_documented() -> None:
+    """docs/learner.md's `algorithm` row names every --algorithm choice (issue 42)."""
+    from learner.config import Algorithm
+
+    docs = Path(__file__).parents[2] / "docs" / "learner.md"
+    row = next(x for x in docs.read_text().splitlines() if x.startswith("| `algorithm` |"))
+    missing = [a.value for a in Algorithm if f"`{a.value}`" not in row]
+    assert not missing, f"--algorithm choices missing from docs/learner.md: {missing}"

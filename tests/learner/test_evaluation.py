@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from broker import status
 from broker.codec import decode
 from broker.connection import RedisSettings, connect
 from broker.keys import RunKeys
@@ -43,6 +44,14 @@ async def stream_groups(url: str, stream: str) -> list[TrajectoryGroup]:
     finally:
         await redis.aclose()
     return [decode(fields, expect=TrajectoryGroup) for _, fields in rows]  # type: ignore[misc]
+
+
+async def read_state(url: str, keys: RunKeys) -> status.RunState:
+    redis = await connect(RedisSettings.from_url(url))
+    try:
+        return await status.run_state(redis, keys)
+    finally:
+        await redis.aclose()
 
 
 @pytest.mark.slow
@@ -141,6 +150,9 @@ def test_eval_runs_through_the_farm_and_is_never_trained(
     assert json.loads((tmp_path / "ck" / "eval-000002.json").read_text()) == lines[1]
 
     keys = RunKeys(RUN)
+    state = asyncio.run(read_state(redis_server.url, keys))
+    assert state.last_eval == lines[-1]  # the newest of the learner's evaluations
+    assert "\n  last eval held at step 4: mean@3 " in status.format_state(state)
     evals = asyncio.run(stream_groups(redis_server.url, keys.evals()))
     trained = asyncio.run(stream_groups(redis_server.url, keys.trajectories()))
     assert all(g.task.is_eval for g in evals) and len(evals) == 12  # 3 rounds + evaluate

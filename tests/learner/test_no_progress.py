@@ -172,7 +172,14 @@ async def test_zero_score_everywhere_keeps_running_and_is_not_a_step(
         proc = f.spawn(
             "learner",
             learner_args(
-                tiny_model_dir, redis_server.url, keys.run, tmp_path, "--inference-urls", server
+                tiny_model_dir,
+                redis_server.url,
+                keys.run,
+                tmp_path,
+                "--inference-urls",
+                server,
+                "--idle-warn-batches",
+                "4",
             ),
         )
         zeros = await play_workers(redis_server.url, keys, zero, 12, proc)  # six batches
@@ -192,6 +199,11 @@ async def test_zero_score_everywhere_keeps_running_and_is_not_a_step(
     skipped, steps = events(log, "skipped"), events(log, "step")
     assert len(skipped) >= 6 and all(s["step"] == 0 and s["version"] == 0 for s in skipped)
     assert all(s["zero_variance"] == GPB for s in skipped)
+    assert all(s["zero_variance_reward"] == 0.0 for s in skipped)  # what they all scored
+    # one WARNING at the 4th idle batch (the next is due at the 8th), and word when it ends
+    assert log.count("WARNING learner 4 batches in a row trained nothing") == 1, log[-3000:]
+    assert "(all 0.0: too hard)" in log and "--dynamic-sampling" in log
+    assert f"training again at step 1 after {len(skipped)} idle batches" in log
     assert [(s["step"], s["version"]) for s in steps] == [(1, 1)]
     assert len(list((tmp_path / "weights").iterdir())) == 1  # one push, for step 1
     done = events(log, "done")[0]
