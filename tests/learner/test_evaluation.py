@@ -21,7 +21,7 @@ import pytest
 from broker import status
 from broker.codec import decode
 from broker.connection import RedisSettings, connect
-from broker.keys import RunKeys
+from broker.keys import ARCHIVER_GROUP, RunKeys
 from broker.messages import TrajectoryGroup
 from tests.conftest import RedisServer
 from tests.learner.farm import ROOT, farm, toy_tasks
@@ -46,6 +46,18 @@ async def stream_groups(url: str, stream: str) -> list[TrajectoryGroup]:
     return [decode(fields, expect=TrajectoryGroup) for _, fields in rows]  # type: ignore[misc]
 
 
+async def keep_for_an_archiver(url: str, keys: RunKeys) -> None:
+    """An archiver's group that reads nothing, on the eval and trajectory streams: the
+    learner's stream keeper trims only what every group has acknowledged, so the streams
+    keep all the run wrote for the checks below."""
+    redis = await connect(RedisSettings.from_url(url))
+    try:
+        for stream in (keys.evals(), keys.trajectories()):
+            await redis.xgroup_create(stream, ARCHIVER_GROUP, id="0", mkstream=True)
+    finally:
+        await redis.aclose()
+
+
 async def read_state(url: str, keys: RunKeys) -> status.RunState:
     redis = await connect(RedisSettings.from_url(url))
     try:
@@ -64,6 +76,7 @@ def test_eval_runs_through_the_farm_and_is_never_trained(
     held.write_text(
         "".join(json.dumps({"env_spec": f'toy@{{"difficulty": {d}}}'}) + "\n" for d in (0, 0, 1))
     )
+    asyncio.run(keep_for_an_archiver(redis_server.url, RunKeys(RUN)))
     with farm(tmp_path) as f:
         url = f.server("server", tiny_model_dir)
         f.worker("w0", redis_server.url, RUN, url, tiny_model_dir, concurrency=64)
