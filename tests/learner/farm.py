@@ -77,8 +77,8 @@ class Farm:
         concurrency: int,
         max_tokens: int = 1,
         extra: tuple[str, ...] = (),
-    ) -> None:
-        self.spawn(
+    ) -> subprocess.Popen[bytes]:
+        return self.spawn(
             name,
             [
                 "workers",

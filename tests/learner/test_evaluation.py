@@ -79,7 +79,7 @@ def test_eval_runs_through_the_farm_and_is_never_trained(
     asyncio.run(keep_for_an_archiver(redis_server.url, RunKeys(RUN)))
     with farm(tmp_path) as f:
         url = f.server("server", tiny_model_dir)
-        f.worker("w0", redis_server.url, RUN, url, tiny_model_dir, concurrency=64)
+        worker = f.worker("w0", redis_server.url, RUN, url, tiny_model_dir, concurrency=64)
         learner = f.spawn(
             "learner",
             [
@@ -123,6 +123,9 @@ def test_eval_runs_through_the_farm_and_is_never_trained(
         )
         assert learner.wait(300) == 0, f.log("learner")[-3000:]
         log = f.log("learner")
+        # the worker ran every episode without torch (workers.tokens.load_tokenizer)
+        maps = Path(f"/proc/{worker.pid}/maps").read_text()
+        assert worker.poll() is None and "libtorch" not in maps, f.log("w0")[-3000:]
         # one evaluation without training, through the same workers, printed as a table
         once = subprocess.run(
             [
