@@ -20,13 +20,14 @@ from sandbox.errors import (
     SandboxUnavailable,
     SessionLost,
 )
-from sandbox.pool import SandboxPool
+from sandbox.pool import Bridge, SandboxPool
 from sandbox.result import RunResult, Violation
 from sandbox.session import Session
 
 __all__ = [
     "AcquireTimeout",
     "AgentProtocolError",
+    "Bridge",
     "FileToolError",
     "ImageBuildError",
     "Limits",

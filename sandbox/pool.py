@@ -18,8 +18,10 @@ import logging
 import secrets
 import shutil
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sandbox import metrics
 from sandbox.backends import (
@@ -46,6 +48,8 @@ log = logging.getLogger(__name__)
 CONTROL_TIMEOUT_S = 10.0
 UID_RANGE = 1_000_000
 _POOLS: weakref.WeakSet[SandboxPool] = weakref.WeakSet()
+# Serves a Unix socket at the host path it is given until it exits (`SandboxPool.session`)
+Bridge = Callable[[Path], AbstractAsyncContextManager[object]]
 
 
 @dataclass(eq=False)
@@ -149,15 +153,22 @@ class SandboxPool:
         self._publish()
 
     @contextlib.asynccontextmanager
-    async def session(self) -> AsyncIterator[Session]:
-        """One environment session: its own process and work dir, kept across calls."""
-        session = await self.acquire()
+    async def session(self, bridge: Bridge | None = None) -> AsyncIterator[Session]:
+        """One environment session: its own process and work dir, kept across calls.
+
+        With ``bridge``, the session's calls can reach a socket of the host: the pool calls
+        ``bridge(path)`` before the session opens, which must listen on a Unix socket at
+        ``path`` until it exits (after the session closed). Every process a call starts
+        holds it as descriptor `BRIDGE_FD` (``sandbox.agent.relay`` turns it into a
+        loopback port); no other session can reach it.
+        """
+        session = await self.acquire(bridge)
         try:
             yield session
         finally:
             await asyncio.shield(self.release(session))
 
-    async def acquire(self) -> Session:
+    async def acquire(self, bridge: Bridge | None = None) -> Session:
         """Open a session (prefer `session()`); raises AcquireTimeout, SandboxUnavailable."""
         if not self._started or self._closed:
             raise PoolClosed("pool is not started" if not self._closed else "pool is closed")
@@ -165,13 +176,17 @@ class SandboxPool:
         began = loop.time()
         sandbox = await self._reserve(began + self.config.acquire_timeout_s)
         sid = secrets.token_hex(8)
+        stack = contextlib.AsyncExitStack()
         try:
-            session = await self._open_session(sandbox, sid)
+            name = await self._serve_bridge(stack, sandbox, sid, bridge)
+            session = await self._open_session(sandbox, sid, name)
         except BaseException:
+            await stack.aclose()
             sandbox.reserved -= 1
             sandbox.draining = True
             await self._settle(sandbox)
             raise
+        session.bridge, session.bridge_stack = name, stack
         sandbox.reserved -= 1
         sandbox.sessions.add(sid)
         metrics.SESSIONS_ACTIVE.inc()
@@ -179,16 +194,30 @@ class SandboxPool:
         self._set_state(sandbox)
         return session
 
-    async def _open_session(self, sandbox: Sandbox, sid: str) -> Session:
+    @staticmethod
+    async def _serve_bridge(
+        stack: contextlib.AsyncExitStack, sandbox: Sandbox, sid: str, bridge: Bridge | None
+    ) -> str | None:
+        """Start the caller's bridge in the sandbox's socket dir; its name there."""
+        if bridge is None:
+            return None
+        name = f"b-{sid}.sock"
+        path = sandbox.handle.socket_dir / name
+        stack.callback(path.unlink, missing_ok=True)  # after the bridge stopped serving
+        await stack.enter_async_context(bridge(path))
+        # any uid may connect: only the session's own descriptor leads to it (the socket
+        # dir is closed to sessions, and hidden under their /run)
+        await asyncio.to_thread(path.chmod, 0o666)
+        return name
+
+    async def _open_session(self, sandbox: Sandbox, sid: str, bridge: str | None) -> Session:
         assert sandbox.control is not None
+        request: dict[str, object] = {"op": "open", "session": sid}
+        if bridge is not None:
+            request["bridge"] = bridge
         try:
-            limits = self.config.limits.ceiling(self.config.baseline_processes)
-            reply = check(
-                await sandbox.control.request(
-                    {"op": "open", "session": sid, "limits": limits}, CONTROL_TIMEOUT_S
-                ),
-                "open session",
-            )
+            request["limits"] = self.config.limits.ceiling(self.config.baseline_processes)
+            reply = check(await sandbox.control.request(request, CONTROL_TIMEOUT_S), "open session")
             conn = await AgentConnection.open(
                 sandbox.handle.socket_dir / reply["socket"], CONTROL_TIMEOUT_S
             )
@@ -201,7 +230,7 @@ class SandboxPool:
         sandbox: Sandbox = session.sandbox
         if sandbox.control is None or sandbox.control.closed:
             raise SandboxUnavailable("the sandbox is gone")
-        fresh = await self._open_session(sandbox, session.id)
+        fresh = await self._open_session(sandbox, session.id, session.bridge)
         return fresh.connection
 
     async def release(self, session: Session) -> None:
@@ -209,6 +238,12 @@ class SandboxPool:
         sandbox: Sandbox = session.sandbox
         session.closed = True
         await session.connection.close()
+        try:
+            await self._close_session(sandbox, session)
+        finally:
+            await session.bridge_stack.aclose()
+
+    async def _close_session(self, sandbox: Sandbox, session: Session) -> None:
         if session.id not in sandbox.sessions:
             return
         sandbox.sessions.discard(session.id)
