@@ -21,10 +21,13 @@ once the completion is generated.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -112,6 +115,20 @@ class AgentEndpoint:
         await site.start()
         self.base_url = f"http://{host}:{self._runner.addresses[0][1]}/v1"
         return self.base_url
+
+    @contextlib.asynccontextmanager
+    async def serve_unix(self, path: Path) -> AsyncIterator[None]:
+        """Serve the endpoint on a Unix socket at `path` too, while in the block: a sandbox
+        session's bridge (`sandbox.Bridge`), through which a program in the sandbox calls it
+        with no network. Keys work as on the TCP port."""
+        if self._runner is None:
+            raise RuntimeError("start() the endpoint before bridging it")
+        site = web.UnixSite(self._runner, str(path))
+        await site.start()
+        try:
+            yield
+        finally:
+            await site.stop()
 
     async def close(self) -> None:
         if self._runner is not None:
