@@ -5,7 +5,8 @@ It runs inside an episode's sandbox session (``agent@{"command": ["python3",
 "..."}``): it reads ``FARM_PROMPT``, talks to ``OPENAI_BASE_URL`` with ``OPENAI_API_KEY``
 as any OpenAI client would, runs the ``shell`` calls the model makes in its own work dir,
 and stops when the model calls ``submit``, answers without a tool call, or after
-``MAX_TURNS``. The environment's check then scores the work dir. Nothing here imports the
+``MAX_TURNS``; its last reply's text is left in ``answer.txt``. The environment's check
+then scores the work dir. Nothing here imports the
 farm: it is the kind of program a user brings.
 """
 
@@ -47,7 +48,7 @@ def chat(messages: list) -> dict:
             "model": os.environ.get("OPENAI_MODEL", "policy"),
             "messages": messages,
             "tools": TOOLS,
-            "max_tokens": int(os.environ.get("AGENT_MAX_TOKENS", "64")),
+            "max_tokens": int(os.environ.get("AGENT_MAX_TOKENS", "32")),
         }
     ).encode()
     request = urllib.request.Request(
@@ -75,24 +76,33 @@ def shell(arguments: str) -> str:
 
 def main() -> int:
     messages = [{"role": "user", "content": os.environ["FARM_PROMPT"]}]
+    try:
+        loop(messages)
+    finally:
+        replies = [m for m in messages if m["role"] == "assistant"]
+        with open("answer.txt", "w") as out:
+            out.write((replies[-1]["content"] or "") if replies else "")
+    return 0
+
+
+def loop(messages: list) -> None:
     for _ in range(MAX_TURNS):
         try:
             message = chat(messages)
         except urllib.error.HTTPError as exc:  # a limit of the episode: it is over
             print(f"the endpoint refused: {exc.code} {exc.read()[:200]!r}", file=sys.stderr)
-            return 0
+            return
         calls = message.get("tool_calls") or []
         reply = {"role": "assistant", "content": message.get("content")}
         messages.append({**reply, "tool_calls": calls} if calls else reply)
         if not calls:
-            return 0
+            return
         for call in calls:
             name = call["function"]["name"]
             if name == "submit":
-                return 0
+                return
             result = shell(call["function"]["arguments"]) if name == "shell" else "unknown tool"
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
-    return 0
 
 
 if __name__ == "__main__":
