@@ -37,6 +37,7 @@ async def run_in_sandbox(
 ) -> dict[str, Any]:
     """The program's episode; ``{"reward", "metrics"}`` as an agent function returns it."""
     from sandbox import SandboxError, Violation
+    from sandbox.config import MAX_TIMEOUT_S
 
     task = env.pick(seed)
     assert env.config.command is not None
@@ -52,11 +53,10 @@ async def run_in_sandbox(
                 "OPENAI_MODEL": endpoint.model_name,
                 "FARM_PROMPT": task.prompt,
             }
-            ran = await sb.run_bridged(
-                env.config.command, env=program_env, timeout=limits.wall_time_s
-            )
+            wall_s = min(limits.wall_time_s, MAX_TIMEOUT_S)
+            ran = await sb.run_bridged(env.config.command, env=program_env, timeout=wall_s)
             if ran.violation is Violation.TIMEOUT:
-                raise TimeoutError(f"the program ran past {limits.wall_time_s}s")
+                raise TimeoutError(f"the program ran past {wall_s}s")
             check = await sb.run(["bash", "-c", task.check], timeout=CHECK_TIMEOUT_S)
     except SandboxError as exc:
         raise EnvInfraError(f"sandbox failed: {exc}", ErrorCategory.SANDBOX) from exc

@@ -92,3 +92,22 @@ async def test_the_example_shell_agent_runs_its_tool_loop(
     assert traj.error is ErrorCategory.NONE, traj.error_detail
     assert traj.turns and traj.turns[-1].reward == 1.0
     assert traj.timings["agent/exit_code"] == 0.0
+
+
+async def test_a_program_past_its_time_and_a_failed_setup_are_not_the_models_failures(
+    tiny_model_dir: Path, pool: SandboxPool
+) -> None:
+    slow = {"command": ["sleep", "60"], "task": "serve-file", "wall_time_s": 1}
+    broken = {"command": ["true"], "task": {"prompt": "p", "setup": "exit 3", "check": "true"}}
+    async with serving(tiny_model_dir) as endpoint:
+        ctx = EpisodeContext(
+            endpoint.codec, endpoint.client, SamplingParams, sandbox=pool, agents=endpoint
+        )
+        timed_out, failed = [
+            (
+                await run_group(ctx, CFG, _task(s, 1), max_turns=8, retries=0, worker_id="w")
+            ).trajectories[0]
+            for s in (slow, broken)
+        ]
+    assert timed_out.error is ErrorCategory.TIMEOUT, timed_out.error_detail
+    assert failed.error is ErrorCategory.SANDBOX and "setup" in failed.error_detail
