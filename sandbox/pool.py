@@ -158,9 +158,9 @@ class SandboxPool:
 
         With ``bridge``, the session's calls can reach a socket of the host: the pool calls
         ``bridge(path)`` before the session opens, which must listen on a Unix socket at
-        ``path`` until it exits (after the session closed). Every process a call starts
-        holds it as descriptor `BRIDGE_FD` (``sandbox.agent.relay`` turns it into a
-        loopback port); no other session can reach it.
+        ``path`` until it exits (after the session closed). Every process a `run` call starts
+        holds it as descriptor 5 (``sandbox.agent.call.BRIDGE_FD``; `Session.run_bridged`
+        turns it into a loopback port); no other session can reach it.
         """
         session = await self.acquire(bridge)
         try:
