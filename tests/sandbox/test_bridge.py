@@ -123,3 +123,21 @@ async def test_a_session_without_a_bridge_cannot_run_bridged(pool: SandboxPool) 
             assert "without a bridge" in str(exc)
         else:
             raise AssertionError("run_bridged ran without a bridge")
+
+
+async def test_the_agent_opens_only_a_socket_of_its_socket_dir_as_a_bridge(
+    pool: SandboxPool,
+) -> None:
+    async with pool.session() as sb:
+        control = sb.sandbox.control
+        limits = pool.config.limits.ceiling(pool.config.baseline_processes)
+        sb.sandbox.handle.socket_dir.joinpath("b-plain.sock").write_text("not a socket")
+        for bridge, error in (
+            ("../agent.sock", "'bridge' must name"),
+            ("agent.sock", "'bridge' must name"),
+            ("b-missing.sock", "No such file"),
+            ("b-plain.sock", "not a socket"),
+        ):
+            request = {"op": "open", "session": "probe", "limits": limits, "bridge": bridge}
+            reply = await control.request(request, 10)
+            assert not reply["ok"] and error in reply["error"], (bridge, reply)
