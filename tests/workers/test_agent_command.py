@@ -19,7 +19,6 @@ from workers.episode import EpisodeContext
 from workers.group import run_group
 
 CFG = EpisodeSettings(max_tokens=8, episode_timeout_s=60)
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sandbox_shell_agent.py"
 
 # one chat call over the bridge, then a file the check reads: the reward is the check's
 ONE_CALL = """
@@ -72,26 +71,6 @@ async def test_a_program_in_the_sandbox_is_recorded_and_scored_by_the_check(
             rewards.append([t.turns[-1].reward for t in group.trajectories])
         assert rewards == [[1.0, 1.0], [0.0, 0.0]]
         assert not endpoint._episodes  # every key expired with its episode
-
-
-async def test_the_example_shell_agent_runs_its_tool_loop(
-    tiny_model_dir: Path, pool: SandboxPool
-) -> None:
-    task = {"prompt": "Say hi.", "setup": "touch seed.txt", "check": "test -f seed.txt"}
-    spec = {
-        "command": ["python3", "agent.py"],
-        "files": {"agent.py": str(EXAMPLE)},
-        "task": task,
-    }
-    async with serving(tiny_model_dir) as endpoint:
-        ctx = EpisodeContext(
-            endpoint.codec, endpoint.client, SamplingParams, sandbox=pool, agents=endpoint
-        )
-        group = await run_group(ctx, CFG, _task(spec, 1), max_turns=8, retries=0, worker_id="w")
-    [traj] = group.trajectories
-    assert traj.error is ErrorCategory.NONE, traj.error_detail
-    assert traj.turns and traj.turns[-1].reward == 1.0
-    assert traj.timings["agent/exit_code"] == 0.0
 
 
 async def test_a_program_past_its_time_and_a_failed_setup_are_not_the_models_failures(
