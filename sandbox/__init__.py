@@ -9,6 +9,7 @@ Backends: Docker (default), bubblewrap, and the loudly named unsafe-no-isolation
 See docs/sandbox.md for the configuration and the security model.
 """
 
+from sandbox.bridge import Bridge
 from sandbox.config import Limits, SandboxConfig
 from sandbox.errors import (
     AcquireTimeout,
@@ -20,7 +21,7 @@ from sandbox.errors import (
     SandboxUnavailable,
     SessionLost,
 )
-from sandbox.pool import Bridge, SandboxPool
+from sandbox.pool import SandboxPool
 from sandbox.result import RunResult, Violation
 from sandbox.session import Session
 

@@ -18,10 +18,8 @@ import logging
 import secrets
 import shutil
 import weakref
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from sandbox import metrics
 from sandbox.backends import (
@@ -32,6 +30,7 @@ from sandbox.backends import (
     owner_token,
     reap_socket_dirs,
 )
+from sandbox.bridge import Bridge, serve_bridge
 from sandbox.client import AgentConnection, check
 from sandbox.config import SandboxConfig
 from sandbox.errors import (
@@ -48,8 +47,6 @@ log = logging.getLogger(__name__)
 CONTROL_TIMEOUT_S = 10.0
 UID_RANGE = 1_000_000
 _POOLS: weakref.WeakSet[SandboxPool] = weakref.WeakSet()
-# Serves a Unix socket at the host path it is given until it exits (`SandboxPool.session`)
-Bridge = Callable[[Path], AbstractAsyncContextManager[object]]
 
 
 @dataclass(eq=False)
@@ -178,7 +175,7 @@ class SandboxPool:
         sid = secrets.token_hex(8)
         stack = contextlib.AsyncExitStack()
         try:
-            name = await self._serve_bridge(stack, sandbox, sid, bridge)
+            name = await serve_bridge(stack, sandbox.handle.socket_dir, sid, bridge)
             session = await self._open_session(sandbox, sid, name)
         except BaseException:
             await stack.aclose()
@@ -193,22 +190,6 @@ class SandboxPool:
         metrics.ACQUIRE_SECONDS.observe(loop.time() - began)
         self._set_state(sandbox)
         return session
-
-    @staticmethod
-    async def _serve_bridge(
-        stack: contextlib.AsyncExitStack, sandbox: Sandbox, sid: str, bridge: Bridge | None
-    ) -> str | None:
-        """Start the caller's bridge in the sandbox's socket dir; its name there."""
-        if bridge is None:
-            return None
-        name = f"b-{sid}.sock"
-        path = sandbox.handle.socket_dir / name
-        stack.callback(path.unlink, missing_ok=True)  # after the bridge stopped serving
-        await stack.enter_async_context(bridge(path))
-        # any uid may connect: only the session's own descriptor leads to it (the socket
-        # dir is closed to sessions, and hidden under their /run)
-        await asyncio.to_thread(path.chmod, 0o666)
-        return name
 
     async def _open_session(self, sandbox: Sandbox, sid: str, bridge: str | None) -> Session:
         assert sandbox.control is not None
