@@ -8,7 +8,10 @@ farm's code path is the real one: ChatCodec (tiny model's tokenizer and chat tem
 GenerationClient over HTTP, envs.astep, run_episode.
 
 1. CPU per env step: this process's CPU time / env steps (the load generator and the
-   environments' sleeps cost nothing here), beside a bare aiohttp POST loop (baseline).
+   environments' sleeps cost nothing here), beside a bare aiohttp POST loop (baseline);
+   the agent endpoint's CPU per chat call against a direct generate; and an agent program
+   in the sandbox (`bench._sandbox_agent`: bwrap, else Docker, else n/a): the worker's CPU
+   per call and the latency it adds against the same agent in the worker's process.
 2. N concurrent episodes in one process (10,000; 2,000 with --quick), closed loop:
    achieved vs ideal step throughput (Little's law: N / (mean inference + mean env
    latency)), event-loop lag p99, RSS growth per episode.
@@ -32,6 +35,7 @@ import envs
 from bench import _report as report
 from bench._agent_endpoint import measure_endpoint_cpu
 from bench._loadgen_proc import Server, loadgen_process, serving
+from bench._sandbox_agent import measure_sandbox_agent
 from broker.messages import Task
 from envs import Env
 from launch.settings import HelpFormatter
@@ -341,7 +345,27 @@ def _conc_rows(c: dict, label: str) -> list[tuple[str, str, str, str]]:
     ]
 
 
-def _table(cpu: dict, loop: str, capped: dict, conc: dict, cmp: dict) -> str:
+def _sandbox_rows(sbx: dict | None) -> list[tuple[str, str, str, str]]:
+    if sbx is None:
+        return [("agent program in the sandbox", "n/a", "", "no bwrap and no Docker engine")]
+    return [
+        (
+            f"agent program in the sandbox ({sbx['backend']}): worker CPU per call",
+            f"{sbx['worker_cpu_us_per_call']:.0f} us",
+            "",
+            f"in-process agent (its client included): {sbx['in_process_cpu_us_per_call']:.0f} us",
+        ),
+        (
+            "  latency per call (sequential)",
+            f"{sbx['p50_ms']:.2f} ms",
+            "",
+            f"in-process agent: {sbx['in_process_p50_ms']:.2f} ms "
+            f"({sbx['p50_ms'] - sbx['in_process_p50_ms']:+.2f} ms: relay and bridge)",
+        ),
+    ]
+
+
+def _table(cpu: dict, loop: str, capped: dict, conc: dict, cmp: dict, *, sbx: dict | None) -> str:
     main = cpu[loop]
     other = [name for name in cpu if name != loop]
     rows = [
@@ -374,6 +398,7 @@ def _table(cpu: dict, loop: str, capped: dict, conc: dict, cmp: dict) -> str:
             "",
             "codec, env API, bookkeeping, metrics; no HTTP (instant in-process generator)",
         ),
+        *_sandbox_rows(sbx),
         *_conc_rows(capped, f"client default pool ({capped['pool']} conns)"),
         *_conc_rows(conc, f"client pool {conc['pool']} (one per episode)"),
         (
@@ -407,15 +432,16 @@ class Sizes:
     window_s: float  # steady-state window of the scale phase
     latency_ms: tuple[float, float]  # simulated inference and env step medians
     sync_vs_async: tuple[int, int, float]  # episodes, batch, latency ms
+    sandbox_calls: int = 200  # sequential calls of the sandboxed and the in-process agent
     # Every phase against one load generator (CPU_LOADGEN's latency, so the phases' must be
     # the same) started once for the run, instead of one per phase: a start-up is seconds.
     one_server: bool = False
 
 
 SIZES = {
-    "full": Sizes(10_000, 1000, 5, 3000, 30.0, (4000.0, 2000.0), (512, 128, 100.0)),
-    "quick": Sizes(2000, 300, 3, 500, 5.0, (1000.0, 500.0), (128, 64, 50.0)),
-    "smoke": Sizes(50, 50, 1, 50, 1.0, (5.0, 50.0), (16, 8, 5.0), one_server=True),
+    "full": Sizes(10_000, 1000, 5, 3000, 30.0, (4000.0, 2000.0), (512, 128, 100.0), 1000),
+    "quick": Sizes(2000, 300, 3, 500, 5.0, (1000.0, 500.0), (128, 64, 50.0), 200),
+    "smoke": Sizes(50, 50, 1, 50, 1.0, (5.0, 50.0), (16, 8, 5.0), 10, one_server=True),
 }
 
 
@@ -451,6 +477,10 @@ def main(argv: list[str]) -> int:
         cmp = await measure_sync_vs_async(*size.sync_vs_async, shared)
         return {"concurrency_client_default": capped, "concurrency": conc, "sync_vs_async": cmp}
 
+    async def sandbox_phase(shared: Server | None) -> dict[str, Any]:
+        async with serving(shared, *CPU_LOADGEN) as url, farm_context(url) as ctx:
+            return await measure_sandbox_agent(ctx, size.sandbox_calls)
+
     def on_loop(name: str, phase: Any, shared: Server | None) -> Any:
         with asyncio.Runner(loop_factory=loop_factory(name)) as runner:
             return runner.run(phase(shared))
@@ -459,6 +489,7 @@ def main(argv: list[str]) -> int:
     result = {"load_generator": "workers.loadgen (latency-simulating server)", "loop": args.loop}
     with loadgen_process(*CPU_LOADGEN) if size.one_server else nullcontext() as shared:
         result["cpu"] = {name: on_loop(name, cpu_phase, shared) for name in loops}
+        result |= on_loop(args.loop, sandbox_phase, shared)
         result |= on_loop(args.loop, scale_phase, shared)
     text = _table(
         result["cpu"],
@@ -466,5 +497,6 @@ def main(argv: list[str]) -> int:
         result["concurrency_client_default"],
         result["concurrency"],
         result["sync_vs_async"],
+        sbx=result["sandbox_agent"],
     )
     return report.emit(run, result, text, args.json)

@@ -1,12 +1,25 @@
 """The `agent` environment kind: a user's OpenAI-SDK agent program as an environment.
 
-Spec: ``agent@{"entry": "pkg.module:function", "task": {...}, "use_sandbox": false, ...limits}``.
-The worker runs each episode by calling ``await function(task, openai)`` (plus
-``sandbox=<SandboxPool>`` when ``"use_sandbox": true``), where ``openai`` is an `OpenAIConfig`
-whose `base_url` and `api_key` reach the worker's token-capturing endpoint for this episode
-only. The function returns the reward: a float, or ``{"reward": float, "metrics": {...}}``.
-Building the spec resolves the entry point, so a typo is an `EnvSpecError` (dead letter),
-not an episode failure.
+Two ways to bring an agent:
+
+- a Python function, ``agent@{"entry": "pkg.module:function", "task": {...}, "use_sandbox":
+  false, ...limits}``: the worker calls ``await function(task, openai)`` in its own process
+  (plus ``sandbox=<SandboxPool>`` when ``"use_sandbox": true``), where ``openai`` is an
+  `OpenAIConfig` whose `base_url` and `api_key` reach the worker's token-capturing endpoint
+  for this episode only; it returns the reward, a float or ``{"reward": float, "metrics":
+  {...}}``;
+- a program in the sandbox, ``agent@{"command": ["python3", "agent.py"], "files":
+  {"agent.py": "host/path.py"}, "task": <terminal task>, ...limits}``: each episode opens a
+  sandbox session, runs the task's setup, copies ``files`` into the work dir and runs
+  ``command`` there with no network; it sees ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` (this
+  episode's endpoint, over the session's bridge), ``OPENAI_MODEL`` and ``FARM_PROMPT`` (the
+  task's prompt). The reward is the task's check, run in the session after the program
+  exits, as for `terminal` tasks: 1.0 when it exits 0. ``task`` names a built-in terminal
+  task, or gives one as ``{"name", "prompt", "setup", "check"}``, or a list of those (the
+  group's seed picks one). Processes the program leaves behind end with it.
+
+Building the spec resolves the entry point and reads ``files``, so a typo is an
+`EnvSpecError` (dead letter), not an episode failure.
 """
 
 from __future__ import annotations
@@ -15,12 +28,14 @@ import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from envs.errors import EnvSpecError
 from envs.registry import spec_config
+from envs.terminal import TASKS, TerminalTask
 
 
 class AgentConfig(BaseModel):
@@ -28,8 +43,19 @@ class AgentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    entry: str = Field(description="`pkg.module:function`, an async function (task, openai)")
-    task: Any = Field(None, description="JSON value handed to the function as its task")
+    entry: str | None = Field(
+        None, description="`pkg.module:function`, an async function (task, openai)"
+    )
+    command: list[str] | None = Field(
+        None, min_length=1, description="argv of a program run in a sandbox session instead"
+    )
+    files: dict[str, str] = Field(
+        {}, description="with `command`: work-dir path -> host file copied there first"
+    )
+    task: Any = Field(
+        None,
+        description="the function's task (any JSON); with `command`, terminal task(s)",
+    )
     use_sandbox: bool = Field(
         False, description="also pass the worker's sandbox pool as `sandbox=`"
     )
@@ -43,6 +69,16 @@ class AgentConfig(BaseModel):
     wall_time_s: float | None = Field(
         None, gt=0, description="seconds for the whole episode (None: --episode-timeout-s)"
     )
+
+    @model_validator(mode="after")
+    def _one_agent(self) -> AgentConfig:
+        if (self.entry is None) == (self.command is None):
+            raise ValueError("give exactly one of 'entry' (a function) and 'command' (a program)")
+        if self.command is not None and self.use_sandbox:
+            raise ValueError("'use_sandbox' is for functions; a command always runs in one")
+        if self.files and self.command is None:
+            raise ValueError("'files' go with 'command'")
+        return self
 
 
 @dataclass(frozen=True)
@@ -65,7 +101,16 @@ class AgentEnv:
     """A resolved `agent` spec: what the worker needs to run one episode of it."""
 
     config: AgentConfig
-    function: Callable[..., Any]  # the user's async function
+    function: Callable[..., Any] | None  # the user's async function (None: a command)
+    tasks: tuple[TerminalTask, ...] = ()  # a command's tasks; the group's seed picks one
+    files: tuple[tuple[str, bytes], ...] = ()  # a command's files: (work-dir path, contents)
+
+    @property
+    def in_sandbox(self) -> bool:
+        return self.config.command is not None
+
+    def pick(self, seed: int) -> TerminalTask:
+        return self.tasks[seed % len(self.tasks)]
 
 
 def resolve_entry(entry: str) -> Callable[..., Any]:
@@ -89,4 +134,41 @@ def resolve_entry(entry: str) -> Callable[..., Any]:
 def make_agent_env(**kwargs: Any) -> AgentEnv:
     """Registry factory for ``agent@{...}``."""
     config = AgentConfig(**kwargs)
-    return AgentEnv(config, resolve_entry(config.entry))
+    if config.entry is not None:
+        return AgentEnv(config, resolve_entry(config.entry))
+    return AgentEnv(config, None, _terminal_tasks(config.task), _read_files(config.files))
+
+
+def _terminal_tasks(task: Any) -> tuple[TerminalTask, ...]:
+    """A command's task(s): built-in terminal task names or inline task objects."""
+    items = task if isinstance(task, list) else [task]
+    out = []
+    for item in items:
+        if isinstance(item, str) and item in TASKS:
+            out.append(TASKS[item])
+        elif isinstance(item, dict) and {"prompt", "check"} <= set(item) <= _TASK_KEYS:
+            fields = {"name": "inline", "setup": "", **item}
+            if not all(isinstance(v, str) for v in fields.values()):
+                raise EnvSpecError(f"agent task {item!r}: every field must be a string")
+            out.append(TerminalTask(**fields))
+        else:
+            raise EnvSpecError(
+                f"agent task {item!r}: name a terminal task ({sorted(TASKS)}) or give "
+                '{"prompt", "check", optional "setup" and "name"}'
+            )
+    if not out:
+        raise EnvSpecError("agent: a command needs at least one task")
+    return tuple(out)
+
+
+_TASK_KEYS = {"name", "prompt", "setup", "check"}
+
+
+def _read_files(files: dict[str, str]) -> tuple[tuple[str, bytes], ...]:
+    out = []
+    for target, source in files.items():
+        try:
+            out.append((target, Path(source).read_bytes()))
+        except OSError as exc:
+            raise EnvSpecError(f"agent file {target!r}: cannot read {source}: {exc}") from None
+    return tuple(out)

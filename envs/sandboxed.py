@@ -15,8 +15,9 @@ satisfies them structurally (tests/envs/test_sandbox_protocol.py holds it to tha
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from broker.messages import ErrorCategory
@@ -73,7 +74,11 @@ class SandboxSession(PythonSession, Protocol):
 class SandboxPool(Protocol):
     """What an environment needs from a pool: sessions, one per episode or per call."""
 
-    def session(self) -> AbstractAsyncContextManager[SandboxSession]: ...
+    def session(
+        self, bridge: Callable[[Path], AbstractAsyncContextManager[object]] | None = None
+    ) -> AbstractAsyncContextManager[SandboxSession]:
+        """One session; ``bridge`` serves a host socket its calls reach (`sandbox.Bridge`)."""
+        ...
 
 
 def _sandbox_errors() -> tuple[type[BaseException], ...]:

@@ -9,6 +9,7 @@ Backends: Docker (default), bubblewrap, and the loudly named unsafe-no-isolation
 See docs/sandbox.md for the configuration and the security model.
 """
 
+from sandbox.bridge import Bridge
 from sandbox.config import Limits, SandboxConfig
 from sandbox.errors import (
     AcquireTimeout,
@@ -27,6 +28,7 @@ from sandbox.session import Session
 __all__ = [
     "AcquireTimeout",
     "AgentProtocolError",
+    "Bridge",
     "FileToolError",
     "ImageBuildError",
     "Limits",

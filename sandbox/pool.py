@@ -30,6 +30,7 @@ from sandbox.backends import (
     owner_token,
     reap_socket_dirs,
 )
+from sandbox.bridge import Bridge, serve_bridge
 from sandbox.client import AgentConnection, check
 from sandbox.config import SandboxConfig
 from sandbox.errors import (
@@ -149,15 +150,22 @@ class SandboxPool:
         self._publish()
 
     @contextlib.asynccontextmanager
-    async def session(self) -> AsyncIterator[Session]:
-        """One environment session: its own process and work dir, kept across calls."""
-        session = await self.acquire()
+    async def session(self, bridge: Bridge | None = None) -> AsyncIterator[Session]:
+        """One environment session: its own process and work dir, kept across calls.
+
+        With ``bridge``, the session's calls can reach a socket of the host: the pool calls
+        ``bridge(path)`` before the session opens, which must listen on a Unix socket at
+        ``path`` until it exits (after the session closed). Every process a `run` call starts
+        holds it as descriptor 5 (``sandbox.agent.call.BRIDGE_FD``; `Session.run_bridged`
+        turns it into a loopback port); no other session can reach it.
+        """
+        session = await self.acquire(bridge)
         try:
             yield session
         finally:
             await asyncio.shield(self.release(session))
 
-    async def acquire(self) -> Session:
+    async def acquire(self, bridge: Bridge | None = None) -> Session:
         """Open a session (prefer `session()`); raises AcquireTimeout, SandboxUnavailable."""
         if not self._started or self._closed:
             raise PoolClosed("pool is not started" if not self._closed else "pool is closed")
@@ -165,13 +173,17 @@ class SandboxPool:
         began = loop.time()
         sandbox = await self._reserve(began + self.config.acquire_timeout_s)
         sid = secrets.token_hex(8)
+        stack = contextlib.AsyncExitStack()
         try:
-            session = await self._open_session(sandbox, sid)
+            name = await serve_bridge(stack, sandbox.handle.socket_dir, sid, bridge)
+            session = await self._open_session(sandbox, sid, name)
         except BaseException:
+            await stack.aclose()
             sandbox.reserved -= 1
             sandbox.draining = True
             await self._settle(sandbox)
             raise
+        session.bridge, session.bridge_stack = name, stack
         sandbox.reserved -= 1
         sandbox.sessions.add(sid)
         metrics.SESSIONS_ACTIVE.inc()
@@ -179,16 +191,14 @@ class SandboxPool:
         self._set_state(sandbox)
         return session
 
-    async def _open_session(self, sandbox: Sandbox, sid: str) -> Session:
+    async def _open_session(self, sandbox: Sandbox, sid: str, bridge: str | None) -> Session:
         assert sandbox.control is not None
+        request: dict[str, object] = {"op": "open", "session": sid}
+        if bridge is not None:
+            request["bridge"] = bridge
         try:
-            limits = self.config.limits.ceiling(self.config.baseline_processes)
-            reply = check(
-                await sandbox.control.request(
-                    {"op": "open", "session": sid, "limits": limits}, CONTROL_TIMEOUT_S
-                ),
-                "open session",
-            )
+            request["limits"] = self.config.limits.ceiling(self.config.baseline_processes)
+            reply = check(await sandbox.control.request(request, CONTROL_TIMEOUT_S), "open session")
             conn = await AgentConnection.open(
                 sandbox.handle.socket_dir / reply["socket"], CONTROL_TIMEOUT_S
             )
@@ -201,7 +211,7 @@ class SandboxPool:
         sandbox: Sandbox = session.sandbox
         if sandbox.control is None or sandbox.control.closed:
             raise SandboxUnavailable("the sandbox is gone")
-        fresh = await self._open_session(sandbox, session.id)
+        fresh = await self._open_session(sandbox, session.id, session.bridge)
         return fresh.connection
 
     async def release(self, session: Session) -> None:
@@ -209,6 +219,12 @@ class SandboxPool:
         sandbox: Sandbox = session.sandbox
         session.closed = True
         await session.connection.close()
+        try:
+            await self._close_session(sandbox, session)
+        finally:
+            await session.bridge_stack.aclose()
+
+    async def _close_session(self, sandbox: Sandbox, session: Session) -> None:
         if session.id not in sandbox.sessions:
             return
         sandbox.sessions.discard(session.id)

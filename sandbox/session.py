@@ -10,10 +10,13 @@ call works. Only a failure of the sandbox itself raises (`SandboxError`).
 from __future__ import annotations
 
 import base64
+import contextlib
+import json
 import os
 import posixpath
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from sandbox import metrics
@@ -28,6 +31,7 @@ from sandbox.errors import (
 )
 from sandbox.result import RunResult, Violation
 
+RELAY_SOURCE = (Path(__file__).with_name("agent") / "relay.py").read_text()
 REPLY_MARGIN_S = 15.0  # past the call's own timeout: killing, sweeping and the reply
 
 
@@ -55,6 +59,9 @@ class Session:
         self.pool, self.sandbox, self.id, self.connection = pool, sandbox, sid, connection
         self._lost = False
         self.closed = False  # set by the pool on release: a closed session refuses calls
+        self.bridge: str | None = None  # the host socket its calls reach (socket-dir name)
+        # what serves that socket; the pool exits it once the session is closed
+        self.bridge_stack = contextlib.AsyncExitStack()
 
     async def run_python(
         self,
@@ -96,6 +103,23 @@ class Session:
         if not isinstance(command, str):
             raise TypeError("command must be a str")
         return await self._call({"op": "shell", "command": command}, None, None, timeout, ())
+
+    async def run_bridged(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 -- the documented interface
+    ) -> RunResult:
+        """Run ``argv`` with ``env`` and ``OPENAI_BASE_URL`` set to a loopback port of the
+        session that leads to the session's bridge (`SandboxPool.session(bridge=...)`),
+        through ``sandbox.agent.relay``; stdout and stderr are the program's."""
+        if self.bridge is None:
+            raise ValueError("this session was opened without a bridge")
+        if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
+            raise TypeError("argv must be a non-empty sequence of str")
+        spec = json.dumps({"argv": list(argv), "env": dict(env or {})})
+        return await self.run(["python3", "-I", "-c", RELAY_SOURCE], stdin=spec, timeout=timeout)
 
     async def read_file(self, path: str) -> bytes:
         """A work-dir file's contents, at most the collect cap; `FileToolError` if unreadable."""

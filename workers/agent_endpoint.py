@@ -21,12 +21,16 @@ once the completion is generated.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import time
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
+import orjson
 from aiohttp import web
 
 from broker.messages import mix_seed
@@ -73,11 +77,16 @@ class SamplingDefaults:
     seed_base: int | None = None
 
 
+RENDER_CACHE = 8  # renders an episode keeps: a retried or repeated call is not rendered again
+
+
 @dataclass(frozen=True)
 class _Episode:
     record: EpisodeRecord
     session_id: str  # sticky inference session of the episode
     defaults: SamplingDefaults
+    # what the template made of a call's conversation: its render key -> its prompt ids
+    renders: dict[bytes, tuple[int, ...]] = field(default_factory=dict)
 
 
 class AgentEndpoint:
@@ -112,6 +121,20 @@ class AgentEndpoint:
         await site.start()
         self.base_url = f"http://{host}:{self._runner.addresses[0][1]}/v1"
         return self.base_url
+
+    @contextlib.asynccontextmanager
+    async def serve_unix(self, path: Path) -> AsyncIterator[None]:
+        """Serve the endpoint on a Unix socket at `path` too, while in the block: a sandbox
+        session's bridge (`sandbox.Bridge`), through which a program in the sandbox calls it
+        with no network. Keys work as on the TCP port."""
+        if self._runner is None:
+            raise RuntimeError("start() the endpoint before bridging it")
+        site = web.UnixSite(self._runner, str(path))
+        await site.start()
+        try:
+            yield
+        finally:
+            await site.stop()
 
     async def close(self) -> None:
         if self._runner is not None:
@@ -161,7 +184,7 @@ class AgentEndpoint:
         self, request: web.Request, episode: _Episode, req: ChatCompletionRequest
     ) -> web.StreamResponse:
         record = episode.record
-        prompt, messages, tools = self._prompt(record, req)
+        prompt, messages, tools = self._prompt(episode, req)
         max_tokens = record.admit(len(prompt), req.output_limit() or episode.defaults.max_tokens)
         defaults = episode.defaults
         seed = req.seed
@@ -224,9 +247,10 @@ class AgentEndpoint:
         return web.json_response(text=body.model_dump_json())
 
     def _prompt(
-        self, record: EpisodeRecord, req: ChatCompletionRequest
+        self, episode: _Episode, req: ChatCompletionRequest
     ) -> tuple[list[int], list[dict[str, Any]], Any]:
         """The call's prompt ids, and its messages and tools as the template gets them."""
+        record = episode.record
         messages = template_messages(req.messages)
         tools = req.template_tools()
         kwargs = {**self.codec.template_kwargs, **(req.chat_template_kwargs or {})}
@@ -245,7 +269,25 @@ class AgentEndpoint:
                     messages,
                     tools,
                 )
-        return render_chat_request(self.codec, req), messages, tools
+        return self._render(episode, req, messages, tools), messages, tools
+
+    def _render(
+        self, episode: _Episode, req: ChatCompletionRequest, messages: list[Any], tools: Any
+    ) -> list[int]:
+        """The template's prompt ids for the call, from the episode's cache when it rendered
+        the same conversation (messages, tools, template kwargs) before."""
+        key = orjson.dumps(
+            [messages, tools, req.add_generation_prompt, req.chat_template_kwargs],
+            option=orjson.OPT_SORT_KEYS,
+            default=str,
+        )
+        ids = episode.renders.get(key)
+        if ids is None:
+            ids = tuple(render_chat_request(self.codec, req))
+            if len(episode.renders) >= RENDER_CACHE:
+                episode.renders.pop(next(iter(episode.renders)))  # the oldest
+            episode.renders[key] = ids
+        return list(ids)
 
     def _parsed(
         self, req: ChatCompletionRequest, text: ChoiceText, answer: Answer

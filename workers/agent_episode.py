@@ -1,7 +1,8 @@
 """One episode of an `agent` environment: the user's function against the worker's endpoint.
 
 The episode opens a key on the process's `AgentEndpoint`, calls the user's async function with
-the task and an `OpenAIConfig` (plus the sandbox pool when the spec asks), and turns the record
+the task and an `OpenAIConfig` (plus the sandbox pool when the spec asks), or runs the user's
+program in a sandbox session bridged to the endpoint (`workers.agent_command`), and turns the record
 the endpoint kept into a `Trajectory`: the reward goes on the last turn, a limit a call ran
 into makes the episode `truncated` (whatever the agent did with the error), an inference
 failure is category `inference` and anything else the agent raised is `env` (neither is the
@@ -19,9 +20,10 @@ from typing import Any
 
 from broker.messages import ErrorCategory, FinishReason, Task, Trajectory, Truncation
 from envs.agent import AgentEnv, OpenAIConfig
-from envs.errors import EnvSpecError
+from envs.errors import EnvInfraError, EnvSpecError
 from envs.sandboxed import SandboxPool
 from workers import metrics
+from workers.agent_command import run_in_sandbox
 from workers.agent_endpoint import AgentEndpoint, SamplingDefaults
 from workers.agent_record import AgentLimits, EpisodeRecord
 from workers.config import EpisodeSettings
@@ -55,7 +57,7 @@ async def run_agent_episode(
     """Run episode `index` of an agent task; never raises for the agent's or inference's faults."""
     if endpoint is None:
         raise EnvSpecError("agent environments need the worker's agent endpoint")
-    if env.config.use_sandbox and sandbox is None:
+    if (env.config.use_sandbox or env.in_sandbox) and sandbox is None:
         raise EnvSpecError("this agent asks for a sandbox; start the worker with --sandbox-backend")
     limits = limits_for(env, cfg)
     record = EpisodeRecord(limits, task.policy_version)
@@ -73,13 +75,20 @@ async def run_agent_episode(
     error, detail, timed_out = ErrorCategory.NONE, "", False
     metrics.EPISODES_IN_FLIGHT.inc()
     try:
-        async with asyncio.timeout(limits.wall_time_s):
-            result = await env.function(env.config.task, openai, **extra)
+        if env.in_sandbox:  # the sandbox bounds the program's time, the setup's and the check's
+            result = await run_in_sandbox(
+                endpoint, sandbox, env, key, seed=task.seed, limits=limits
+            )
+        else:
+            async with asyncio.timeout(limits.wall_time_s):
+                result = await env.function(env.config.task, openai, **extra)
         reward, agent_metrics = _reward(result)
     except asyncio.CancelledError:
         raise
     except TimeoutError:
         timed_out = True
+    except EnvInfraError as exc:  # the sandbox failed: not the model's doing
+        error, detail = exc.category, str(exc)[:500]
     except Exception as exc:  # the agent's failure is data on the trajectory (STYLE 7)
         error, detail = ErrorCategory.ENV, f"{type(exc).__name__}: {exc}"[:500]
     finally:

@@ -50,6 +50,21 @@ LIMIT_KEYS = (
     "output_bytes",
     "collect_bytes",
 )
+# every process a call starts holds the session's bridge here, when it has one: a path-only
+# descriptor of the host's socket, reached with connect("/proc/self/fd/5") (`.relay`)
+BRIDGE_FD = 5
+_bridge = [-1]  # the session process's own descriptor of it (set once, high above BRIDGE_FD)
+
+
+def set_bridge(fd: int) -> None:
+    """In the session process: keep ``fd`` (or -1: none) for every call's child."""
+    if fd >= 0:
+        import fcntl
+
+        _bridge[0] = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64)
+        os.close(fd)
+
+
 # the limits the session was opened with (set once in the session process, inherited by
 # every process it forks): no request, forged or not, gets more
 CEILING: dict[str, int] = {}
@@ -144,7 +159,9 @@ def _child(fds: tuple[int, int, int, int, int]) -> None:
         os.dup2(err_w, 2)
         os.dup2(ctl_r, 3)
         os.dup2(status_w, 4)
-        os.closerange(5, 1 << 16)
+        if _bridge[0] >= 0:
+            os.dup2(_bridge[0], BRIDGE_FD)
+        os.closerange(BRIDGE_FD + (_bridge[0] >= 0), 1 << 16)
         req = _read_ctl(3)
         if req is None:
             os._exit(0)  # the session went away before using this standby

@@ -3,7 +3,9 @@
 One agent runs per sandbox, ideally as PID 1 so the code it runs cannot signal it. It
 listens on ``<socket-dir>/agent.sock`` for ``ping``, ``open`` and ``close``; ``open``
 forks a session process (see `.slots` and `.session`) with its own socket
-``s-<session>.sock``, which the host then talks to directly. No session can reach
+``s-<session>.sock``, which the host then talks to directly. An ``open`` may name a
+``bridge``: a socket the host listens on in the socket dir, which the session's processes
+reach through an inherited descriptor (`.call.BRIDGE_FD`) and nothing else can. No session can reach
 either kind of socket (another uid, or its own mount namespace hides them), so every
 frame here comes from the host, and ``open`` fixes the most a session's calls may use.
 
@@ -20,9 +22,10 @@ import re
 import selectors
 import signal
 import socket
+import stat
 
 from . import slots
-from .call import LIMIT_KEYS
+from .call import LIMIT_KEYS, set_bridge
 from .procs import (
     PR_SET_CHILD_SUBREAPER,
     PR_SET_DUMPABLE,
@@ -37,6 +40,7 @@ from .session import _serve_session
 from .wire import HEADER, MAX_FRAME, FrameError, _error, decode_body, encode_frame
 
 SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
+BRIDGE_RE = re.compile(r"^b-[A-Za-z0-9_-]{1,40}\.sock$")
 
 
 def _bind(path: str, group: int | None) -> socket.socket:
@@ -203,9 +207,12 @@ class Agent:
             if not self.free:
                 return _error("no free session slot in this sandbox")
             self.slots[sid] = self.free.pop()
+        bridge = req.get("bridge")
+        if bridge is not None and not (isinstance(bridge, str) and BRIDGE_RE.match(bridge)):
+            return _error("'bridge' must name a socket b-<name>.sock in the socket dir")
         reply: dict = {}
         try:
-            reply = self._open(sid, {k: limits[k] for k in LIMIT_KEYS})
+            reply = self._open(sid, {k: limits[k] for k in LIMIT_KEYS}, bridge)
         finally:
             if fresh and not reply.get("ok"):  # never served: the slot is as it was
                 self.free.append(self.slots.pop(sid))
@@ -243,7 +250,19 @@ class Agent:
             kill_descendants(os.getpid(), keep=frozenset(self.sessions.values()))
             reap()
 
-    def _open(self, sid: str, ceiling: dict) -> dict:
+    def _bridge_fd(self, name: str | None) -> int:
+        """A path-only descriptor of the host's socket ``name`` (-1 for none). The session
+        connects through it (``/proc/self/fd/N``), so neither the socket dir, which its
+        uid cannot enter, nor any path to the socket is ever visible to it."""
+        if name is None:
+            return -1
+        fd = os.open(os.path.join(self.socket_dir, name), os.O_PATH | os.O_NOFOLLOW)
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(f"bridge {name} is not a socket")
+        return fd
+
+    def _open(self, sid: str, ceiling: dict, bridge: str | None = None) -> dict:
         slot = self.slots.get(sid)
         slot_dir = self._slot_dir_of(sid, slot)
         uid = self.tenancy.uid(slot)
@@ -253,16 +272,19 @@ class Agent:
             os.makedirs(slot_dir, mode=0o700, exist_ok=True)
             os.chown(slot_dir, uid, uid)
         path = os.path.join(self.socket_dir, f"s-{sid}.sock")
+        bridge_fd = self._bridge_fd(bridge)
         listener = _bind(path, self.group)
         try:
             pid, failed = slots.spawn(
                 self.tenancy,
                 slot,
                 slot_dir,
-                lambda ready: self._serve(listener, slot_dir, ceiling, ready),
+                lambda ready: self._serve(listener, slot_dir, ceiling, ready, bridge_fd),
             )
         finally:
             listener.close()
+            if bridge_fd >= 0:
+                os.close(bridge_fd)
         if failed:
             _signal(pid, signal.SIGKILL)
             os.unlink(path)
@@ -270,7 +292,9 @@ class Agent:
         self.sessions[sid] = pid
         return {"ok": True, "socket": os.path.basename(path), "pid": pid}
 
-    def _serve(self, listener: socket.socket, slot_dir: str, ceiling: dict, ready) -> None:
+    def _serve(
+        self, listener: socket.socket, slot_dir: str, ceiling: dict, ready, bridge_fd: int
+    ) -> None:
         """In the session process: leave the agent's loop behind and serve the session."""
         self.sel.close()
         self.listener.close()
@@ -288,6 +312,7 @@ class Agent:
         os.set_blocking(wakeup_r, False)
         os.set_blocking(wakeup_w, False)
         signal.set_wakeup_fd(wakeup_w)
+        set_bridge(bridge_fd)
         _serve_session(listener, slot_dir, wakeup_r, ceiling, ready)
 
 
