@@ -3,8 +3,10 @@
 `TargetsFile` keeps ``<work_dir>/targets.json``, a Prometheus file-service-discovery file
 (``file_sd_configs``): one target group per child that serves ``/metrics`` while it runs,
 labelled ``job="farm-<role>"`` (``farm-worker``, ``farm-learner``, ``farm-inference``: the
-jobs the Kubernetes scrape config gives the same roles) and ``process="<child>"``, plus the
-supervisor's own endpoint (job ``farm-supervisor``). The supervisor calls `TargetsFile.child`
+jobs the Kubernetes scrape config gives the same roles) and ``child="<name>"``, plus the
+supervisor's own endpoint (job ``farm-supervisor``, no ``child``: its own series carry a
+``process`` label naming the child they are about, which a target label of that name
+would rename to ``exported_process``). The supervisor calls `TargetsFile.child`
 as each child starts and exits, so a crashed child leaves the file until its restart
 (``farm_supervisor_child_up`` says it is down meanwhile), and a stopped farm leaves an empty
 list. Each write is a temporary file renamed over the old one: Prometheus never reads half a
@@ -99,10 +101,9 @@ class TargetsFile:
     def groups(self) -> list[dict[str, object]]:
         out: list[dict[str, object]] = []
         if self.supervisor:
-            labels = {"job": "farm-supervisor", "process": "supervisor"}
-            out.append({"targets": [self.supervisor], "labels": labels})
+            out.append({"targets": [self.supervisor], "labels": {"job": "farm-supervisor"}})
         for name in sorted(self.running):
-            labels = {"job": job_of(name), "process": name}
+            labels = {"job": job_of(name), "child": name}
             out.append({"targets": [self.endpoints[name]], "labels": labels})
         return out
 

@@ -27,9 +27,9 @@ SLOW_RESTART = RestartPolicy(initial_backoff_s=1.0, max_backoff_s=1.0, max_resta
 
 
 def _targets(path: Path) -> dict[str, tuple[str, str]]:
-    """process -> (job, address), as Prometheus's file_sd reads the file."""
+    """child (the supervisor: "") -> (job, address), as Prometheus's file_sd reads the file."""
     return {
-        g["labels"]["process"]: (g["labels"]["job"], g["targets"][0])
+        g["labels"].get("child", ""): (g["labels"]["job"], g["targets"][0])
         for g in json.loads(path.read_text())
     }
 
@@ -53,7 +53,7 @@ async def test_targets_file_lists_the_running_children_through_a_restart(tmp_pat
     lines = Lines()
     supervisor = Supervisor(specs, lines, SLOW_RESTART, targets.child)
     targets.start()
-    assert _targets(path) == {"supervisor": ("farm-supervisor", "127.0.0.1:9400")}
+    assert _targets(path) == {"": ("farm-supervisor", "127.0.0.1:9400")}
     seen: dict[str, dict[str, tuple[str, str]]] = {}
 
     def said(start: str) -> int:
@@ -69,9 +69,9 @@ async def test_targets_file_lists_the_running_children_through_a_restart(tmp_pat
     await asyncio.wait_for(supervisor.run(watch), 30)
     targets.close()
     learner = ("farm-learner", "127.0.0.1:9102")
-    assert seen["down"] == {"supervisor": ("farm-supervisor", "127.0.0.1:9400"), "learner": learner}
+    assert seen["down"] == {"": ("farm-supervisor", "127.0.0.1:9400"), "learner": learner}
     assert seen["back"]["worker-0"] == ("farm-worker", "127.0.0.1:9101")
-    assert set(seen["back"]) == {"supervisor", "learner", "worker-0"}  # the archiver serves none
+    assert set(seen["back"]) == {"", "learner", "worker-0"}  # the archiver serves none
     assert json.loads(path.read_text()) == []  # a stopped farm: nothing to scrape
     assert not list(tmp_path.glob("*.tmp"))
 

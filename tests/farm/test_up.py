@@ -37,7 +37,8 @@ from tests.farm.browser import console_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
-# the processes Prometheus scrapes, and their jobs (farm.monitor)
+# the processes Prometheus scrapes, and their jobs (farm.monitor; the supervisor's target
+# has no `child` label, so its own `process` label survives)
 PROCESSES = {
     "inference": "farm-inference",
     "learner": "farm-learner",
@@ -214,18 +215,25 @@ async def test_farm_up_restarts_a_killed_worker_and_stops_cleanly_on_sigint(
 def _check_targets(path: Path, ports: dict[str, int], supervisor_port: int) -> None:
     """targets.json lists every process that serves metrics, the restarted worker included."""
     groups = json.loads(path.read_text())
-    found = {g["labels"]["process"]: (g["labels"]["job"], g["targets"]) for g in groups}
+    found = {
+        g["labels"].get("child", "supervisor"): (g["labels"]["job"], g["targets"]) for g in groups
+    }
     ports = {**ports, "supervisor": supervisor_port}
     assert found == {p: (job, [f"127.0.0.1:{ports[p]}"]) for p, job in PROCESSES.items()}
+
+
+def _child(series: str) -> str:
+    found = re.search(r'child="([^"]+)"', series)
+    return found[1] if found else "supervisor"
 
 
 async def _series_on_the_graph_page(url: str, profile: Path) -> None:
     """Prometheus's graph page in headless Chromium shows the farm's series, populated."""
     rows = await console_rows(url, "up", profile)
-    shown = {re.search(r'process="([^"]+)"', series)[1]: value for series, value in rows}  # type: ignore[index]
+    shown = {_child(series): value for series, value in rows}
     assert shown == dict.fromkeys(PROCESSES, "1"), rows
-    rows = await console_rows(url, "sum by (process) (farm_worker_episodes_total)", profile)
-    assert [series for series, _ in rows] == ['{process="worker-0"}'], rows
+    rows = await console_rows(url, "sum by (child) (farm_worker_episodes_total)", profile)
+    assert [series for series, _ in rows] == ['{child="worker-0"}'], rows
     assert float(rows[0][1]) > 0, rows
 
 
@@ -262,7 +270,8 @@ async def _throughput_reads_back_through_prometheus(prometheus: PrometheusApi) -
                 "sum(rate(farm_inference_tokens_generated_total[15s])) > 0"
             )
             if (
-                {(r["metric"]["process"], r["metric"]["job"]) for r in up} == set(PROCESSES.items())
+                {(r["metric"].get("child", "supervisor"), r["metric"]["job"]) for r in up}
+                == set(PROCESSES.items())
                 and episodes
                 and tokens
             ):
