@@ -4,7 +4,8 @@
 the processes, the `Supervisor` runs them, and two services run beside them while
 the farm is up: the status view (`view.FarmView`, printed through the `Console`
 every `status_interval_s`) and the time limit; the supervisor's own `/metrics` endpoint is up from before the
-first child starts until the last one has stopped.
+first child starts until the last one has stopped, and `monitor.TargetsFile` keeps
+`<work_dir>/targets.json` listing the running children's endpoints for Prometheus.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from broker.keys import RunKeys
 from farm.config import FarmConfig
 from farm.console import Console
 from farm.errors import StartupError
+from farm.monitor import TARGETS, TargetsFile
 from farm.stack import Stack, build_stack, command_line, prepare
 from farm.supervisor import RestartPolicy, Supervisor
 from farm.view import FarmStatus, FarmView
@@ -45,7 +47,10 @@ async def run_farm(
     console.line("farm", "config " + cfg.model_dump_json())
     for spec in stack.specs:
         console.line("farm", f"process {spec.name}: {command_line(spec)}")
-    supervisor = Supervisor(stack.specs, console.line, RestartPolicy(max_restarts=cfg.restart_max))
+    targets = TargetsFile(cfg.work_dir.resolve() / TARGETS, stack.metrics_urls, cfg.metrics_port)
+    supervisor = Supervisor(
+        stack.specs, console.line, RestartPolicy(max_restarts=cfg.restart_max), targets.child
+    )
     supervisor.install_signal_handlers()
     redis = RedisSettings.from_url(
         stack.redis_url, socket_timeout_s=3.0, connect_timeout_s=2.0
@@ -63,6 +68,11 @@ async def run_farm(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), cfg.status_interval_s)
 
+    async def announce(stop: asyncio.Event) -> None:
+        console.line("farm", f"Prometheus targets (file_sd) in {targets.path}")
+        if stack.prometheus_url:
+            console.line("farm", f"Prometheus at {stack.prometheus_url}/graph")
+
     async def time_limit(stop: asyncio.Event) -> None:
         if time_limit_s is None:
             return
@@ -71,12 +81,14 @@ async def run_farm(
         supervisor.request_stop(f"time limit of {time_limit_s:.0f}s reached")
 
     runner = await serve_metrics(cfg.metrics_port) if cfg.metrics_port else None
+    targets.start()
     try:
-        await supervisor.run(status_view, time_limit)
+        await supervisor.run(status_view, time_limit, announce)
         # One last look, so the summary includes the final step.
         with contextlib.suppress(Exception):
             last[:] = [await asyncio.wait_for(view.poll(), 5.0)]
     finally:
+        targets.close()
         if runner is not None:
             await runner.cleanup()
         await view.close()

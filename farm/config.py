@@ -20,8 +20,10 @@ from pydantic import Field, field_validator
 
 from broker.connection import RedisUrl
 from broker.run import RunFields
+from broker.trim import StreamBounds
 from farm.errors import ConfigError
 from farm.gpus import GpuSettings
+from farm.monitor import MonitorSettings
 from launch.settings import CommaList, RoleConfig, section
 from learner.dataspec import DataConfig
 from learner.progress import ProgressRules
@@ -80,7 +82,14 @@ class FarmConfig(RunFields, RoleConfig):
     metrics_port: int = Field(9400, ge=0, le=65535, description="supervisor /metrics (0: none)")
     status_interval_s: float = Field(5.0, gt=0.0, le=3600.0, description="status refresh period")
     restart_max: int = Field(5, ge=0, le=1000, description="crashes per child within 5 min")
+    archive: Path | None = Field(
+        None,
+        description="run the archiver: the trajectories stream into segments here, "
+        "for `python -m learner --replay`",
+    )
     gpu: GpuSettings = section(GpuSettings)  # vLLM servers and learner ranks (farm.gpus)
+    monitor: MonitorSettings = section(MonitorSettings)  # --monitor: Prometheus (farm.monitor)
+    streams: StreamBounds = section(StreamBounds, prefix="stream_")  # retention: the learner's
     data: DataConfig = section(DataConfig)  # --prompt-column, --reward, ...: for the learner
     progress: ProgressRules = section(ProgressRules)  # --stop-when-solved, ...: for the learner
 

@@ -38,11 +38,13 @@ from typing import Any
 import aiohttp
 from redis.exceptions import RedisError
 
+from broker.cli_config import BrokerCliConfig
 from broker.connection import RedisSettings
 from broker.run import RunSection
 from farm.config import FarmConfig
 from farm.errors import ConfigError, StartupError
 from farm.gpus import GpuSettings, check_node, cuda_devices, visible_gpus
+from farm.monitor import prometheus_spec
 from farm.supervisor import LineSink, Probe, ProcessSpec
 from farm.torchrun import learner_command
 from farm.vllm import LORA_SLOTS, VllmServe
@@ -63,6 +65,7 @@ class Stack:
     inference_urls: tuple[str, ...]
     model: Path
     tasks: Path
+    prometheus_url: str | None = None  # --monitor's Prometheus
 
     @property
     def metrics_urls(self) -> dict[str, str]:
@@ -154,10 +157,18 @@ def build_stack(cfg: FarmConfig, model: Path, tasks: Path, *, dry_run: bool = Fa
     work = cfg.work_dir.resolve()
     gpus = cfg.gpu
     specs: list[ProcessSpec] = []
+    prometheus_url = None
+    if cfg.monitor.monitor:  # first: it scrapes every child from its start
+        prometheus_url = f"http://127.0.0.1:{cfg.monitor.prometheus_port or free_port()}"
+        ready = _http_ok(f"{prometheus_url}/-/ready")
+        port = int(prometheus_url.rsplit(":", 1)[1])
+        specs.append(prometheus_spec(cfg.monitor, work, port, ready, dry_run=dry_run))
     redis_url = cfg.redis_url
     if redis_url is None:
         redis_spec, redis_url = _redis(work / "redis", cfg.redis_port or free_port(), dry_run)
         specs.append(redis_spec)
+    if cfg.archive is not None:  # before the learner: nothing is trimmed before it is archived
+        specs += _archivers(cfg, redis_url)
     inference_urls = list(cfg.inference_urls)
     if inference_urls and gpus.inference == "vllm":
         raise ConfigError("--inference vllm starts the servers: leave out --inference-urls")
@@ -181,7 +192,7 @@ def build_stack(cfg: FarmConfig, model: Path, tasks: Path, *, dry_run: bool = Fa
     specs.append(_learner(cfg, work, tasks, shared, nccl=nccl, visible=visible))
     for i in range(cfg.workers):
         specs.append(_worker(cfg, i, shared))
-    return Stack(tuple(specs), redis_url, tuple(inference_urls), model, tasks)
+    return Stack(tuple(specs), redis_url, tuple(inference_urls), model, tasks, prometheus_url)
 
 
 def _redis(directory: Path, port: int, dry_run: bool) -> tuple[ProcessSpec, str]:
@@ -222,6 +233,24 @@ def _redis(directory: Path, port: int, dry_run: bool) -> tuple[ProcessSpec, str]
 
     # Redis stops last and gets time to finish its AOF rewrite on SIGTERM.
     return ProcessSpec("redis", argv, ready=ready, ready_timeout_s=30, stop_timeout_s=30), url
+
+
+def _archivers(cfg: FarmConfig, redis_url: str) -> list[ProcessSpec]:
+    """One following archiver per trajectories stream: partition 0 into `--archive` itself
+    (the directory `--replay` reads), partition p > 0 into its `partition-p` subdirectory."""
+    assert cfg.archive is not None
+    root = cfg.archive.resolve()
+    run = run_section(cfg, redis_url).model_dump(include={"run", "redis_url", "partitions"})
+    broker = BrokerCliConfig.model_validate(run)
+    specs = []
+    for p in range(cfg.partitions):
+        out = root if p == 0 else root / f"partition-{p}"
+        stream = "trajectories" if p == 0 else f"trajectories:{p}"
+        argv = [PYTHON, "-m", "broker", *render_flags(broker), "archive", stream]
+        argv += ["--out", str(out), "--follow"]
+        # its SIGTERM handler writes what it holds as a last segment
+        specs.append(ProcessSpec(f"archiver-{p}", tuple(argv), stop_timeout_s=30))
+    return specs
 
 
 def _policy_server(model: Path, port: int, gpus: GpuSettings) -> ProcessSpec:
@@ -288,6 +317,7 @@ def _learner(
         "max_steps": cfg.max_steps,
         "data": cfg.data,
         "progress": cfg.progress,
+        "streams": cfg.streams,
     }
     if gpus.learner_device != "auto":
         own["device"] = gpus.learner_device

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 Probe = Callable[[], Awaitable[bool]]
 LineSink = Callable[[str, str], None]
 Service = Callable[[asyncio.Event], Awaitable[None]]
+ChildWatch = Callable[[str, bool], None]  # (child name, running now)
 
 _PR_SET_PDEATHSIG = 1
 
@@ -97,12 +98,15 @@ class _Child:
         sink: LineSink,
         stopping: asyncio.Event,
         on_finished: Callable[[str], None],
+        *,
+        on_running: ChildWatch | None = None,
     ) -> None:
         self.spec = spec
         self.policy = policy
         self.sink = sink
         self.stopping = stopping
         self.on_finished = on_finished
+        self.on_running = on_running  # told (name, True) on each start, (name, False) on exit
         self.proc: asyncio.subprocess.Process | None = None
         self.ready = asyncio.Event()
         self.crashes: deque[float] = deque()
@@ -166,6 +170,8 @@ class _Child:
         self.proc = proc
         self.sink("farm", f"{spec.name} started (pid {proc.pid})")
         CHILD_UP.labels(process=spec.name).set(1)
+        if self.on_running is not None:
+            self.on_running(spec.name, True)
         try:
             async with asyncio.TaskGroup() as tg:
                 assert proc.stdout is not None
@@ -180,6 +186,8 @@ class _Child:
                 self.signal_group(signal.SIGKILL)
         finally:
             CHILD_UP.labels(process=spec.name).set(0)
+            if self.on_running is not None:
+                self.on_running(spec.name, False)
         return rc
 
     async def _pump(self, stream: asyncio.StreamReader) -> None:
@@ -237,7 +245,9 @@ class Supervisor:
         specs: Sequence[ProcessSpec],
         sink: LineSink,
         policy: RestartPolicy | None = None,
+        on_running: ChildWatch | None = None,
     ) -> None:
+        """`on_running(name, running)` hears of every start and exit of a child (farm.monitor)."""
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"process names must be unique: {names}")
@@ -245,7 +255,14 @@ class Supervisor:
         self.stop_reason = ""
         self.sink = sink
         self.children = [
-            _Child(s, policy or RestartPolicy(), sink, self._stopping, self.request_stop)
+            _Child(
+                s,
+                policy or RestartPolicy(),
+                sink,
+                self._stopping,
+                self.request_stop,
+                on_running=on_running,
+            )
             for s in specs
         ]
         self.started = asyncio.Event()

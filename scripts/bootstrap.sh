@@ -38,7 +38,8 @@ system_packages() {
     # prometheus: promtool and a real scraper for the monitoring tests;
     # docker-compose: offline validation of deploy/compose. kubectl (kustomize rendering)
     # ships with this machine image; Debian's kubernetes-client is too old to render.
-    # chromium: the headless browser the `broker show --html` page is tested in.
+    # chromium: the headless browser the `broker show --html` page and `farm up --monitor`
+    # (Prometheus's graph page, tests/farm/test_up.py) are tested in.
     apt_install redis-server redis-tools docker.io bubblewrap debootstrap iptables ca-certificates \
       prometheus docker-compose chromium
   else

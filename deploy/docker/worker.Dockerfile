@@ -20,8 +20,8 @@ COPY launch ./launch
 # The dependencies are in the base already; the project installs without a network.
 RUN pip install --quiet --no-deps --no-index --no-build-isolation . \
  && useradd --create-home --uid 10001 farm \
- && install -d -o farm -g farm /weights /checkpoints
-# Empty named volumes mounted on /weights and /checkpoints take this ownership.
+ && install -d -o farm -g farm /weights /checkpoints /archive
+# Empty named volumes mounted on /weights, /checkpoints and /archive take this ownership.
 USER farm
 EXPOSE 9101
 ENTRYPOINT ["python", "-m", "workers"]

@@ -1,21 +1,26 @@
 """`farm up` end to end: the real stack under the supervisor, a crash, Prometheus, Ctrl-C.
 
-Starts `python -m farm up` as a subprocess (private redis-server with AOF, the CPU
-policy server on the tiny model, one worker, the learner), kills the worker with
-SIGKILL and watches the supervisor restart it (the worker runs a Docker sandbox
-pool, so the killed worker leaves containers behind for the new pool to reap), reads the supervisor's /metrics
-and the status line, has Debian's Prometheus scrape every process of the farm and
-reads throughput rates back through its HTTP API (the shipped alert rules are
-loaded and must evaluate without error), then sends SIGINT and checks
-that every process and sandbox container the farm started, restarted ones
-included, is gone and that Redis kept its AOF. One test, because starting the stack is the expensive part.
+Starts `python -m farm up --monitor --archive DIR` as a subprocess (Debian's Prometheus,
+private redis-server with AOF, the archiver, the CPU policy server on the tiny model, one
+worker, the learner), kills the worker with SIGKILL and watches the supervisor restart it
+(the worker runs a Docker sandbox pool, so the killed worker leaves containers behind for
+the new pool to reap), reads the supervisor's /metrics and the status line, checks that
+targets.json lists the restarted worker, reads throughput rates back through the farm's
+Prometheus (which found every process through targets.json; the shipped alert rules are
+loaded and must evaluate without error) and the farm's series on Prometheus's graph page
+in headless Chromium, then sends SIGINT and checks that every process and sandbox
+container the farm started, restarted ones included, is gone, that Redis kept its AOF,
+and that `python -m learner --replay` trains from the segments the archiver wrote. One
+test, because starting the stack is the expensive part.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -27,10 +32,19 @@ import yaml
 from sandbox.docker_backend import LABEL, OWNER_LABEL
 from tests.conftest import free_port, require
 from tests.deploy.promql import ALERTS
-from tests.deploy.promserver import PrometheusServer
+from tests.deploy.promserver import PrometheusApi
+from tests.farm.browser import console_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
+# the processes Prometheus scrapes, and their jobs (farm.monitor; the supervisor's target
+# has no `child` label, so its own `process` label survives)
+PROCESSES = {
+    "inference": "farm-inference",
+    "learner": "farm-learner",
+    "worker-0": "farm-worker",
+    "supervisor": "farm-supervisor",
+}
 PID = re.compile(r"^farm\s+\| (\S+) started \(pid (\d+)\)$")
 PORT = re.compile(r"^farm\s+\| process (\S+): .* --(?:metrics-)?port (\d+)")
 
@@ -121,7 +135,9 @@ async def test_farm_up_restarts_a_killed_worker_and_stops_cleanly_on_sigint(
     tmp_path: Path, tiny_model: Path
 ) -> None:
     require(_docker_ready(), "Docker engine with the sandbox image (python -m sandbox.image build)")
-    metrics_port = free_port()
+    require(shutil.which("chromium") is not None, "chromium (Debian package chromium)")
+    metrics_port, prometheus_port = free_port(), free_port()
+    archive = tmp_path / "archive"
     argv = [
         sys.executable,
         "-m",
@@ -141,18 +157,22 @@ async def test_farm_up_restarts_a_killed_worker_and_stops_cleanly_on_sigint(
         "docker",
         "--model",
         str(tiny_model),
+        "--monitor",
+        "--prometheus-port",
+        str(prometheus_port),
+        "--archive",
+        str(archive),
     ]
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
     farm = Farm(proc)
-    prometheus = None
     try:
         await farm.until(r"^farm\s+\| all processes started$", 240)
-        assert set(farm.pids) == {"redis", "inference", "learner", "worker-0"}
-        targets = {n: [f"127.0.0.1:{p}"] for n, p in farm.ports.items() if n != "redis"}
-        targets["supervisor"] = [f"127.0.0.1:{metrics_port}"]
-        prometheus = PrometheusServer(tmp_path / "prometheus", targets, rule_files=(ALERTS,))
+        assert set(farm.pids) == {"prometheus", "redis", "archiver-0", *PROCESSES} - {"supervisor"}
+        url = (await farm.until(r"^farm\s+\| Prometheus at (http://\S+)/graph$", 10))[1]
+        assert url == f"http://127.0.0.1:{prometheus_port}"
+        prometheus = PrometheusApi(url)
         await prometheus.wait_ready()
 
         url = f"http://127.0.0.1:{metrics_port}/metrics"
@@ -168,12 +188,12 @@ async def test_farm_up_restarts_a_killed_worker_and_stops_cleanly_on_sigint(
         assert len(farm.pids["worker-0"]) == 2
 
         await farm.until(r"^worker-0\s+\| ", 60)  # the restarted worker's own output
+        _check_targets(tmp_path / "targets.json", farm.ports, metrics_port)
         # The status line reads Redis (admission), the learner's and the server's metrics.
         await farm.until(r"^status\s+\| .*version \d+ \(served [\d,]+\).*\| admission \d+/\d+", 90)
         await _throughput_reads_back_through_prometheus(prometheus)
+        await _series_on_the_graph_page(url, tmp_path / "chromium")
     finally:
-        if prometheus is not None:
-            prometheus.stop()
         if proc.returncode is None:
             proc.send_signal(signal.SIGINT)
         await farm.until(r"^farm stopped \(received SIGINT\)$", 120)
@@ -182,15 +202,65 @@ async def test_farm_up_restarts_a_killed_worker_and_stops_cleanly_on_sigint(
     for name in ("redis", "inference", "learner"):
         assert any(re.match(rf"^{name}\s+\| ", line) for line in farm.lines), farm.tail()
     started = [pid for pids in farm.pids.values() for pid in pids]
-    assert len(started) == 5
+    assert len(started) == 7
     assert [pid for pid in started if _alive(pid)] == []
     leftover = set(_sandbox_owner_pids()) & set(farm.pids["worker-0"])
     assert not leftover, f"sandbox containers of workers {leftover} left behind"
     assert list((tmp_path / "redis").glob("appendonly*")), "Redis kept no AOF"
     assert (tmp_path / "logs" / "worker-0.log").read_text()
+    assert json.loads((tmp_path / "targets.json").read_text()) == []  # nothing left to scrape
+    await _replay_trains_from(archive, tiny_model, tmp_path / "replayed")
 
 
-async def _throughput_reads_back_through_prometheus(prometheus: PrometheusServer) -> None:
+def _check_targets(path: Path, ports: dict[str, int], supervisor_port: int) -> None:
+    """targets.json lists every process that serves metrics, the restarted worker included."""
+    groups = json.loads(path.read_text())
+    found = {
+        g["labels"].get("child", "supervisor"): (g["labels"]["job"], g["targets"]) for g in groups
+    }
+    ports = {**ports, "supervisor": supervisor_port}
+    assert found == {p: (job, [f"127.0.0.1:{ports[p]}"]) for p, job in PROCESSES.items()}
+
+
+def _child(series: str) -> str:
+    found = re.search(r'child="([^"]+)"', series)
+    return found[1] if found else "supervisor"
+
+
+async def _series_on_the_graph_page(url: str, profile: Path) -> None:
+    """Prometheus's graph page in headless Chromium shows the farm's series, populated."""
+    rows = await console_rows(url, "up", profile)
+    shown = {_child(series): value for series, value in rows}
+    assert shown == dict.fromkeys(PROCESSES, "1"), rows
+    rows = await console_rows(url, "sum by (child) (farm_worker_episodes_total)", profile)
+    assert [series for series, _ in rows] == ['{child="worker-0"}'], rows
+    assert float(rows[0][1]) > 0, rows
+
+
+async def _replay_trains_from(archive: Path, model: Path, out: Path) -> None:
+    """The archiver's segments hold the run's groups, and a new learner trains from them."""
+    from broker.archive import Archive
+    from broker.codec import decode
+    from broker.messages import TrajectoryGroup
+    from learner.checkpoint import latest_checkpoint, load_state
+
+    entries = list(Archive(archive, readonly=True).entries())
+    ids = [decode(fields, expect=TrajectoryGroup).group_id for _, fields in entries]  # type: ignore[union-attr]
+    assert len(ids) >= 8 and len(set(ids)) == len(ids), len(ids)
+    replay = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "learner", "--model", str(model), "--replay", str(archive)),
+        *("--checkpoint-dir", str(out), "--groups-per-batch", "4", "--max-steps", "2"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(replay.communicate(), 300)
+    assert replay.returncode == 0, output.decode()[-3000:]
+    state = load_state(latest_checkpoint(out))  # type: ignore[arg-type]
+    assert state.step == 2 and len(state.trained) == 2
+    assert {g for step in state.trained for g in step} <= set(ids)
+
+
+async def _throughput_reads_back_through_prometheus(prometheus: PrometheusApi) -> None:
     """Every farm process is scraped, and episode/token rates come back above zero."""
     async with asyncio.timeout(60):
         while True:
@@ -200,8 +270,8 @@ async def _throughput_reads_back_through_prometheus(prometheus: PrometheusServer
                 "sum(rate(farm_inference_tokens_generated_total[15s])) > 0"
             )
             if (
-                {r["metric"]["job"] for r in up}
-                == {"inference", "learner", "worker-0", "supervisor"}
+                {(r["metric"].get("child", "supervisor"), r["metric"]["job"]) for r in up}
+                == set(PROCESSES.items())
                 and episodes
                 and tokens
             ):
