@@ -170,9 +170,9 @@ async def test_farm_up_restarts_a_killed_worker_and_stops_cleanly_on_sigint(
     try:
         await farm.until(r"^farm\s+\| all processes started$", 240)
         assert set(farm.pids) == {"prometheus", "redis", "archiver-0", *PROCESSES} - {"supervisor"}
-        url = (await farm.until(r"^farm\s+\| Prometheus at (http://\S+)/graph$", 10))[1]
-        assert url == f"http://127.0.0.1:{prometheus_port}"
-        prometheus = PrometheusApi(url)
+        graph = (await farm.until(r"^farm\s+\| Prometheus at (http://\S+)/graph$", 10))[1]
+        assert graph == f"http://127.0.0.1:{prometheus_port}"
+        prometheus = PrometheusApi(graph)
         await prometheus.wait_ready()
 
         url = f"http://127.0.0.1:{metrics_port}/metrics"
@@ -192,7 +192,7 @@ async def test_farm_up_restarts_a_killed_worker_and_stops_cleanly_on_sigint(
         # The status line reads Redis (admission), the learner's and the server's metrics.
         await farm.until(r"^status\s+\| .*version \d+ \(served [\d,]+\).*\| admission \d+/\d+", 90)
         await _throughput_reads_back_through_prometheus(prometheus)
-        await _series_on_the_graph_page(url, tmp_path / "chromium")
+        await _series_on_the_graph_page(graph, tmp_path / "chromium")
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGINT)
