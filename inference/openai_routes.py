@@ -1,4 +1,5 @@
-"""The CPU policy server's OpenAI routes: `/v1/chat/completions`, `/tokenize`, `/detokenize`.
+"""The CPU policy server's OpenAI routes: `/v1/chat/completions`, `/v1/responses`, `/tokenize`,
+`/detokenize`.
 
 A thin layer over `inference.openai` (request and response models, rendering, tool-call
 parsing, SSE) and `inference.openai_generate` (engine parameters, watched requests).
@@ -37,6 +38,8 @@ from inference.openai.responses import (
     usage,
     usage_chunk,
 )
+from inference.openai.responses_api import ResponseStore
+from inference.openai.responses_route import serve_responses
 from inference.openai.schema import (
     ChatCompletionResponse,
     ChatDelta,
@@ -68,6 +71,7 @@ class ServerView(Protocol):
 S = TypeVar("S", bound=ServerView)
 RENDERER = web.AppKey("openai_renderer", TokenizerRenderer)
 SERVER = web.AppKey[ServerView]("openai_server_state")  # a protocol: no class to pass
+RESPONSE_STORE = web.AppKey("openai_response_store", ResponseStore)
 Handler = Callable[..., Awaitable[web.StreamResponse]]
 
 
@@ -172,11 +176,11 @@ def chat_response(
     )
 
 
-@api_errors
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    state = request.app[SERVER]
-    renderer = request.app[RENDERER]
-    req: ChatCompletionRequest = validate(ChatCompletionRequest, await read_body(request))
+def _chat_request(
+    app: web.Application, req: ChatCompletionRequest
+) -> tuple[WatchedRequest, OutputFormat]:
+    """The engine request of a chat completion, and what its answer shows of the tokens."""
+    state, renderer = app[SERVER], app[RENDERER]
     adapter = check_model(req.model, state)
     prompt = render_chat_request(renderer, req)
     fmt = _chat_format(req, renderer)
@@ -191,11 +195,33 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         progress=asyncio.Event(),
         adapter=adapter,
     )
+    return gen, fmt
+
+
+@api_errors
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    state = request.app[SERVER]
+    req: ChatCompletionRequest = validate(ChatCompletionRequest, await read_body(request))
+    gen, fmt = _chat_request(request.app, req)
     if req.stream:
         return await stream_chat(request, state, req, gen, fmt)
     await generate(state.engine, [gen])
     body = chat_response(req, gen, served_name(gen, state), fmt)
     return web.json_response(text=body.model_dump_json())
+
+
+@api_errors
+async def responses(request: web.Request) -> web.StreamResponse:
+    """`POST /v1/responses`, answered through the chat path (inference.openai.responses_route)."""
+    state = request.app[SERVER]
+
+    async def complete(body: dict[str, Any]) -> dict[str, Any]:
+        req: ChatCompletionRequest = validate(ChatCompletionRequest, body)
+        gen, fmt = _chat_request(request.app, req)
+        await generate(state.engine, [gen])
+        return chat_response(req, gen, served_name(gen, state), fmt).model_dump(mode="json")
+
+    return await serve_responses(request, request.app[RESPONSE_STORE], complete)
 
 
 async def stream_chat(
@@ -309,6 +335,8 @@ def add_openai_routes(app: web.Application, state_key: web.AppKey[S]) -> None:
     state: ServerView = app[state_key]
     app[SERVER] = state
     app[RENDERER] = TokenizerRenderer(state.tokenizer)
+    app[RESPONSE_STORE] = ResponseStore()
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/responses", responses)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)

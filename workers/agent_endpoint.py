@@ -1,6 +1,8 @@
 """The worker's token-capturing OpenAI-compatible endpoint, one per worker process.
 
-It serves `POST /v1/chat/completions` (tools, multi-turn, streaming) and `GET /v1/models` on
+It serves `POST /v1/chat/completions` (tools, multi-turn, streaming), `POST /v1/responses`
+(the Responses API, answered through the same chat path: `inference.openai.responses_route`;
+stored responses live with the episode and expire with its key) and `GET /v1/models` on
 localhost for every agent episode of the process; each episode has its own key
 (`Authorization: Bearer <key>`), and a request with an unknown or expired key is answered 401
 before anything is rendered or recorded. A call is rendered with the model's chat template by
@@ -50,6 +52,8 @@ from inference.openai.responses import (
     usage,
     usage_chunk,
 )
+from inference.openai.responses_api import ResponseStore
+from inference.openai.responses_route import serve_responses
 from inference.openai.schema import ChatCompletionResponse, ChatDelta, DeltaToolCall
 from inference.openai.sse import SSE_DONE, open_event_stream, sse_event
 from inference.openai.stream import ChatChoiceStream
@@ -87,6 +91,7 @@ class _Episode:
     defaults: SamplingDefaults
     # what the template made of a call's conversation: its render key -> its prompt ids
     renders: dict[bytes, tuple[int, ...]] = field(default_factory=dict)
+    responses: ResponseStore = field(default_factory=ResponseStore)  # for previous_response_id
 
 
 class AgentEndpoint:
@@ -114,6 +119,7 @@ class AgentEndpoint:
         """Listen on `host:port` (0: any free port); returns the `/v1` base URL."""
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -177,6 +183,18 @@ class AgentEndpoint:
             episode = self._lookup(request)
             req = _parse(await request.read())
             return await self._complete(request, episode, req)
+        except ApiError as exc:
+            return web.json_response(exc.body(), status=exc.status)
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        try:
+            episode = self._lookup(request)
+
+            async def complete(body: dict[str, Any]) -> dict[str, Any]:
+                answer = await self._complete(request, episode, _validate(body))
+                return json.loads(answer.text or "{}")  # type: ignore[attr-defined]
+
+            return await serve_responses(request, episode.responses, complete)
         except ApiError as exc:
             return web.json_response(exc.body(), status=exc.status)
 
@@ -402,12 +420,16 @@ def _reply(parsed: ParsedMessage) -> dict[str, Any]:
 
 
 def _parse(raw: bytes) -> ChatCompletionRequest:
-    from pydantic import ValidationError
-
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(f"malformed JSON body: {exc}") from None
+    return _validate(body)
+
+
+def _validate(body: Any) -> ChatCompletionRequest:
+    from pydantic import ValidationError
+
     if not isinstance(body, dict):
         raise ApiError("request body must be a JSON object")
     if body.get("n", 1) != 1:
