@@ -1,0 +1,116 @@
+"""The worker endpoint's `/v1/responses`, driven by the real OpenAI Agents SDK (`openai-agents`)
+with a function tool, unchanged: the agent's calls are recorded exactly as the equivalent chat
+completions, in one segment, and stored responses belong to their episode only.
+
+The tool model (`tool_model_dir`, from the inference tests) calls `get_weather` after ASK and
+answers after its result, so the SDK's tool loop runs for real."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from agents import (
+    Agent,
+    FunctionTool,
+    ModelSettings,
+    OpenAIResponsesModel,
+    RunConfig,
+    Runner,
+    set_tracing_disabled,
+)
+
+from tests.inference.test_openai_chat import ANSWER, ASK, CALL, RESULT, TOOLS, tool_model_dir
+from tests.workers.agent_helpers import call_prompts, open_episode, render, serving
+
+__all__ = ["tool_model_dir"]  # a fixture, used by name
+
+set_tracing_disabled(True)  # the SDK would otherwise export traces to OpenAI's servers
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dir: Path) -> Path:
+    """The base model `tool_model_dir` fine-tunes."""
+    return tiny_model_dir
+
+
+def weather_agent(api: openai.AsyncOpenAI, asked: list[dict[str, Any]]) -> Agent[Any]:
+    """An SDK agent with TOOLS' `get_weather` as a function tool that notes its arguments."""
+
+    async def get_weather(_ctx: Any, arguments: str) -> str:
+        asked.append(json.loads(arguments))
+        return RESULT["content"]
+
+    spec = TOOLS[0]["function"]
+    tool = FunctionTool(
+        name=spec["name"],
+        description=spec["description"],
+        params_json_schema=spec["parameters"],
+        on_invoke_tool=get_weather,
+        strict_json_schema=False,
+    )
+    model = OpenAIResponsesModel(model="policy", openai_client=api)
+    return Agent(
+        name="weather",
+        model=model,
+        tools=[tool],
+        model_settings=ModelSettings(temperature=0, max_tokens=300),
+    )
+
+
+@pytest.mark.slow  # fine-tunes the tool model once per session
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_agents_sdk_tool_agent_runs_unchanged_and_is_recorded_exactly(
+    tool_model_dir: Path, streamed: bool
+) -> None:
+    asked: list[dict[str, Any]] = []
+    async with serving(tool_model_dir) as endpoint:
+        record, _, sdk = open_episode(endpoint)
+        async with sdk() as api:
+            agent = weather_agent(api, asked)
+            question = ASK[0]["content"]
+            config = RunConfig(tracing_disabled=True)
+            if streamed:
+                run = Runner.run_streamed(agent, question, run_config=config)
+                _ = [event async for event in run.stream_events()]
+            else:
+                run = await Runner.run(agent, question, run_config=config)
+    assert run.final_output == ANSWER and asked == [{"city": "Paris"}]
+    # Two calls in one segment, each prompt the fresh rendering of the equivalent chat body.
+    assert len(record.turns) == 2 and record.segments == 1
+    call = CALL | {"tool_calls": [CALL["tool_calls"][0] | {"id": "any"}]}
+    history = [*ASK, call, RESULT | {"tool_call_id": "any"}]
+    bodies = [{"messages": ASK, "tools": TOOLS}, {"messages": history, "tools": TOOLS}]
+    assert call_prompts(record.turns) == [render(endpoint, b) for b in bodies]
+
+
+@pytest.mark.slow
+async def test_previous_response_id_is_the_episodes_own(tool_model_dir: Path) -> None:
+    flat = [{"type": "function", **TOOLS[0]["function"]}]
+    async with serving(tool_model_dir) as endpoint:
+        record, _, sdk = open_episode(endpoint)
+        _, _, neighbour = open_episode(endpoint, name="t/1")
+        async with sdk() as api, neighbour() as other:
+            first = await api.responses.create(
+                model="m", input=ASK, tools=flat, temperature=0, max_output_tokens=300
+            )
+            call = first.output[-1]
+            result = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+            with pytest.raises(openai.NotFoundError):  # another episode's key: not found
+                await other.responses.create(
+                    model="m", input=[result], previous_response_id=first.id, tools=flat
+                )
+            second = await api.responses.create(
+                model="m",
+                input=[result],
+                previous_response_id=first.id,
+                tools=flat,
+                temperature=0,
+                max_output_tokens=300,
+            )
+    assert second.output_text == ANSWER
+    assert [t.segment_start for t in record.turns] == [False, False] and record.segments == 1
+    assert second.usage.output_tokens == len(record.turns[1].completion_ids)
