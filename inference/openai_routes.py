@@ -49,6 +49,7 @@ from inference.openai.schema import (
 )
 from inference.openai.sse import SSE_DONE, open_event_stream, sse_event
 from inference.openai.stream import ChatChoiceStream
+from inference.openai.tool_choice import check_template, forced_call_text
 from inference.openai.tools import ParsedMessage, extract_tool_calls
 from inference.openai_generate import WatchedRequest, abort_all, check_ids, gen_params, generate
 from inference.sequence import GenRequest, Sequence
@@ -150,13 +151,18 @@ def _chat_format(req: ChatCompletionRequest, renderer: TokenizerRenderer) -> Out
 
 
 def chat_response(
-    req: ChatCompletionRequest, gen: WatchedRequest, model: str, fmt: OutputFormat
+    req: ChatCompletionRequest,
+    gen: WatchedRequest,
+    model: str,
+    fmt: OutputFormat,
+    forced: str = "",
 ) -> ChatCompletionResponse:
+    """The whole response; `forced` (a forced tool choice's opener) is read before each
+    choice's text."""
     choices = []
     for index, (seq, text) in enumerate(zip(gen.seqs, gen.texts, strict=True)):
-        parsed = (
-            extract_tool_calls(text.text) if req.parses_tools() else ParsedMessage(text.text, [])
-        )
+        whole = forced + text.text
+        parsed = extract_tool_calls(whole) if req.parses_tools() else ParsedMessage(whole, [])
         choices.append(
             chat_choice(
                 index,
@@ -178,11 +184,16 @@ def chat_response(
 
 def _chat_request(
     app: web.Application, req: ChatCompletionRequest
-) -> tuple[WatchedRequest, OutputFormat]:
-    """The engine request of a chat completion, and what its answer shows of the tokens."""
+) -> tuple[WatchedRequest, OutputFormat, str]:
+    """The engine request of a chat completion, what its answer shows of the tokens, and the
+    text a forced tool choice put at the end of the prompt (inference.openai.tool_choice)."""
     state, renderer = app[SERVER], app[RENDERER]
     adapter = check_model(req.model, state)
+    forced = forced_call_text(req)
+    check_template(forced, getattr(state.tokenizer, "chat_template", None))
     prompt = render_chat_request(renderer, req)
+    if forced:
+        prompt += renderer.encode(forced, add_special_tokens=False)
     fmt = _chat_format(req, renderer)
     params = gen_params(req, len(prompt), state.limits, req.output_limit(), fmt.top_logprobs)
     stops, skip = req.stop_strings(), req.skip_special_tokens
@@ -195,18 +206,18 @@ def _chat_request(
         progress=asyncio.Event(),
         adapter=adapter,
     )
-    return gen, fmt
+    return gen, fmt, forced
 
 
 @api_errors
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[SERVER]
     req: ChatCompletionRequest = validate(ChatCompletionRequest, await read_body(request))
-    gen, fmt = _chat_request(request.app, req)
+    gen, fmt, forced = _chat_request(request.app, req)
     if req.stream:
-        return await stream_chat(request, state, req, gen, fmt)
+        return await stream_chat(request, state, req, gen, fmt, forced=forced)
     await generate(state.engine, [gen])
-    body = chat_response(req, gen, served_name(gen, state), fmt)
+    body = chat_response(req, gen, served_name(gen, state), fmt, forced)
     return web.json_response(text=body.model_dump_json())
 
 
@@ -217,9 +228,10 @@ async def responses(request: web.Request) -> web.StreamResponse:
 
     async def complete(body: dict[str, Any]) -> dict[str, Any]:
         req: ChatCompletionRequest = validate(ChatCompletionRequest, body)
-        gen, fmt = _chat_request(request.app, req)
+        gen, fmt, forced = _chat_request(request.app, req)
         await generate(state.engine, [gen])
-        return chat_response(req, gen, served_name(gen, state), fmt).model_dump(mode="json")
+        answer = chat_response(req, gen, served_name(gen, state), fmt, forced)
+        return answer.model_dump(mode="json")
 
     return await serve_responses(request, request.app[RESPONSE_STORE], complete)
 
@@ -230,10 +242,12 @@ async def stream_chat(
     req: ChatCompletionRequest,
     gen: WatchedRequest,
     fmt: OutputFormat,
+    *,
+    forced: str = "",
 ) -> web.StreamResponse:
     """Send the choices as chat.completion.chunk events while the engine generates them."""
     head = StreamHead(served_name(gen, state))
-    streams = [ChatChoiceStream(text, req.parses_tools()) for text in gen.texts]
+    streams = [ChatChoiceStream(text, req.parses_tools(), forced) for text in gen.texts]
     state.engine.submit(gen)  # a refusal here is still a plain HTTP error, not a broken stream
     try:
         response = await open_event_stream(request)

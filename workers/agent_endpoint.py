@@ -435,9 +435,18 @@ def _validate(body: Any) -> ChatCompletionRequest:
     if body.get("n", 1) != 1:
         raise ApiError("n must be 1: one call is one turn of the episode", "n")
     try:
-        return ChatCompletionRequest.model_validate(body)
+        req = ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:
         raise from_validation(exc) from None
+    if req.tool_choice not in (None, "auto", "none"):
+        # Not enforced here yet (the CPU server forces the call's opener); refused rather
+        # than sampled as `auto`, so the agent never gets silently different sampling.
+        raise ApiError(
+            "tool_choice must be 'auto' or 'none' on this endpoint: 'required' and named "
+            "functions are not enforced here",
+            "tool_choice",
+        )
+    return req
 
 
 def _pick(value: T | None, default: T) -> T:

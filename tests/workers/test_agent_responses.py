@@ -118,3 +118,30 @@ async def test_previous_response_id_is_the_episodes_own(tool_model_dir: Path) ->
     assert second.output_text == ANSWER
     assert [t.segment_start for t in record.turns] == [False, False] and record.segments == 1
     assert second.usage.output_tokens == len(record.turns[1].completion_ids)
+
+
+async def test_what_the_endpoint_cannot_enforce_is_refused_by_name(tiny_model_dir: Path) -> None:
+    """Forced tool choices (not enforced here) and structured outputs get a 400 naming the
+    field, on both APIs, and record nothing."""
+    flat = [{"type": "function", **TOOLS[0]["function"]}]
+    schema = {"format": {"type": "json_schema", "name": "a", "schema": {"type": "object"}}}
+    async with serving(tiny_model_dir) as endpoint:
+        record, _, sdk = open_episode(endpoint)
+        async with sdk() as api:
+            calls = [
+                api.chat.completions.create(
+                    model="m", messages=ASK, tools=TOOLS, tool_choice="required"
+                ),
+                api.chat.completions.create(
+                    model="m", messages=ASK, response_format={"type": "json_object"}
+                ),
+                api.responses.create(model="m", input="hi", tools=flat, tool_choice="required"),
+                api.responses.create(model="m", input="hi", text=schema),
+            ]
+            params = []
+            for call in calls:
+                with pytest.raises(openai.BadRequestError) as info:
+                    await call
+                params.append(info.value.body["param"])
+    assert params == ["tool_choice", "response_format", "tool_choice", "text"]
+    assert record.turns == [] and record.calls == 0
