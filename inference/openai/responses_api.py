@@ -246,7 +246,8 @@ def output_items(message: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def response_body(req: ResponsesRequest, chat: dict[str, Any], response_id: str) -> dict[str, Any]:
-    """The Response object for a chat completion response `chat` (a dict) to `req`."""
+    """The Response object for a chat completion response `chat` (a dict) to `req`, in the
+    fields of vLLM 0.33's ResponsesResponse (tests/inference/vllm_contract holds it there)."""
     choice = chat["choices"][0]
     counts = chat["usage"]
     truncated = choice.get("finish_reason") == "length"
@@ -257,24 +258,24 @@ def response_body(req: ResponsesRequest, chat: dict[str, Any], response_id: str)
         "model": chat["model"],
         "status": "incomplete" if truncated else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if truncated else None,
-        "error": None,
         "instructions": req.instructions,
         "output": output_items(choice["message"]),
         "parallel_tool_calls": bool(req.parallel_tool_calls),
         "tool_choice": req.tool_choice,
         "tools": req.tools,
-        "temperature": req.temperature,
-        "top_p": req.top_p,
+        "temperature": 1.0 if req.temperature is None else req.temperature,  # as OpenAI echoes
+        "top_p": 1.0 if req.top_p is None else req.top_p,
         "max_output_tokens": req.max_output_tokens,
+        "background": False,
+        "service_tier": "auto",
         "previous_response_id": req.previous_response_id,
         "reasoning": req.reasoning,
         "text": req.text or {"format": {"type": "text"}},
         "truncation": "disabled",
         "metadata": req.metadata,
-        "store": bool(req.store),
         "usage": {
             "input_tokens": counts["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": counts["completion_tokens"],
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": counts["total_tokens"],
