@@ -14,7 +14,9 @@ parser (`workers.answers`). With `--reasoning-history keep`, a call that repeats
 call and the reply it got is rendered as a continuation of that call's tokens
 (`workers.agent_record`), so the endpoint records the same tokens as a worker's own episode of
 the same conversation; other calls are rendered whole by the template, with the run's template
-kwargs under the request's `chat_template_kwargs`.
+kwargs under the request's `chat_template_kwargs`. A forced `tool_choice` (`required`, a named
+function) puts the model's call opener at the end of the prompt (`inference.openai.tool_choice`),
+so what is recorded as completion is only what was sampled.
 
 Streaming: the generation client returns a whole completion, so a streamed answer is sent as
 OpenAI's chunk sequence (role, content, closing delta with the tool calls, usage, `[DONE]`)
@@ -58,6 +60,7 @@ from inference.openai.schema import ChatCompletionResponse, ChatDelta, DeltaTool
 from inference.openai.sse import SSE_DONE, open_event_stream, sse_event
 from inference.openai.stream import ChatChoiceStream
 from inference.openai.text import ChoiceText
+from inference.openai.tool_choice import check_template, forced_call_text, is_forced
 from inference.openai.tools import ParsedMessage, extract_tool_calls, openai_calls
 from workers.agent_record import Continuation, EpisodeRecord, reply_key
 from workers.answers import Answer, AnswerReader
@@ -203,6 +206,10 @@ class AgentEndpoint:
     ) -> web.StreamResponse:
         record = episode.record
         prompt, messages, tools = self._prompt(episode, req)
+        forced = forced_call_text(req)  # a forced tool choice: prompt, never completion
+        if forced:
+            check_template(forced, self.codec.chat_template)
+            prompt = [*prompt, *self.codec.encode_control(forced)]
         max_tokens = record.admit(len(prompt), req.output_limit() or episode.defaults.max_tokens)
         defaults = episode.defaults
         seed = req.seed
@@ -241,7 +248,9 @@ class AgentEndpoint:
             weight_versions=bool(req.return_weight_versions),
         )
         generated = _generated(gen)
-        parsed = self._parsed(req, text, answer)
+        parsed = (
+            extract_tool_calls(forced + text.text) if forced else self._parsed(req, text, answer)
+        )
         record.last = Continuation(tuple(messages), _reply(parsed), tools, tuple(gen.token_ids))
         if req.stream:
             return await self._stream(
@@ -342,7 +351,7 @@ class AgentEndpoint:
         parsed: ParsedMessage,
     ) -> web.StreamResponse:
         """The generated choice as OpenAI's chunk sequence."""
-        if not self.reader.plain:  # read whole by the run's parsers: one delta carries it
+        if not self.reader.plain or is_forced(req):  # read whole: one delta carries it
             return await self._stream_whole(
                 request, req, gen, fmt, reason=reason, prompt_len=prompt_len, parsed=parsed
             )
@@ -438,14 +447,6 @@ def _validate(body: Any) -> ChatCompletionRequest:
         req = ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:
         raise from_validation(exc) from None
-    if req.tool_choice not in (None, "auto", "none"):
-        # Not enforced here yet (the CPU server forces the call's opener); refused rather
-        # than sampled as `auto`, so the agent never gets silently different sampling.
-        raise ApiError(
-            "tool_choice must be 'auto' or 'none' on this endpoint: 'required' and named "
-            "functions are not enforced here",
-            "tool_choice",
-        )
     return req
 
 

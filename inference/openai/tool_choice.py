@@ -25,6 +25,11 @@ from inference.openai.models import ChatCompletionRequest, NamedToolChoice
 HERMES_OPENER = "<tool_call>"
 
 
+def is_forced(req: ChatCompletionRequest) -> bool:
+    """Whether the request forces a tool call (`required` or a named function)."""
+    return req.tool_choice not in (None, "auto", "none")
+
+
 def forced_call_text(req: ChatCompletionRequest) -> str:
     """The text a forced tool choice puts before the sampled tokens ('' when none is forced)."""
     choice = req.tool_choice

@@ -15,9 +15,10 @@ import openai
 import pytest
 
 from tests.inference.test_openai_chat import ANSWER, ASK, CALL, RESULT, TOOLS, tool_model_dir
+from tests.inference.test_tool_choice import OPENERS, forced_model_dir
 from tests.workers.agent_helpers import call_prompts, open_episode, render, serving
 
-__all__ = ["tool_model_dir"]  # a fixture, used by name
+__all__ = ["forced_model_dir", "tool_model_dir"]  # fixtures, used by name
 
 # The Agents SDK is in the dev extra (locks/cpu.txt); an environment without it skips, and CI,
 # where a skip fails, says so.
@@ -120,22 +121,17 @@ async def test_previous_response_id_is_the_episodes_own(tool_model_dir: Path) ->
     assert second.usage.output_tokens == len(record.turns[1].completion_ids)
 
 
-async def test_what_the_endpoint_cannot_enforce_is_refused_by_name(tiny_model_dir: Path) -> None:
-    """Forced tool choices (not enforced here) and structured outputs get a 400 naming the
-    field, on both APIs, and record nothing."""
-    flat = [{"type": "function", **TOOLS[0]["function"]}]
+async def test_structured_outputs_are_refused_by_name(tiny_model_dir: Path) -> None:
+    """Structured outputs (no guided decoding here) get a 400 naming the field, on both APIs,
+    and record nothing."""
     schema = {"format": {"type": "json_schema", "name": "a", "schema": {"type": "object"}}}
     async with serving(tiny_model_dir) as endpoint:
         record, _, sdk = open_episode(endpoint)
         async with sdk() as api:
             calls = [
                 api.chat.completions.create(
-                    model="m", messages=ASK, tools=TOOLS, tool_choice="required"
-                ),
-                api.chat.completions.create(
                     model="m", messages=ASK, response_format={"type": "json_object"}
                 ),
-                api.responses.create(model="m", input="hi", tools=flat, tool_choice="required"),
                 api.responses.create(model="m", input="hi", text=schema),
             ]
             params = []
@@ -143,5 +139,46 @@ async def test_what_the_endpoint_cannot_enforce_is_refused_by_name(tiny_model_di
                 with pytest.raises(openai.BadRequestError) as info:
                     await call
                 params.append(info.value.body["param"])
-    assert params == ["tool_choice", "response_format", "tool_choice", "text"]
+    assert params == ["response_format", "text"]
     assert record.turns == [] and record.calls == 0
+
+
+@pytest.mark.slow  # fine-tunes the tool model, then the forced one, once per session
+async def test_forced_tool_choice_is_enforced_and_its_opener_is_prompt(
+    forced_model_dir: Path,
+) -> None:
+    """`required` (chat) and a named function (Responses) start the model's call; the opener
+    is in the recorded prompt, the recorded completion is exactly the sampled ids."""
+    flat = [{"type": "function", **TOOLS[0]["function"]}]
+    async with serving(forced_model_dir) as endpoint:
+        record, _, sdk = open_episode(endpoint)
+        async with sdk() as api:
+            chat = await api.chat.completions.create(
+                model="m",
+                messages=ASK,
+                tools=TOOLS,
+                tool_choice="required",
+                temperature=0,
+                max_tokens=100,
+                extra_body={"return_token_ids": True},
+            )
+            named = await api.responses.create(
+                model="m",
+                input=ASK,
+                tools=flat,
+                tool_choice={"type": "function", "name": "get_weather"},
+                temperature=0,
+                max_output_tokens=100,
+            )
+    [call] = chat.choices[0].message.tool_calls
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert not chat.choices[0].message.content
+    assert [i.type for i in named.output] == ["function_call"]
+    assert json.loads(named.output[0].arguments) == {"city": "Paris"}
+    first, second = record.turns
+    assert list(first.completion_ids) == chat.choices[0].model_extra["token_ids"]
+    for turn, opener in ((first, OPENERS["required"]), (second, OPENERS["named"])):
+        ids = endpoint.codec.encode_control(opener)
+        assert list(turn.prompt_ids[-len(ids) :]) == ids  # the opener: prompt, loss mask 0
+        text = endpoint.codec.decode(turn.completion_ids, skip_special=False)
+        assert not text.startswith("<tool_call>")  # sampled: the call's rest only
