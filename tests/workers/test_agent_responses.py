@@ -182,3 +182,18 @@ async def test_forced_tool_choice_is_enforced_and_its_opener_is_prompt(
         assert list(turn.prompt_ids[-len(ids) :]) == ids  # the opener: prompt, loss mask 0
         text = endpoint.codec.decode(turn.completion_ids, skip_special=False)
         assert not text.startswith("<tool_call>")  # sampled: the call's rest only
+
+
+def test_the_docs_agents_sdk_example_defines_a_tool_and_an_agent_function() -> None:
+    """docs/envs.md's Agents SDK example imports and defines what its spec names."""
+    import inspect
+    import re
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "envs.md").read_text()
+    section = docs.split("### The OpenAI Agents SDK", 1)[1].split("\n### ", 1)[0]
+    [code] = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/envs.md", "exec"), namespace)
+    assert isinstance(namespace["add"], FunctionTool) and namespace["add"].name == "add"
+    assert inspect.iscoroutinefunction(namespace["sdk_agent"])
+    assert "my_agents:sdk_agent" in section
