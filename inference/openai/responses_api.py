@@ -190,7 +190,10 @@ def chat_body(req: ResponsesRequest, history: list[dict[str, Any]]) -> dict[str,
         "model": req.model,
         "messages": [*system, *history, *input_messages(req.input)],
         "tools": _chat_tools(req.tools),
-        "tool_choice": _chat_tool_choice(req.tool_choice) if req.tools else None,
+        # the default `auto` without tools is no choice; a forced one without tools is refused
+        "tool_choice": _chat_tool_choice(req.tool_choice)
+        if req.tools or req.tool_choice not in ("auto", "none")
+        else None,
         "max_completion_tokens": req.max_output_tokens,
         "temperature": req.temperature,
         "top_p": req.top_p,

@@ -77,6 +77,7 @@ async def test_unsupported_requests_are_refused_with_the_reason(server_factory, 
         ({"tools": [{"type": "web_search"}]}, "only function tools"),
         ({"previous_response_id": "resp_nope"}, "unknown"),
         ({"input": [{"type": "image_generation_call", "id": "x"}]}, "not supported"),
+        ({"tool_choice": "required"}, "tool_choice needs tools"),
     ]
     for extra, reason in refusals:
         body = {"input": "hi", "max_output_tokens": 2} | extra
