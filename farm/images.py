@@ -60,7 +60,8 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILES = ROOT / "deploy" / "docker"
 ENV_FILE = ROOT / "deploy" / "compose" / ".env"
-EXTRAS = ("train", "sandbox", "data")  # data: Parquet datasets and --reward math
+# data: Parquet datasets and --reward math; agent: the openai SDK agents (and examples/) use
+EXTRAS = ("train", "sandbox", "data", "agent")
 # Installed beside them: pip itself, and setuptools, which builds the project in the worker
 # layer (--no-build-isolation: nothing is fetched there). The lock pins both.
 TOOLS = ("pip", "setuptools")
@@ -77,6 +78,7 @@ SOURCES = (
     "farm",
     "bench",
     "launch",
+    "examples",  # the agent specs the docs name (`examples.code_tool_agent:solve`)
 )
 
 

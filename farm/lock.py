@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LOCKS = {"cpu": ROOT / "locks" / "cpu.txt", "gpu": ROOT / "locks" / "gpu.txt"}
 # The extras of pyproject.toml each lock resolves (scripts/upgrade-deps.sh passes the same).
 LOCK_EXTRAS = {
-    "cpu": ("train", "sandbox", "tracking", "data", "dev"),
-    "gpu": ("train", "sandbox", "tracking", "data", "dev", "gpu"),
+    "cpu": ("train", "sandbox", "tracking", "data", "agent", "dev"),
+    "gpu": ("train", "sandbox", "tracking", "data", "agent", "dev", "gpu"),
 }
 # What a GPU machine or a CUDA base image brings and keeps (--keep-stack): torch in the build
 # that fits its driver, the CUDA libraries and kernels built against it, and vLLM, which pins

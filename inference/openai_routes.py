@@ -1,4 +1,5 @@
-"""The CPU policy server's OpenAI routes: `/v1/chat/completions`, `/tokenize`, `/detokenize`.
+"""The CPU policy server's OpenAI routes: `/v1/chat/completions`, `/v1/responses`, `/tokenize`,
+`/detokenize`.
 
 A thin layer over `inference.openai` (request and response models, rendering, tool-call
 parsing, SSE) and `inference.openai_generate` (engine parameters, watched requests).
@@ -37,6 +38,8 @@ from inference.openai.responses import (
     usage,
     usage_chunk,
 )
+from inference.openai.responses_api import ResponseStore
+from inference.openai.responses_route import serve_responses
 from inference.openai.schema import (
     ChatCompletionResponse,
     ChatDelta,
@@ -46,6 +49,7 @@ from inference.openai.schema import (
 )
 from inference.openai.sse import SSE_DONE, open_event_stream, sse_event
 from inference.openai.stream import ChatChoiceStream
+from inference.openai.tool_choice import check_template, forced_call_text
 from inference.openai.tools import ParsedMessage, extract_tool_calls
 from inference.openai_generate import WatchedRequest, abort_all, check_ids, gen_params, generate
 from inference.sequence import GenRequest, Sequence
@@ -68,6 +72,7 @@ class ServerView(Protocol):
 S = TypeVar("S", bound=ServerView)
 RENDERER = web.AppKey("openai_renderer", TokenizerRenderer)
 SERVER = web.AppKey[ServerView]("openai_server_state")  # a protocol: no class to pass
+RESPONSE_STORE = web.AppKey("openai_response_store", ResponseStore)
 Handler = Callable[..., Awaitable[web.StreamResponse]]
 
 
@@ -146,13 +151,18 @@ def _chat_format(req: ChatCompletionRequest, renderer: TokenizerRenderer) -> Out
 
 
 def chat_response(
-    req: ChatCompletionRequest, gen: WatchedRequest, model: str, fmt: OutputFormat
+    req: ChatCompletionRequest,
+    gen: WatchedRequest,
+    model: str,
+    fmt: OutputFormat,
+    forced: str = "",
 ) -> ChatCompletionResponse:
+    """The whole response; `forced` (a forced tool choice's opener) is read before each
+    choice's text."""
     choices = []
     for index, (seq, text) in enumerate(zip(gen.seqs, gen.texts, strict=True)):
-        parsed = (
-            extract_tool_calls(text.text) if req.parses_tools() else ParsedMessage(text.text, [])
-        )
+        whole = forced + text.text
+        parsed = extract_tool_calls(whole) if req.parses_tools() else ParsedMessage(whole, [])
         choices.append(
             chat_choice(
                 index,
@@ -172,13 +182,18 @@ def chat_response(
     )
 
 
-@api_errors
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    state = request.app[SERVER]
-    renderer = request.app[RENDERER]
-    req: ChatCompletionRequest = validate(ChatCompletionRequest, await read_body(request))
+def _chat_request(
+    app: web.Application, req: ChatCompletionRequest
+) -> tuple[WatchedRequest, OutputFormat, str]:
+    """The engine request of a chat completion, what its answer shows of the tokens, and the
+    text a forced tool choice put at the end of the prompt (inference.openai.tool_choice)."""
+    state, renderer = app[SERVER], app[RENDERER]
     adapter = check_model(req.model, state)
+    forced = forced_call_text(req)
+    check_template(forced, getattr(state.tokenizer, "chat_template", None))
     prompt = render_chat_request(renderer, req)
+    if forced:
+        prompt += renderer.encode(forced, add_special_tokens=False)
     fmt = _chat_format(req, renderer)
     params = gen_params(req, len(prompt), state.limits, req.output_limit(), fmt.top_logprobs)
     stops, skip = req.stop_strings(), req.skip_special_tokens
@@ -191,11 +206,34 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         progress=asyncio.Event(),
         adapter=adapter,
     )
+    return gen, fmt, forced
+
+
+@api_errors
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    state = request.app[SERVER]
+    req: ChatCompletionRequest = validate(ChatCompletionRequest, await read_body(request))
+    gen, fmt, forced = _chat_request(request.app, req)
     if req.stream:
-        return await stream_chat(request, state, req, gen, fmt)
+        return await stream_chat(request, state, req, gen, fmt, forced=forced)
     await generate(state.engine, [gen])
-    body = chat_response(req, gen, served_name(gen, state), fmt)
+    body = chat_response(req, gen, served_name(gen, state), fmt, forced)
     return web.json_response(text=body.model_dump_json())
+
+
+@api_errors
+async def responses(request: web.Request) -> web.StreamResponse:
+    """`POST /v1/responses`, answered through the chat path (inference.openai.responses_route)."""
+    state = request.app[SERVER]
+
+    async def complete(body: dict[str, Any]) -> dict[str, Any]:
+        req: ChatCompletionRequest = validate(ChatCompletionRequest, body)
+        gen, fmt, forced = _chat_request(request.app, req)
+        await generate(state.engine, [gen])
+        answer = chat_response(req, gen, served_name(gen, state), fmt, forced)
+        return answer.model_dump(mode="json")
+
+    return await serve_responses(request, request.app[RESPONSE_STORE], complete)
 
 
 async def stream_chat(
@@ -204,10 +242,12 @@ async def stream_chat(
     req: ChatCompletionRequest,
     gen: WatchedRequest,
     fmt: OutputFormat,
+    *,
+    forced: str = "",
 ) -> web.StreamResponse:
     """Send the choices as chat.completion.chunk events while the engine generates them."""
     head = StreamHead(served_name(gen, state))
-    streams = [ChatChoiceStream(text, req.parses_tools()) for text in gen.texts]
+    streams = [ChatChoiceStream(text, req.parses_tools(), forced) for text in gen.texts]
     state.engine.submit(gen)  # a refusal here is still a plain HTTP error, not a broken stream
     try:
         response = await open_event_stream(request)
@@ -309,6 +349,8 @@ def add_openai_routes(app: web.Application, state_key: web.AppKey[S]) -> None:
     state: ServerView = app[state_key]
     app[SERVER] = state
     app[RENDERER] = TokenizerRenderer(state.tokenizer)
+    app[RESPONSE_STORE] = ResponseStore()
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/responses", responses)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)

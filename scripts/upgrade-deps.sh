@@ -27,8 +27,8 @@ FIND_LINKS="${FARM_TORCH_FIND_LINKS:-/opt/wheels}"  # where the CPU torch is (as
   || FIND_LINKS=https://download.pytorch.org/whl/cpu/torch/
 # The extras each lock covers (farm/lock.py, LOCK_EXTRAS: tests/farm/test_lock.py holds them equal);
 # dev in both: a GPU node runs tests too (scripts/gpu_check.sh).
-CPU_EXTRAS=(train sandbox tracking data dev)
-GPU_EXTRAS=(train sandbox tracking data dev gpu)
+CPU_EXTRAS=(train sandbox tracking data agent dev)
+GPU_EXTRAS=(train sandbox tracking data agent dev gpu)
 
 log() { printf '[upgrade-deps] %s\n' "$*" >&2; }
 

@@ -1,6 +1,8 @@
 """The worker's token-capturing OpenAI-compatible endpoint, one per worker process.
 
-It serves `POST /v1/chat/completions` (tools, multi-turn, streaming) and `GET /v1/models` on
+It serves `POST /v1/chat/completions` (tools, multi-turn, streaming), `POST /v1/responses`
+(the Responses API, answered through the same chat path: `inference.openai.responses_route`;
+stored responses live with the episode and expire with its key) and `GET /v1/models` on
 localhost for every agent episode of the process; each episode has its own key
 (`Authorization: Bearer <key>`), and a request with an unknown or expired key is answered 401
 before anything is rendered or recorded. A call is rendered with the model's chat template by
@@ -12,7 +14,9 @@ parser (`workers.answers`). With `--reasoning-history keep`, a call that repeats
 call and the reply it got is rendered as a continuation of that call's tokens
 (`workers.agent_record`), so the endpoint records the same tokens as a worker's own episode of
 the same conversation; other calls are rendered whole by the template, with the run's template
-kwargs under the request's `chat_template_kwargs`.
+kwargs under the request's `chat_template_kwargs`. A forced `tool_choice` (`required`, a named
+function) puts the model's call opener at the end of the prompt (`inference.openai.tool_choice`),
+so what is recorded as completion is only what was sampled.
 
 Streaming: the generation client returns a whole completion, so a streamed answer is sent as
 OpenAI's chunk sequence (role, content, closing delta with the tool calls, usage, `[DONE]`)
@@ -50,10 +54,13 @@ from inference.openai.responses import (
     usage,
     usage_chunk,
 )
+from inference.openai.responses_api import ResponseStore
+from inference.openai.responses_route import serve_responses
 from inference.openai.schema import ChatCompletionResponse, ChatDelta, DeltaToolCall
 from inference.openai.sse import SSE_DONE, open_event_stream, sse_event
 from inference.openai.stream import ChatChoiceStream
 from inference.openai.text import ChoiceText
+from inference.openai.tool_choice import check_template, forced_call_text, is_forced
 from inference.openai.tools import ParsedMessage, extract_tool_calls, openai_calls
 from workers.agent_record import Continuation, EpisodeRecord, reply_key
 from workers.answers import Answer, AnswerReader
@@ -87,6 +94,7 @@ class _Episode:
     defaults: SamplingDefaults
     # what the template made of a call's conversation: its render key -> its prompt ids
     renders: dict[bytes, tuple[int, ...]] = field(default_factory=dict)
+    responses: ResponseStore = field(default_factory=ResponseStore)  # for previous_response_id
 
 
 class AgentEndpoint:
@@ -114,6 +122,7 @@ class AgentEndpoint:
         """Listen on `host:port` (0: any free port); returns the `/v1` base URL."""
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -180,11 +189,27 @@ class AgentEndpoint:
         except ApiError as exc:
             return web.json_response(exc.body(), status=exc.status)
 
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        try:
+            episode = self._lookup(request)
+
+            async def complete(body: dict[str, Any]) -> dict[str, Any]:
+                answer = await self._complete(request, episode, _validate(body))
+                return json.loads(answer.text or "{}")  # type: ignore[attr-defined]
+
+            return await serve_responses(request, episode.responses, complete)
+        except ApiError as exc:
+            return web.json_response(exc.body(), status=exc.status)
+
     async def _complete(
         self, request: web.Request, episode: _Episode, req: ChatCompletionRequest
     ) -> web.StreamResponse:
         record = episode.record
         prompt, messages, tools = self._prompt(episode, req)
+        forced = forced_call_text(req)  # a forced tool choice: prompt, never completion
+        if forced:
+            check_template(forced, self.codec.chat_template)
+            prompt = [*prompt, *self.codec.encode_control(forced)]
         max_tokens = record.admit(len(prompt), req.output_limit() or episode.defaults.max_tokens)
         defaults = episode.defaults
         seed = req.seed
@@ -223,7 +248,9 @@ class AgentEndpoint:
             weight_versions=bool(req.return_weight_versions),
         )
         generated = _generated(gen)
-        parsed = self._parsed(req, text, answer)
+        parsed = (
+            extract_tool_calls(forced + text.text) if forced else self._parsed(req, text, answer)
+        )
         record.last = Continuation(tuple(messages), _reply(parsed), tools, tuple(gen.token_ids))
         if req.stream:
             return await self._stream(
@@ -324,7 +351,7 @@ class AgentEndpoint:
         parsed: ParsedMessage,
     ) -> web.StreamResponse:
         """The generated choice as OpenAI's chunk sequence."""
-        if not self.reader.plain:  # read whole by the run's parsers: one delta carries it
+        if not self.reader.plain or is_forced(req):  # read whole: one delta carries it
             return await self._stream_whole(
                 request, req, gen, fmt, reason=reason, prompt_len=prompt_len, parsed=parsed
             )
@@ -402,20 +429,25 @@ def _reply(parsed: ParsedMessage) -> dict[str, Any]:
 
 
 def _parse(raw: bytes) -> ChatCompletionRequest:
-    from pydantic import ValidationError
-
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(f"malformed JSON body: {exc}") from None
+    return _validate(body)
+
+
+def _validate(body: Any) -> ChatCompletionRequest:
+    from pydantic import ValidationError
+
     if not isinstance(body, dict):
         raise ApiError("request body must be a JSON object")
     if body.get("n", 1) != 1:
         raise ApiError("n must be 1: one call is one turn of the episode", "n")
     try:
-        return ChatCompletionRequest.model_validate(body)
+        req = ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:
         raise from_validation(exc) from None
+    return req
 
 
 def _pick(value: T | None, default: T) -> T:

@@ -97,6 +97,17 @@ class ChatCodec:
             return list(self._backend.encode(text, add_special_tokens=False).ids)
         return list(self._tok.encode(text, add_special_tokens=False, split_special_tokens=True))
 
+    def encode_control(self, text: str) -> list[int]:
+        """Token ids of template text: control-token strings in it (`<tool_call>`) are their
+        tokens, as the chat template's output is tokenized (a forced tool call's opener)."""
+        return self._encode_parsed(text)
+
+    @property
+    def chat_template(self) -> str | None:
+        """The tokenizer's chat template source (None: it has none)."""
+        template = getattr(self._tok, "chat_template", None)
+        return template if isinstance(template, str) else None
+
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
         if self._backend is not None:
             return self._backend.decode(list(ids), skip_special_tokens=skip_special)

@@ -21,6 +21,7 @@ COPY learner ./learner
 COPY farm ./farm
 COPY bench ./bench
 COPY launch ./launch
+COPY examples ./examples
 # Everything from locks/gpu.txt (farm/lock.py), hashes checked, except what the base image
 # brings and keeps (--keep-stack: its torch, CUDA libraries and vLLM, which the farm's vLLM
 # routes are tested against); what the base has at the lock's version stays as it is. Then the

@@ -17,6 +17,7 @@ COPY learner ./learner
 COPY farm ./farm
 COPY bench ./bench
 COPY launch ./launch
+COPY examples ./examples
 # The dependencies are in the base already; the project installs without a network.
 RUN pip install --quiet --no-deps --no-index --no-build-isolation . \
  && useradd --create-home --uid 10001 farm \

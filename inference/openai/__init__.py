@@ -10,6 +10,9 @@ server's routes (`inference/openai_routes.py`) and the worker's token-capturing 
 - `text`: incremental detokenization with stop strings and stream hold-back;
 - `tools`: the model's text -> OpenAI `tool_calls`, through `envs.parsing`;
 - `responses`: chat responses, stream chunks and logprobs as JSON-ready dicts;
+- `responses_api`, `responses_route`: `/v1/responses` (the Responses API) as a translation over
+  an endpoint's chat path, with stored responses for `previous_response_id`;
+- `tool_choice`: a forced `tool_choice`, enforced by the call opener put at the end of the prompt;
 - `sse`: the server-sent-events encoding.
 
 Invariant: nothing under `inference.openai` imports torch or `inference.engine`.

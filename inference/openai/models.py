@@ -3,8 +3,10 @@
 Field names and defaults follow vLLM 0.33's `ChatCompletionRequest`, `TokenizeCompletionRequest`,
 `TokenizeChatRequest` and `DetokenizeRequest`; unknown fields are ignored, as vLLM does. Fields
 that change sampling in ways no endpoint of this project implements (penalties, beam search,
-structured outputs, forced tool choice, ...) are refused unless they hold their neutral value,
-so a client never gets silently different sampling than it asked for.
+structured outputs (`response_format` with a schema), ...) are refused unless they hold their
+neutral value, so a client never gets silently different sampling than it asked for. A forced
+`tool_choice` (`required`, or a named function) is accepted here; each endpoint enforces it
+(`inference.openai.tool_choice`) or refuses it.
 """
 
 from __future__ import annotations
@@ -116,6 +118,19 @@ class ToolParam(_Model):
     function: FunctionDefinition = Field(description="the function")
 
 
+class NamedFunction(_Model):
+    """The function a named tool choice forces."""
+
+    name: str = Field(min_length=1, description="a function among `tools`")
+
+
+class NamedToolChoice(_Model):
+    """`tool_choice` naming one function (vLLM's ChatCompletionNamedToolChoiceParam)."""
+
+    type: Literal["function"] = Field("function", description="always `function`")
+    function: NamedFunction = Field(description="the forced function")
+
+
 class StreamOptions(_Model):
     """`stream_options` of a streaming request."""
 
@@ -174,13 +189,24 @@ def _check_tools_and_stream(data: dict[str, Any]) -> None:
         raise ApiError("stream_options can only be given with stream=true", "stream_options")
 
 
+def _check_named_choice(data: dict[str, Any]) -> None:
+    """A named tool choice must name one of the offered tools (vLLM refuses it too)."""
+    choice = data.get("tool_choice")
+    if not isinstance(choice, dict) or not isinstance(data.get("tools"), list):
+        return
+    name = (choice.get("function") or {}).get("name")
+    offered = {(t.get("function") or {}).get("name") for t in data["tools"] if isinstance(t, dict)}
+    if name not in offered:
+        raise ApiError(f"tool_choice names {name!r}, which is not among tools", "tool_choice")
+
+
 class ChatCompletionRequest(SamplingFields):
     """The accepted subset of vLLM's ChatCompletionRequest."""
 
     messages: list[Message] = Field(min_length=1, description="the conversation")
     tools: list[ToolParam] | None = Field(None, description="tools the model may call")
-    tool_choice: Literal["none", "auto"] | None = Field(
-        None, description="`auto` (default with tools) or `none`; forced choices are refused"
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="`auto` (default with tools), `none`, `required` or a named function"
     )
     max_completion_tokens: int | None = Field(
         None, ge=1, description="most tokens to generate (wins over max_tokens)"
@@ -197,13 +223,7 @@ class ChatCompletionRequest(SamplingFields):
     def _refuse_unsupported(cls, data: Any) -> Any:
         if isinstance(data, dict):
             refuse_non_neutral(data, NEUTRAL_VALUES)
-            choice = data.get("tool_choice")
-            if choice not in (None, "none", "auto"):
-                raise ApiError(
-                    "tool_choice must be 'auto' or 'none': forcing a tool needs guided "
-                    "decoding, which this server does not have",
-                    "tool_choice",
-                )
+            _check_named_choice(data)
             if data.get("top_logprobs") and not data.get("logprobs"):
                 raise ApiError("top_logprobs needs logprobs=true", "top_logprobs")
             _check_tools_and_stream(data)

@@ -19,14 +19,19 @@ from inference.openai.tools import call_syntax_start, extract_tool_calls
 class ChatChoiceStream:
     """One choice of a streamed chat completion."""
 
-    def __init__(self, text: ChoiceText, parse_tools: bool) -> None:
+    def __init__(self, text: ChoiceText, parse_tools: bool, forced: str = "") -> None:
         self.text = text
         self.parse_tools = parse_tools
+        # a forced tool choice's opener, in the prompt (inference.openai.tool_choice): the
+        # reply is read as it followed by the text, and nothing is sent before the end
+        self.forced = forced
         self.sent_tokens = 0  # generated tokens already reported (logprobs, token_ids)
         self.finished = False  # the delta with finish_reason was sent
 
     def content_delta(self) -> str:
         limit = None
+        if self.forced:
+            return ""
         if self.parse_tools:
             # Parsed content is stripped: whitespace before a call is held back with it.
             limit = len(self.text.text[: call_syntax_start(self.text.text)].rstrip())
@@ -35,7 +40,7 @@ class ChatChoiceStream:
     def final_delta(self) -> tuple[ChatDelta, bool]:
         """The closing delta and whether it carries tool calls."""
         if self.parse_tools:
-            parsed = extract_tool_calls(self.text.text)
+            parsed = extract_tool_calls(self.forced + self.text.text)
             if parsed.tool_calls:
                 sent = self.text.text[: self.text.emitted]
                 content = parsed.content or ""
@@ -50,5 +55,5 @@ class ChatChoiceStream:
                     else ChatDelta(tool_calls=calls)
                 )
                 return delta, True
-        rest = self.text.take(final=True)
+        rest = self.forced + self.text.take(final=True)
         return (ChatDelta(content=rest) if rest else ChatDelta()), False

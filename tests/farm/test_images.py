@@ -180,3 +180,31 @@ def test_every_image_installs_its_python_packages_from_a_lock_with_hashes() -> N
     assert "python3 -m farm.lock requirements --lock gpu --keep-stack" in learner
     assert "pip install --require-hashes --no-deps -r" in learner
     assert "COPY locks ./locks" in learner
+
+
+def test_every_agent_spec_the_docs_name_is_installed_by_the_project_and_its_images() -> None:
+    """A documented `examples.<module>:<fn>` spec must import in the images: the package is
+    installed (pyproject's packages), the worker image copies it, and its dependencies (the
+    `openai` SDK: the `agent` extra) are in the image's extras."""
+    import re
+    import tomllib
+
+    from setuptools import find_namespace_packages
+
+    from farm.images import EXTRAS, SOURCES
+
+    root = Path(__file__).resolve().parents[2]
+    docs = "".join(p.read_text() for p in [root / "README.md", *(root / "docs").glob("*.md")])
+    specs = set(re.findall(r"\b(examples(?:\.\w+)+):\w+", docs))
+    assert "examples.code_tool_agent" in specs
+    pyproject = tomllib.loads((root / "pyproject.toml").read_text())
+    find = pyproject["tool"]["setuptools"]["packages"]["find"]
+    installed = set(find_namespace_packages(str(root), include=find["include"]))
+    for spec in sorted(specs):
+        package, _, module = spec.rpartition(".")
+        assert package in installed, f"{spec}: package {package} is not installed"
+        assert (root / package.replace(".", "/") / f"{module}.py").is_file(), spec
+        assert package.split(".")[0] in SOURCES, f"{spec}: the worker image does not copy it"
+    assert "agent" in EXTRAS and any(
+        r.startswith("openai") for r in pyproject["project"]["optional-dependencies"]["agent"]
+    )

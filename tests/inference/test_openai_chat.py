@@ -69,7 +69,7 @@ async def sdk() -> AsyncIterator[Callable[[str], openai.AsyncOpenAI]]:
         await api.close()
 
 
-def _render(tokenizer: Any, messages: list[dict[str, Any]], generation: bool) -> list[int]:
+def render_ids(tokenizer: Any, messages: list[dict[str, Any]], generation: bool) -> list[int]:
     validated = [Message.model_validate(m) for m in messages]
     renderer = TokenizerRenderer(tokenizer)
     return renderer.render_messages(
@@ -82,11 +82,18 @@ def tool_model_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     """The tiny model trained until greedy decoding gives CALL after ASK and ANSWER after RESULT."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    first = _render(tokenizer, ASK, True)
+    first = render_ids(tokenizer, ASK, True)
     replies = [
-        (first, _render(tokenizer, [*ASK, CALL], False)[len(first) :]),
-        (_render(tokenizer, [*ASK, CALL, RESULT], True), [*tokenizer.encode(ANSWER), eos]),
+        (first, render_ids(tokenizer, [*ASK, CALL], False)[len(first) :]),
+        (render_ids(tokenizer, [*ASK, CALL, RESULT], True), [*tokenizer.encode(ANSWER), eos]),
     ]
+    return fit_replies(model_dir, replies, tmp_path_factory.mktemp("tool-model"))
+
+
+def fit_replies(model_dir: Path, replies: list[tuple[list[int], list[int]]], out: Path) -> Path:
+    """The model at `model_dir` trained until greedy decoding gives each reply after its
+    prompt, saved (with its tokenizer) to `out`."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # many threads on a loaded 2-core machine are ~10x slower here
     try:
@@ -110,7 +117,6 @@ def tool_model_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     finally:
         torch.set_num_threads(threads)
     assert exact, "the tiny model did not learn the tool-call replies"
-    out = tmp_path_factory.mktemp("tool-model")
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
@@ -280,7 +286,7 @@ async def test_tokenize_and_detokenize_as_vllm(server_factory, sdk) -> None:
     status, body = await post(url + "/tokenize", {"messages": ASK, "tools": TOOLS})
     assert status == 200 and body["token_strs"] is None
     tokenizer = server.state.tokenizer
-    assert body["tokens"] == _render(tokenizer, ASK, True)
+    assert body["tokens"] == render_ids(tokenizer, ASK, True)
     status, bare = await post(url + "/tokenize", {"messages": ASK, "add_generation_prompt": False})
     assert status == 200 and bare["count"] < body["count"]
 
@@ -304,7 +310,10 @@ BAD_CHAT = [
     ({"max_completion_tokens": 0}, "max_completion_tokens"),
     ({"temperature": -1}, "temperature"),
     ({"top_p": 0}, "top_p"),
-    ({"tool_choice": "required", "tools": TOOLS}, "tool_choice"),
+    (
+        {"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": TOOLS},
+        "tool_choice",
+    ),
     (
         {"tools": [{"type": "function", "function": {"description": "no name"}}]},
         "tools.0.function.name",

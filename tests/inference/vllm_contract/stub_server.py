@@ -35,6 +35,7 @@ from vllm.entrypoints.openai.completion.protocol import (
 from vllm.entrypoints.openai.models.api_router import attach_router as attach_models
 from vllm.entrypoints.openai.models.protocol import BaseModelPath
 from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+from vllm.entrypoints.openai.responses.protocol import ResponsesRequest, ResponsesResponse
 from vllm.entrypoints.rl.factories import register_rl_api_routers
 from vllm.entrypoints.serve.dev.cache.api_router import attach_router as attach_cache
 from vllm.entrypoints.serve.dev.rpc.api_router import attach_router as attach_rpc
@@ -186,6 +187,8 @@ def build_validator() -> FastAPI:
         "CompletionResponseChoice": CompletionResponseChoice,
         "ErrorResponse": ErrorResponse,
         "ModelList": ModelList,
+        "ResponsesRequest": ResponsesRequest,
+        "ResponsesResponse": ResponsesResponse,
     }
     app = FastAPI()
 

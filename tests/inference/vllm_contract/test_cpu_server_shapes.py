@@ -107,3 +107,56 @@ async def test_control_routes_answer_like_vllm(
                 assert vllm_contract.validate("ErrorResponse", err)["ok"], (path, err)
         else:
             assert shape(cpu_body) == shape(vllm_body), (method, path, got)
+
+
+RESPONSES_BODIES: list[dict[str, Any]] = [  # what the OpenAI SDKs send to /v1/responses
+    {"input": "hi", "max_output_tokens": 3, "temperature": 0},
+    {
+        "instructions": "Be brief.",
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+        ],
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "max_output_tokens": 3,
+        "include": [],
+        "store": True,
+    },
+]
+
+
+async def test_responses_requests_and_answers_validate_as_vllm_models(
+    server_factory, vllm_contract: VllmContract
+) -> None:
+    """A request the CPU server answers on /v1/responses is one vLLM's ResponsesRequest accepts,
+    and the Response it returns is vLLM's ResponsesResponse, declaring no field vLLM lacks."""
+    server = await server_factory()
+    for body in RESPONSES_BODIES:
+        assert vllm_contract.validate("ResponsesRequest", body)["ok"], body
+        status, data = await post(server.url + "/v1/responses", body)
+        assert status == 200, data
+        assert vllm_contract.validate("ResponsesResponse", data) == {"ok": True, "extra": []}
+    refused = {"input": "hi", "text": {"format": {"type": "json_object"}}}
+    assert vllm_contract.validate("ResponsesRequest", refused)["ok"]  # vLLM guides it; we refuse
+    status, error = await post(server.url + "/v1/responses", refused)
+    assert status == 400 and vllm_contract.validate("ErrorResponse", error)["ok"]
+
+
+def test_every_responses_output_item_validates_as_vllm_models(vllm_contract: VllmContract) -> None:
+    """Reasoning, message and function_call items (a random model writes none of the calls)."""
+    from inference.openai.responses_api import ResponsesRequest, response_body
+
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    message = {"role": "assistant", "content": "ok", "reasoning": "hm", "tool_calls": [call]}
+    chat = {
+        "model": "m",
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
+    }
+    req = ResponsesRequest.model_validate({"input": "hi", "max_output_tokens": 9})
+    data = response_body(req, chat, "resp_1")
+    assert [i["type"] for i in data["output"]] == ["reasoning", "message", "function_call"]
+    assert vllm_contract.validate("ResponsesResponse", data) == {"ok": True, "extra": []}
