@@ -197,30 +197,17 @@ async def test_view_reads_dead_letters_from_redis(redis_server) -> None:
 async def test_served_versions_come_from_the_learner_where_servers_export_none() -> None:
     """vLLM exports no farm_inference_weight_version: the status shows the versions the
     learner verified on each server (farm_weight_sync_served_version{server})."""
-    from aiohttp import web
-
-    from tests.conftest import free_port
-
     registry = CollectorRegistry()
     served = Gauge("farm_weight_sync_served_version", "v", ["server"], registry=registry)
     served.labels("http://a:8000").set(7)
     served.labels("http://b:8000").set(6)
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry), content_type="text/plain")
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    view = FarmView({"learner": f"http://127.0.0.1:{port}/metrics"}, None, RunKeys("x"))
+    runner, url = await _serve(registry)
+    view = FarmView({"learner": url}, None, RunKeys("x"))
     try:
         status = await view.poll()
     finally:
         await view.close()
-        await runner.cleanup()
+        await runner.cleanup()  # type: ignore[attr-defined]
     assert status.served_versions == (6, 7)
 
 
