@@ -3,9 +3,11 @@
 - `disk_mib`: the farm's work directory on disk;
 - `processes`: the farm's process tree by role (supervisor, redis, inference, worker-N,
   learner), each with its resident memory (VmRSS) and open file descriptors, from /proc;
-- `redis_probe`: Redis's used and resident memory, the bytes of each of the run's streams
-  and seen sets (MEMORY USAGE), whether admission is held, and the entries added to and
-  held by the tasks and trajectories streams (the difference is what the learner trimmed);
+- `redis_probe`: Redis's used and resident memory; the bytes of every key it holds by kind
+  (the run's streams, its policy events, its seen sets, other keys; MEMORY USAGE) and of
+  Redis's own overhead and client buffers (MEMORY STATS), so that a growth is attributed;
+  the seen sets' ids; whether admission is held; and the entries added to and held by the
+  tasks and trajectories streams (the difference is what the learner trimmed);
 - `books`: one MULTI/EXEC snapshot of the counters that account for every task issued
   (`entries-added` survives trimming): each one is waiting or pending on a tasks stream,
   dead-lettered, or a group on a trajectories stream that the learner has read or has
@@ -17,6 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -115,23 +118,57 @@ def _entries(client: redis.Redis, keys: RunKeys) -> tuple[int, int]:
     return added, held
 
 
-def redis_probe(client: redis.Redis, keys: RunKeys) -> dict[str, float]:
-    """Redis's memory (MiB): used, resident, the run's streams (largest and all), seen sets;
-    the work streams' entries trimmed so far."""
+def _stat(stats: dict, name: str) -> int:
+    """One field of MEMORY STATS, whichever way the client decoded its names."""
+    return int(stats.get(name, stats.get(name.encode(), 0)) or 0)
+
+
+def _key_usage(client: redis.Redis, keys: RunKeys) -> dict[str, int]:
+    """Bytes of every key Redis holds, by what it is: the run's work and record streams,
+    its policy events, its seen sets, and anything else (hashes, counters, other runs)."""
+    streams = {*keys.streams} - {keys.policy_events}
+    seen = {keys.seen(g, p) for g in (WORKERS_GROUP, LEARNER_GROUP) for p in range(keys.partitions)}
+    usage = {"streams": 0, "policy_events": 0, "seen": 0, "other": 0}
+    for raw in client.scan_iter(count=1000):
+        key = raw.decode()
+        kind = (
+            "policy_events"
+            if key == keys.policy_events
+            else "streams"
+            if key in streams
+            else "seen"
+            if key in seen
+            else "other"
+        )
+        usage[kind] += _usage(client, key)
+    return usage
+
+
+def redis_probe(client: redis.Redis, keys: RunKeys) -> dict[str, Any]:
+    """Redis's memory (MiB): used and resident; every key's bytes by kind (streams, policy
+    events, seen sets, other); Redis's own overhead and client buffers (MEMORY STATS); the
+    largest stream; the seen sets' ids; the work streams' entries trimmed so far."""
     info = client.info("memory")
-    streams = [_usage(client, s) for s in keys.streams]
-    seen = [
-        _usage(client, keys.seen(g, p))
-        for g in (WORKERS_GROUP, LEARNER_GROUP)
-        for p in range(keys.partitions)
-    ]
+    stats = client.memory_stats()
     mib = 1 << 20
+    by_kind = _key_usage(client, keys)
+    clients = _stat(stats, "clients.normal") + _stat(stats, "clients.slaves")
+    seen_keys = [
+        keys.seen(g, p) for g in (WORKERS_GROUP, LEARNER_GROUP) for p in range(keys.partitions)
+    ]
     return {
         "used_mib": info["used_memory"] / mib,
         "rss_mib": info["used_memory_rss"] / mib,
-        "streams_mib": sum(streams) / mib,
-        "largest_stream_mib": max(streams, default=0) / mib,
-        "seen_mib": sum(seen) / mib,
+        "streams_mib": (by_kind["streams"] + by_kind["policy_events"]) / mib,
+        "largest_stream_mib": max((_usage(client, s) for s in keys.streams), default=0) / mib,
+        "seen_mib": by_kind["seen"] / mib,
+        "seen_ids": sum(int(client.zcard(k)) for k in seen_keys),
+        "events_mib": by_kind["policy_events"] / mib,
+        "other_keys_mib": by_kind["other"] / mib,
+        # MEMORY STATS counts the client buffers inside its overhead: split out, they are
+        # what a slow reader or a big reply would grow.
+        "overhead_mib": (_stat(stats, "overhead.total") - clients) / mib,
+        "clients_mib": clients / mib,
         "held": float(client.hexists(keys.admission, "held_reason")),
         "entries": _entries(client, keys),
     }

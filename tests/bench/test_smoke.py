@@ -72,6 +72,11 @@ def test_smoke(key: str) -> None:
         redis = envelope["result"]["redis"]  # most of what was published is gone at the end
         assert redis["held_entries"] < redis["trimmed_entries"], done.stderr[-3000:]
         assert envelope["result"]["goals"]["nothing_lost"], done.stderr[-3000:]
+        # Redis's time series is kept, and its seen sets are ids at ~120 bytes each: the
+        # attribution a long soak reads its growth from.
+        assert len(redis["series"]) == envelope["result"]["samples"]
+        assert redis["series"][-1]["seen_ids"] > 0
+        assert 60 <= redis["seen_bytes_per_id"][0] <= redis["seen_bytes_per_id"][1] <= 400
     assert table_line in done.stderr
     assert "(machine: " in done.stderr
 
