@@ -2,9 +2,14 @@
 
 1. Throughput. Enough groups are published up front that a batch is always waiting,
    then `python -m learner` (a real process, real Redis, the tiny model) trains on
-   them; its per-step log gives samples/s and the share of step time spent waiting
-   for data (target <= 5%). Baseline in the same run: the same batches through
-   `Trainer.step` in-process with no Redis at all (the compute ceiling); ratio shown.
+   them; its per-step log gives samples/s, s/step and the share of step time spent
+   waiting for data (target <= 5%), and its peak RSS is read when it exits. Baseline in
+   the same run: the same batches through `Trainer.step` in-process with no Redis at all
+   (the compute ceiling); ratio shown.
+   `--model DIR --env SPEC` runs a real model instead, on batches of the environment's
+   own prompts (rendered by the worker's chat codec with the model's tokenizer) and
+   completions of `--completion-tokens` tokens drawn from its vocabulary, e.g.
+   `python -m bench learner --quick --model <SmolLM2 dir> --env arith`.
 2. Weight push. A real CPU policy server (`python -m inference`) is started and the
    learner's `WeightPusher` pushes and verifies successive versions. Baseline: writing
    the same weights with `safetensors.save_file` plus fsync (the disk write alone).
@@ -20,6 +25,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -45,6 +51,65 @@ RUN = "bench-learner"
 GROUP_SIZE, GROUPS_PER_BATCH, PROMPT, COMPLETION = 8, 8, 64, 64
 
 
+@dataclass(frozen=True)
+class Shape:
+    """What a batch looks like: prompts (token ids, cycled over the groups), completion
+    length, group size and groups a step, and the vocabulary completions are drawn from."""
+
+    prompts: tuple[tuple[int, ...], ...]
+    completion: int
+    group_size: int
+    groups_per_batch: int
+    vocab: int
+    label: str
+
+    def describe(self) -> str:
+        lengths = sorted(len(p) for p in self.prompts)
+        prompt = f"{lengths[0]}-{lengths[-1]}" if lengths[0] != lengths[-1] else f"{lengths[0]}"
+        return (
+            f"{self.groups_per_batch} groups x {self.group_size} x ({prompt}+{self.completion}) "
+            f"tokens, {self.label}"
+        )
+
+
+def tiny_shape() -> Shape:
+    rng = np.random.default_rng(1)
+    prompt = tuple(int(x) for x in rng.integers(0, 256, PROMPT))
+    return Shape((prompt,), COMPLETION, GROUP_SIZE, GROUPS_PER_BATCH, 256, "tiny model")
+
+
+def env_shape(model_dir: Path, spec: str, args: argparse.Namespace) -> Shape:
+    """The prompts a worker would send for `spec`'s first episodes, rendered by the worker's
+    own chat codec with `model_dir`'s tokenizer; completions of `--completion-tokens`."""
+    from envs.api import aclose, areset
+    from envs.registry import make
+    from workers.tokens import ChatCodec, load_tokenizer
+
+    tokenizer = load_tokenizer(str(model_dir))
+    codec = ChatCodec(tokenizer)
+
+    async def prompts() -> list[tuple[int, ...]]:
+        out = []
+        for seed in range(args.groups_per_batch):
+            env = make(spec)
+            observation, _ = await areset(env, seed=seed)
+            ids = codec.initial_prompt(
+                observation, getattr(env, "system_prompt", None), getattr(env, "tools", None)
+            )
+            out.append(tuple(ids))
+            await aclose(env)
+        return out
+
+    return Shape(
+        tuple(asyncio.run(prompts())),
+        args.completion_tokens,
+        args.group_size,
+        args.groups_per_batch,
+        len(tokenizer),
+        f"{model_dir.name} on {spec}",
+    )
+
+
 def _free_port() -> int:
     import socket
 
@@ -53,20 +118,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_groups(n: int, vocab: int, seed: int = 0) -> list[TrajectoryGroup]:
+def make_groups(n: int, shape: Shape, seed: int = 0) -> list[TrajectoryGroup]:
     rng = np.random.default_rng(seed)
     out = []
     for g in range(n):
         task = Task(
-            task_id=f"b-{g}", env_spec="toy@{}", group_size=GROUP_SIZE, seed=g, policy_version=0
+            task_id=f"b-{g}",
+            env_spec="toy@{}",
+            group_size=shape.group_size,
+            seed=g,
+            policy_version=0,
         )
+        prompt = np.array(shape.prompts[g % len(shape.prompts)])
         trajs = tuple(
             Trajectory(
                 (
                     Turn(
-                        rng.integers(0, vocab, PROMPT),
-                        rng.integers(0, vocab, COMPLETION),
-                        -rng.uniform(3, 7, COMPLETION),
+                        prompt,
+                        rng.integers(0, shape.vocab, shape.completion),
+                        -rng.uniform(3, 7, shape.completion),
                         0,
                         float(i % 2),
                         True,
@@ -76,7 +146,7 @@ def make_groups(n: int, vocab: int, seed: int = 0) -> list[TrajectoryGroup]:
                 "terminated",
                 sample_index=i,
             )
-            for i in range(GROUP_SIZE)
+            for i in range(shape.group_size)
         )
         out.append(TrajectoryGroup(f"b-{g}", task, trajs, "bench"))
     return out
@@ -105,7 +175,9 @@ def start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
     return proc, f"redis://127.0.0.1:{port}/0"
 
 
-def compute_ceiling(model_dir: Path, groups: list[TrajectoryGroup], steps: int) -> float:
+def compute_ceiling(
+    model_dir: Path, groups: list[TrajectoryGroup], steps: int, per_batch: int
+) -> float:
     """Samples/s of Trainer.step alone on the same batches (median over steps)."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -121,7 +193,7 @@ def compute_ceiling(model_dir: Path, groups: list[TrajectoryGroup], steps: int) 
     rules = BatchRules(Algorithm.GRPO, gamma=1.0, skip_zero_variance=True)
     rates = []
     for s in range(steps + 1):
-        batch = groups[s * GROUPS_PER_BATCH : (s + 1) * GROUPS_PER_BATCH]
+        batch = groups[s * per_batch : (s + 1) * per_batch]
         prepared = prepare_batch(batch, rules, version=0, judge_staleness=False)
         started = time.perf_counter()
         trainer.step(prepared.samples, prepared.num_tokens, len(prepared.samples))
@@ -133,6 +205,8 @@ def compute_ceiling(model_dir: Path, groups: list[TrajectoryGroup], steps: int) 
 def live_run(
     model_dir: Path, url: str, groups: list[TrajectoryGroup], steps: int, tmp: Path
 ) -> dict[str, float]:
+    """The learner process on `groups`: samples/s, s/step, waiting share, peak RSS."""
+
     async def publish() -> None:
         redis = await connect(RedisSettings.from_url(url))
         await Producer(redis).publish(RunKeys(RUN).trajectories(), groups)
@@ -149,8 +223,10 @@ def live_run(
         url,
         "--run",
         RUN,
+        "--group-size",
+        str(len(groups[0].trajectories)),
         "--groups-per-batch",
-        str(GROUPS_PER_BATCH),
+        str(len(groups) // (steps + 1)),
         "--max-steps",
         str(steps + 1),
         "--push-interval",
@@ -160,7 +236,10 @@ def live_run(
         "--checkpoint-interval",
         "1000",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    # The learner is the first child waited for (Redis and the policy server still run),
+    # so the children's peak resident set is the learner's.
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-2000:])
     lines = [line for line in proc.stderr.splitlines() if '"event": "step"' in line]
@@ -170,6 +249,8 @@ def live_run(
     compute = sum(r["compute_s"] for r in records)
     samples = sum(r["samples"] for r in records)
     return {
+        "s_per_step": (stamps[-1] - stamps[0]) / len(records),
+        "peak_rss_mib": peak_kib / 1024,
         "samples_per_s": samples / (stamps[-1] - stamps[0]),  # wall clock, log line to line
         "in_run_compute_samples_per_s": samples / compute,
         "wait_share": wait / (wait + compute),
@@ -281,7 +362,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer steps (under a minute)")
     parser.add_argument("--smoke", action="store_true", help="one timed step and push (CI)")
     parser.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")
+    parser.add_argument(
+        "--model", type=Path, help="a local model directory (default: the tiny model, built)"
+    )
+    parser.add_argument(
+        "--env", help="with --model: batches of this environment's prompts (e.g. arith)"
+    )
+    parser.add_argument("--completion-tokens", type=int, default=12, help="with --env")
+    parser.add_argument("--group-size", type=int, default=8, help="with --env")
+    parser.add_argument("--groups-per-batch", type=int, default=4, help="with --env")
     args = parser.parse_args(argv)
+    if (args.model is None) != (args.env is None):
+        parser.error("--model and --env go together: a real model on one environment's prompts")
     run = report.start("learner", argv)
     steps, pushes = (1, 1) if args.smoke else (4, 3) if args.quick else (15, 10)
     from transformers.utils import logging as hf_logging
@@ -292,8 +384,11 @@ def main(argv: list[str]) -> int:
 
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        model_dir = build_tiny_model(tmp / "model", seed=0)
-        groups = make_groups((steps + 1) * GROUPS_PER_BATCH, vocab=256)
+        if args.model is None:
+            model_dir, shape = build_tiny_model(tmp / "model", seed=0), tiny_shape()
+        else:
+            model_dir, shape = args.model, env_shape(args.model, args.env, args)
+        groups = make_groups((steps + 1) * shape.groups_per_batch, shape)
         with ExitStack() as stack:
             # --smoke starts the policy server first, so that its start-up (seconds of
             # imports) overlaps the live run; a full run keeps the two apart, as both time.
@@ -304,10 +399,12 @@ def main(argv: list[str]) -> int:
             finally:
                 redis.kill()
                 redis.wait(10)
-            ceiling = compute_ceiling(model_dir, groups, steps)
+            ceiling = compute_ceiling(model_dir, groups, steps, shape.groups_per_batch)
             base = early or stack.enter_context(policy_server(model_dir, tmp))
             push, save, size = push_times(base, model_dir, tmp, pushes)
     result: dict[str, Any] = {
+        "s_per_step": round(live["s_per_step"], 3),
+        "learner_peak_rss_mib": round(live["peak_rss_mib"], 1),
         "samples_per_s": round(live["samples_per_s"], 1),
         "compute_only_samples_per_s": round(ceiling, 1),
         "throughput_ratio": round(live["samples_per_s"] / ceiling, 3),
@@ -320,7 +417,7 @@ def main(argv: list[str]) -> int:
         "weight_bytes": size,
         "steps": steps,
         "pushes": pushes,
-        "batch": f"{GROUPS_PER_BATCH} groups x {GROUP_SIZE} x ({PROMPT}+{COMPLETION}) tokens",
+        "batch": shape.describe(),
     }
     return report.emit(run, result, table(result), args.json)
 
@@ -328,12 +425,14 @@ def main(argv: list[str]) -> int:
 def table(result: dict[str, Any]) -> str:
     return "\n".join(
         (
-            f"learner benchmark ({result['batch']}, tiny model, CPU), medians",
+            f"learner benchmark ({result['batch']}, CPU), medians",
             f"{'metric':<34}{'farm':>12}{'baseline':>14}{'ratio':>8}",
             f"{'samples/s (batch always buffered)':<34}{result['samples_per_s']:>12}"
             f"{result['compute_only_samples_per_s']:>14}{result['throughput_ratio']:>8}",
             f"{'  vs Trainer.step time, same run':<34}{result['samples_per_s']:>12}"
             f"{result['in_run_compute_samples_per_s']:>14}{result['in_run_ratio']:>8}",
+            f"{'s/step (wall, log line to line)':<34}{result['s_per_step']:>12}",
+            f"{'learner peak RSS (MiB)':<34}{result['learner_peak_rss_mib']:>12}",
             f"{'share of step time waiting':<34}{result['wait_share']:>12}{'target<=0.05':>14}",
             f"{'weight push + verify (s)':<34}{result['weight_push_s']:>12}"
             f"{result['safetensors_save_fsync_s']:>14}{result['push_ratio']:>8}",
