@@ -172,7 +172,7 @@ async def _demo(args: argparse.Namespace) -> int:
     outcome = await run_farm(cfg, console, time_limit_s=plan.time_limit_s)
     log = cfg.work_dir / "logs" / "learner.log"
     summary = demo.summarize(outcome, time.monotonic() - started, log, began)
-    before, after = demo.eval_scores(plan.eval_dir, plan.row.eval_samples)
+    before, after = demo.eval_scores(plan.eval_dir)
     summary |= {"eval_before": before, "eval_after": after, "settings": plan.settings()}
     paths = demo.write_outputs(cfg.work_dir, summary)
     print((cfg.work_dir / "summary.txt").read_text(), end="")

@@ -77,18 +77,21 @@ def time_to_target(
     return None
 
 
-def eval_scores(eval_dir: Path | None, k: int) -> tuple[dict | None, dict | None]:
+def eval_scores(eval_dir: Path | None) -> tuple[dict | None, dict | None]:
     """The held-out scores (the learner's ``eval-STEP.json`` in `eval_dir`) before training
     (step 0) and at the end (the last step evaluated after it); None where there is none."""
     files = sorted(eval_dir.glob("eval-*.json")) if eval_dir and eval_dir.is_dir() else []
     results = [json.loads(f.read_text()) for f in files]
-    before = next((_scores(r, k) for r in results if r["step"] == 0), None)
-    after = [_scores(r, k) for r in results if r["step"] > 0]
+    before = next((_scores(r) for r in results if r["step"] == 0), None)
+    after = [_scores(r) for r in results if r["step"] > 0]
     return before, after[-1] if after else None
 
 
-def _scores(result: dict[str, Any], k: int) -> dict[str, Any]:
-    """mean@k and pass@k per set (and set/env) of one eval result."""
+def _scores(result: dict[str, Any]) -> dict[str, Any]:
+    """mean@k and pass@k per set (and set/env) of one eval result; k is read off its
+    ``pass_at_K`` figure, so an --eval-samples of the user's own is reported as run."""
+    figures = next(iter(result["sets"].values()), {})
+    k = max((int(key[8:]) for key in figures if key.startswith("pass_at_")), default=1)
     sets = {
         key: {
             "mean_at_k": figures["mean_at_k"],

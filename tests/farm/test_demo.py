@@ -241,7 +241,7 @@ def test_summary_has_the_held_out_score_before_and_after_and_the_settings(tmp_pa
     evals = tmp_path / "evals"
     _eval_file(evals, 0, 0.0625, 0.25)
     _eval_file(evals, 3, 0.65, 0.9)
-    before, after = demo.eval_scores(evals, 4)
+    before, after = demo.eval_scores(evals)
     assert before == {
         "step": 0,
         "k": 4,
@@ -295,10 +295,10 @@ def test_summary_has_the_held_out_score_before_and_after_and_the_settings(tmp_pa
 
 def test_summary_says_when_the_run_ended_before_its_last_evaluation(tmp_path: Path) -> None:
     _eval_file(tmp_path / "evals", 0, 0.0625, 0.25)
-    before, after = demo.eval_scores(tmp_path / "evals", 4)
+    before, after = demo.eval_scores(tmp_path / "evals")
     summary = summarize(_outcome("time limit of 480s reached"), 480.0, tmp_path / "none.log")
     summary |= {"eval_before": before, "eval_after": after}
     text = write_outputs(tmp_path, summary)[2].read_text()
     assert "held-out heldout  mean@4 0.062 -> -, pass@4 0.250 -> -" in text
     assert "held-out score at the end: none (the run stopped before its last step)" in text
-    assert demo.eval_scores(None, 4) == (None, None)
+    assert demo.eval_scores(None) == (None, None)

@@ -15,7 +15,7 @@ import pytest
 from envs.arith import split_problems
 from envs.registry import make
 from farm import demo_settings as table
-from farm.cli import parser
+from farm.cli import main, parser
 from farm.config import FarmConfig
 from farm.demo_plan import plan_demo
 from farm.errors import ConfigError
@@ -117,3 +117,14 @@ def test_demo_defaults_stay_the_toy_on_the_tiny_model_and_refuse_unmeasured_pair
     assert "--eval-tasks" not in plan.cfg.learner_args
     with pytest.raises(ConfigError, match="'smollm2' on 'toy'"):
         _plan(tmp_path, "--model", "smollm2", "--env", "toy")
+
+
+def test_a_model_the_demo_has_no_settings_for_stops_it_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (model := tmp_path / "qwen").mkdir()
+    (model / "config.json").write_text(json.dumps({"hidden_size": 896, "vocab_size": 151936}))
+    assert main(["demo", "--model", str(model), "--work-dir", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"farm: --model {model}: farm demo knows the families"), err
+    assert "train it with `farm up`" in err and not (tmp_path / "run").exists()
