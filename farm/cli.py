@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
 import sys
 import time
 from datetime import datetime
@@ -168,7 +167,7 @@ async def _demo(args: argparse.Namespace) -> int:
     cfg = plan.cfg
     console = Console(log_dir=cfg.work_dir / "logs", echo_children=args.verbose)
     console.line("farm", f"demo in {cfg.work_dir} (logs in {cfg.work_dir / 'logs'})")
-    console.line("farm", f"settings {plan.row_name}: {json.dumps(plan.settings())}")
+    console.line("farm", f"settings {plan.row_name} (measured: {plan.row.measured})")
     outcome = await run_farm(cfg, console, time_limit_s=plan.time_limit_s)
     log = cfg.work_dir / "logs" / "learner.log"
     summary = demo.summarize(outcome, time.monotonic() - started, log, began)

@@ -93,13 +93,17 @@ def plan_demo(
 
 
 def resolve_model(model: Path | None, say: Callable[[str], None]) -> Path | None:
-    """`model` as a directory: a known name (`inference.models.MODELS`) that is not a
-    directory here is converted (once; cached), anything else is used as it is."""
+    """`model` as a directory: a directory is used as it is, a known name
+    (`inference.models.MODELS`) is converted (once; cached), anything else is refused."""
     from inference.models import MODELS, ModelUnavailable, cached_dir, ensure_model, is_converted
 
     name = str(model) if model is not None else ""
-    if model is None or model.exists() or name not in MODELS:
+    if model is None or model.exists():
         return model
+    if name not in MODELS:
+        raise ConfigError(
+            f"--model {name}: not a directory, nor a model name ({', '.join(sorted(MODELS))})"
+        )
     try:
         if not is_converted(cached_dir(name)):
             say(f"converting {name} to a Hugging Face directory (once; about a minute)")

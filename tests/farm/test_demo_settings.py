@@ -128,3 +128,5 @@ def test_a_model_the_demo_has_no_settings_for_stops_it_with_one_line(
     err = capsys.readouterr().err
     assert err.startswith(f"farm: --model {model}: farm demo knows the families"), err
     assert "train it with `farm up`" in err and not (tmp_path / "run").exists()
+    with pytest.raises(ConfigError, match=r"smolm2: not a directory, nor a model name \(smollm2\)"):
+        _plan(tmp_path, "--model", "smolm2")
