@@ -160,6 +160,8 @@ def _plot(path: Path, summary: dict[str, Any]) -> None:
             ]
             ax.plot(steps[window - 1 :], smooth, lw=2, label=f"mean of {window} steps")
         _mark_evals(ax, summary)
+        ax.margins(y=0.15)  # room for the marks' labels
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend(loc="upper left")
         ax.set_xlabel("learner step")
         ax.set_ylabel("mean reward of the batch")
