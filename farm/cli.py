@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import sys
 import time
 from datetime import datetime
@@ -53,9 +54,14 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--dry-run", action="store_true", help="print every command it would run, start nothing"
     )
-    demo = sub.add_parser("demo", help="train the toy environment and plot the reward")
+    demo = sub.add_parser(
+        "demo",
+        help="train an environment (the toy; with --model smollm2, arith) and plot the reward",
+    )
     _config_flags(demo)
-    demo.add_argument("--time-limit-s", type=float, help="stop training after (s; default 270)")
+    demo.add_argument(
+        "--time-limit-s", type=float, help="stop training after (s; default: the settings' own)"
+    )
     demo.add_argument("--verbose", action="store_true", help="show the children's logs")
     status = sub.add_parser("status", help="a running farm's state from Redis")
     add_flags(status, RunSection, _STATUS)
@@ -151,27 +157,22 @@ async def _up(args: argparse.Namespace) -> int:
 async def _demo(args: argparse.Namespace) -> int:
     from farm import demo
     from farm.app import run_farm
-    from farm.config import load_config
     from farm.console import Console
+    from farm.demo_plan import plan_demo
 
-    kwargs = flag_values(args, FarmConfig)
-    kwargs["work_dir"] = kwargs["work_dir"] or demo.default_output_dir()
-    kwargs["max_steps"] = kwargs["max_steps"] or demo.DEMO_MAX_STEPS
-    if kwargs["stop_when_solved"] is None:  # the demo ends once the toy is solved
-        kwargs["stop_when_solved"] = True
-    kwargs["worker_args"] = [*demo.DEMO_WORKER_ARGS, *(kwargs["worker_args"] or [])]
-    cfg = load_config(args.config, **kwargs)
-    # the demo's settings for the environment (known once the file is read) go first: the
-    # user's own learner arguments override them
-    cfg = cfg.model_copy(
-        update={"learner_args": [*demo.learner_args(cfg.env_spec), *cfg.learner_args]}
-    )
+    started, began = time.monotonic(), datetime.now()  # model set-up counts in the wall time
+    say = functools.partial(print, "[farm]", flush=True)
+    flags = flag_values(args, FarmConfig)
+    plan = await asyncio.to_thread(plan_demo, args.config, flags, args.time_limit_s, say)
+    cfg = plan.cfg
     console = Console(log_dir=cfg.work_dir / "logs", echo_children=args.verbose)
     console.line("farm", f"demo in {cfg.work_dir} (logs in {cfg.work_dir / 'logs'})")
-    started, began = time.monotonic(), datetime.now()
-    outcome = await run_farm(cfg, console, time_limit_s=args.time_limit_s or demo.DEMO_TIME_LIMIT_S)
+    console.line("farm", f"settings {plan.row_name} (measured: {plan.row.measured})")
+    outcome = await run_farm(cfg, console, time_limit_s=plan.time_limit_s)
     log = cfg.work_dir / "logs" / "learner.log"
     summary = demo.summarize(outcome, time.monotonic() - started, log, began)
+    before, after = demo.eval_scores(plan.eval_dir)
+    summary |= {"eval_before": before, "eval_after": after, "settings": plan.settings()}
     paths = demo.write_outputs(cfg.work_dir, summary)
     print((cfg.work_dir / "summary.txt").read_text(), end="")
     print("wrote " + ", ".join(str(p) for p in paths))

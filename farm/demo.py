@@ -17,7 +17,6 @@ and prints where they are. matplotlib is imported only here, after the run.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -25,54 +24,8 @@ from typing import Any
 
 from farm.app import FarmOutcome
 
-# Settings the toy task learns with on two CPU cores within a few minutes: 16 prompts x 8
-# samples a step, lr 3e-3 after a 10-step warm-up. In-process (tests/learner/inprocess.py),
-# seeds 0-2 reached a 10-step mean of 0.6 at steps 55, 51 and 57; 4 prompts a step took
-# 200+ steps or stalled, and lr 5e-3 or 1e-2 collapsed onto wrong answers on one seed of three.
-DEMO_LEARNER_ARGS = [
-    "--group-size",
-    "8",
-    "--groups-per-batch",
-    "16",
-    "--learning-rate",
-    "3e-3",
-    "--lr-warmup-steps",
-    "10",
-    "--max-staleness",
-    "1",
-    "--checkpoint-interval",
-    "1000",
-]
-# Added per environment. lookup must copy the tool's answer from its second turn: an entropy
-# bonus and an lr decayed over the run keep it from collapsing on a wrong digit first
-# (in-process, seeds 0-2: last 10-step mean 0.94, 0.92, 0.69 after 250 steps; see
-# tests/learner/test_learning.py).
-ENV_LEARNER_ARGS = {
-    "lookup": [
-        "--entropy-coef",
-        "0.03",
-        "--lr-schedule",
-        "cosine",
-        "--lr-decay-steps",
-        "250",
-        "--min-lr-ratio",
-        "0.1",
-    ],
-}
-DEMO_MAX_STEPS, DEMO_TIME_LIMIT_S = 500, 270.0
 # The demo's goal: the mean reward of 10 consecutive steps reaching this (its summary says when).
 TARGET_REWARD = 0.6
-# One token: the toy answer is one digit, and the worker restricts sampling to digits.
-DEMO_WORKER_ARGS = ["--max-tokens", "1", "--temperature", "1.0"]
-
-
-def learner_args(env_spec: str) -> list[str]:
-    """The demo's learner settings for `env_spec` (name@kwargs), before the user's own."""
-    return [*DEMO_LEARNER_ARGS, *ENV_LEARNER_ARGS.get(env_spec.partition("@")[0], [])]
-
-
-def default_output_dir() -> Path:
-    return Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
 
 
 def learner_events(log: Path, kind: str) -> Iterator[tuple[datetime, dict[str, Any]]]:
@@ -124,6 +77,33 @@ def time_to_target(
     return None
 
 
+def eval_scores(eval_dir: Path | None) -> tuple[dict | None, dict | None]:
+    """The held-out scores (the learner's ``eval-STEP.json`` in `eval_dir`) before training
+    (step 0) and at the end (the last step evaluated after it); None where there is none."""
+    files = sorted(eval_dir.glob("eval-*.json")) if eval_dir and eval_dir.is_dir() else []
+    results = [json.loads(f.read_text()) for f in files]
+    before = next((_scores(r) for r in results if r["step"] == 0), None)
+    after = [_scores(r) for r in results if r["step"] > 0]
+    return before, after[-1] if after else None
+
+
+def _scores(result: dict[str, Any]) -> dict[str, Any]:
+    """mean@k and pass@k per set (and set/env) of one eval result; k is read off its
+    ``pass_at_K`` figure, so an --eval-samples of the user's own is reported as run."""
+    figures = next(iter(result["sets"].values()), {})
+    k = max((int(key[8:]) for key in figures if key.startswith("pass_at_")), default=1)
+    sets = {
+        key: {
+            "mean_at_k": figures["mean_at_k"],
+            "pass_at_1": figures["pass_at_1"],
+            "pass_at_k": figures[f"pass_at_{k}"],
+            "scored_rows": int(figures["scored_rows"]),
+        }
+        for key, figures in result["sets"].items()
+    }
+    return {"step": result["step"], "k": k, "missing_rows": result["missing_rows"], "sets": sets}
+
+
 def summarize(
     outcome: FarmOutcome, wall_s: float, log: Path, started: datetime | None = None
 ) -> dict[str, Any]:
@@ -154,19 +134,20 @@ def summarize(
 def write_outputs(out_dir: Path, summary: dict[str, Any]) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     png = out_dir / "reward_curve.png"
-    _plot(png, summary["history"])
+    _plot(png, summary)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     text = out_dir / "summary.txt"
     text.write_text(_text(summary))
     return [png, out_dir / "summary.json", text]
 
 
-def _plot(path: Path, history: list[dict[str, float]]) -> None:
+def _plot(path: Path, summary: dict[str, Any]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    history = summary["history"]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     try:
         steps = [h["step"] for h in history]
@@ -178,15 +159,38 @@ def _plot(path: Path, history: list[dict[str, float]]) -> None:
                 sum(rewards[i - window : i]) / window for i in range(window, len(rewards) + 1)
             ]
             ax.plot(steps[window - 1 :], smooth, lw=2, label=f"mean of {window} steps")
+        _mark_evals(ax, summary)
+        ax.margins(y=0.15)  # room for the marks' labels
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend(loc="upper left")
         ax.set_xlabel("learner step")
         ax.set_ylabel("mean reward of the batch")
-        ax.set_title("farm demo: tiny model on CPU")
+        row = summary.get("settings", {}).get("row", "tiny model")
+        ax.set_title(f"farm demo: {row} on CPU")
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
         fig.savefig(path)
     finally:
         plt.close(fig)
+
+
+def _mark_evals(ax: Any, summary: dict[str, Any]) -> None:
+    """The held-out mean@k before (at its step, 0) and after training, as labelled points."""
+    for when, color in (("eval_before", "tab:red"), ("eval_after", "tab:green")):
+        result = summary.get(when)
+        for name, figures in (result or {}).get("sets", {}).items():
+            if "/" in name:  # the per-environment figures repeat a one-environment set's
+                continue
+            score = figures["mean_at_k"]
+            label = f"{name} mean@{result['k']} {when[5:]}: {score:.2f}"
+            ax.scatter([result["step"]], [score], s=80, marker="D", color=color, label=label)
+            ax.annotate(
+                f"{score:.2f}",
+                (result["step"], score),
+                textcoords="offset points",
+                xytext=(6, 6),
+                color=color,
+            )
 
 
 def _target(summary: dict[str, Any]) -> str:
@@ -207,4 +211,43 @@ def _text(summary: dict[str, Any]) -> str:
         f"reward {summary['target_reward']} (10-step mean) {_target(summary)}\n"
         f"wall time          {summary['wall_s']} s\n"
         f"stopped because    {summary['stop_reason']}\n"
+        + "".join(_eval_lines(summary))
+        + "".join(_settings_lines(summary.get("settings")))
     )
+
+
+def _eval_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per held-out set: mean@k and pass@k before and after training."""
+    before, after = summary.get("eval_before"), summary.get("eval_after")
+    if before is None and after is None:
+        return []
+    names = sorted({*(before or {}).get("sets", {}), *(after or {}).get("sets", {})})
+    k = (before or after or {})["k"]
+    lines = []
+    for name in (n for n in names if "/" not in n):
+
+        def fig(result: dict | None, metric: str, name: str = name) -> str:
+            figures = (result or {}).get("sets", {}).get(name)
+            return "-" if figures is None else f"{figures[metric]:.3f}"
+
+        lines.append(
+            f"held-out {name}  mean@{k} {fig(before, 'mean_at_k')} -> {fig(after, 'mean_at_k')}, "
+            f"pass@{k} {fig(before, 'pass_at_k')} -> {fig(after, 'pass_at_k')}\n"
+        )
+    if after is None:
+        lines.append("held-out score at the end: none (the run stopped before its last step)\n")
+    return lines
+
+
+def _settings_lines(settings: dict[str, Any] | None) -> list[str]:
+    if not settings:
+        return []
+    return [
+        f"model              {settings['model']} ({settings['model_family']})\n",
+        f"environment        {settings['env_spec']}\n",
+        f"settings           {settings['row']}: max steps {settings['max_steps']}, "
+        f"time limit {settings['time_limit_s']:.0f} s\n",
+        f"  learner          {' '.join(settings['learner_args'])}\n",
+        f"  workers          {' '.join(settings['worker_args'])}\n",
+        f"  measured by      {settings['measured']}\n",
+    ]

@@ -1,5 +1,5 @@
-"""`farm demo`: the run ends once solved (or on the learner's last step) and leaves a curve
-and a summary.
+"""`farm demo`: the run ends once solved (or on the learner's last step) and leaves a curve,
+the held-out score before and after training, and a summary.
 
 The end-to-end test runs the real stack for a few learner steps (not the full
 demo: the rise in reward is the demo's own output, measured in docs/farm.md);
@@ -23,6 +23,7 @@ from farm import demo
 from farm.app import FarmOutcome
 from farm.demo import learner_history, summarize, write_outputs
 from farm.stack import Stack
+from learner.evaluation import EvalResult, report
 from tests.cluster import LocalCluster
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -73,9 +74,11 @@ def test_summary_and_outputs(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_demo_runs_the_stack_to_the_last_step_and_writes_its_outputs(
+def test_demo_runs_the_stack_to_the_last_step_and_scores_the_held_out_split_first_and_last(
     tmp_path: Path, tiny_model: Path
 ) -> None:
+    """On `arith` (the tiny model's catch-all settings row), the learner scores the 20
+    held-out problems before its first step and after its last, and the summary has both."""
     out = tmp_path / "demo"
     result = subprocess.run(
         [
@@ -87,6 +90,14 @@ def test_demo_runs_the_stack_to_the_last_step_and_writes_its_outputs(
             str(out),
             "--workers",
             "1",
+            "--env",
+            "arith",
+            "--max-steps",
+            "2",
+            # the random model scores 0 on every sum: train on such groups all the same, with an
+            # entropy bonus so that the gradient is not zero (a zero one is not a step)
+            "--learner-arg=--no-skip-zero-variance",
+            "--learner-arg=--entropy-coef=0.01",
             # the demo stops once solved: a 1-batch mean reward >= 0 held for 2 batches is
             # "solved" at the second batch, as a 0.95 10-batch mean would be on a solved toy
             "--solved-reward",
@@ -115,6 +126,14 @@ def test_demo_runs_the_stack_to_the_last_step_and_writes_its_outputs(
     assert f"wrote {out / 'reward_curve.png'}" in result.stdout
     assert "steps trained      2" in result.stdout
     assert "stopped because    solved: the 1-batch mean reward" in result.stdout
+    before, after = summary["eval_before"], summary["eval_after"]
+    assert (before["step"], after["step"], before["k"]) == (0, 2, 4), summary
+    for scores in (before, after):
+        assert scores["missing_rows"] == 0
+        assert scores["sets"]["heldout/arith"]["scored_rows"] == 20
+    assert summary["settings"]["row"] == "tiny/*"
+    assert "held-out heldout  mean@4 " in result.stdout
+    assert "settings           tiny/*: max steps 2, time limit 200 s" in result.stdout
 
 
 @pytest.mark.slow
@@ -202,8 +221,84 @@ def test_summary_says_when_the_ten_step_mean_first_reached_the_target(tmp_path: 
     assert short["target_step"] is None and short["target_s"] is None
 
 
-def test_the_demo_adds_an_environments_own_learner_settings() -> None:
-    assert demo.learner_args('toy@{"difficulty": 0}') == demo.DEMO_LEARNER_ARGS
-    lookup = demo.learner_args('lookup@{"max_turns": 2}')
-    assert lookup[: len(demo.DEMO_LEARNER_ARGS)] == demo.DEMO_LEARNER_ARGS
-    assert lookup[lookup.index("--entropy-coef") + 1] == "0.03"
+def _eval_file(eval_dir: Path, step: int, mean: float, pass_k: float) -> None:
+    """An eval-STEP.json as the learner writes it (`learner.evaluation.report`)."""
+    figures = {"rows": 20.0, "scored_rows": 20.0, "mean_at_k": mean, "pass_at_1": mean / 2}
+    figures["pass_at_4"] = pass_k
+    sets = {"heldout": figures, "heldout/arith": figures}
+    report(EvalResult(step, step, 3.0, 20, 0, (step, step), sets), eval_dir)
+
+
+def test_summary_has_the_held_out_score_before_and_after_and_the_settings(tmp_path: Path) -> None:
+    log = tmp_path / "learner.log"
+    log.write_text(
+        "".join(
+            f"2026-11-21 23:30:{10 + i:02d},000 INFO learner "
+            f'{{"event": "step", "step": {i + 1}, "reward_mean": {r}}}\n'
+            for i, r in enumerate([0.1, 0.3, 0.6])
+        )
+    )
+    evals = tmp_path / "evals"
+    _eval_file(evals, 0, 0.0625, 0.25)
+    _eval_file(evals, 3, 0.65, 0.9)
+    before, after = demo.eval_scores(evals)
+    assert before == {
+        "step": 0,
+        "k": 4,
+        "missing_rows": 0,
+        "sets": {
+            key: {"mean_at_k": 0.0625, "pass_at_1": 0.03125, "pass_at_k": 0.25, "scored_rows": 20}
+            for key in ("heldout", "heldout/arith")
+        },
+    }
+    assert after is not None and after["step"] == 3
+    assert after["sets"]["heldout"]["pass_at_k"] == 0.9
+    settings = {
+        "model": "/m",
+        "model_family": "smollm2",
+        "env_spec": "arith",
+        "row": "smollm2/arith",
+        "measured": "seeds 0-2",
+        "max_steps": 3,
+        "time_limit_s": 480.0,
+        "learner_args": ["--learning-rate", "2e-05"],
+        "worker_args": ["--max-tokens", "12"],
+    }
+    summary = summarize(_outcome("learner finished"), 12.0, log)
+    summary |= {"eval_before": before, "eval_after": after, "settings": settings}
+    png, data, text = write_outputs(tmp_path / "out", summary)
+    written = json.loads(data.read_text())
+    assert written["eval_after"]["sets"]["heldout"]["mean_at_k"] == 0.65
+    assert written["settings"]["learner_args"] == ["--learning-rate", "2e-05"]
+    lines = text.read_text().splitlines()
+    assert "held-out heldout  mean@4 0.062 -> 0.650, pass@4 0.250 -> 0.900" in lines
+    assert "settings           smollm2/arith: max steps 3, time limit 480 s" in lines
+    assert "  learner          --learning-rate 2e-05" in lines
+    assert png.read_bytes().startswith(PNG_MAGIC)
+    # the plot marks the set's score before (at step 0) and after (at its step)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    try:
+        demo._mark_evals(ax, summary)
+        marks = [(c.get_label(), c.get_offsets().tolist()) for c in ax.collections]
+    finally:
+        plt.close(fig)
+    assert marks == [
+        ("heldout mean@4 before: 0.06", [[0.0, 0.0625]]),
+        ("heldout mean@4 after: 0.65", [[3.0, 0.65]]),
+    ]
+
+
+def test_summary_says_when_the_run_ended_before_its_last_evaluation(tmp_path: Path) -> None:
+    _eval_file(tmp_path / "evals", 0, 0.0625, 0.25)
+    before, after = demo.eval_scores(tmp_path / "evals")
+    summary = summarize(_outcome("time limit of 480s reached"), 480.0, tmp_path / "none.log")
+    summary |= {"eval_before": before, "eval_after": after}
+    text = write_outputs(tmp_path, summary)[2].read_text()
+    assert "held-out heldout  mean@4 0.062 -> -, pass@4 0.250 -> -" in text
+    assert "held-out score at the end: none (the run stopped before its last step)" in text
+    assert demo.eval_scores(None) == (None, None)
