@@ -47,7 +47,9 @@ class FarmConfig(RunFields, RoleConfig):
         0, ge=0, le=65535, description="first inference server's port, +1 per server (0: free)"
     )
     model: Path | None = Field(
-        None, description="Hugging Face model directory; None builds the tiny model in work_dir"
+        None,
+        description="Hugging Face model directory (farm demo also takes the name smollm2); "
+        "None builds the tiny model in work_dir",
     )
     workers: int = Field(2, ge=0, le=256, description="worker processes")
     worker_concurrency: int | None = Field(
