@@ -83,6 +83,10 @@ _TAG_PROMPT = (
     "answer with the number."
 )
 SYSTEM_PROMPTS = {"hermes": _ASK, "hermes_example": _ASK + _EXAMPLE, "tag": _TAG_PROMPT}
+_CALLS = {
+    "hermes": '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>',
+    "tag": "<calc>%s</calc>",
+}
 
 
 class CalcConfig(pydantic.BaseModel):
@@ -102,6 +106,12 @@ class CalcConfig(pydantic.BaseModel):
     heldout_size: int = pydantic.Field(40, ge=1, le=1000, description="problems held out")
     require_tool: bool = pydantic.Field(
         True, description="a right answer scores only after a successful calculator call"
+    )
+    instructions: bool = pydantic.Field(
+        True, description="hermes: a system prompt asking for the tool (else SmolLM2's default)"
+    )
+    shots: int = pydantic.Field(
+        0, ge=0, le=4, description="worked exchanges (call, result, answer) before the question"
     )
     max_turns: int = pydantic.Field(
         3, ge=1, le=16, description="actions before the episode is truncated"
@@ -127,6 +137,32 @@ def question(problem: Problem, problems: str) -> str:
     return f"What is {symbol.join(map(str, problem))}?"
 
 
+@functools.lru_cache(maxsize=32)
+def shots(problems: str, style: str, count: int) -> tuple[dict[str, str], ...]:
+    """`count` worked exchanges, as earlier turns of the conversation: a question, the call in
+    `style`'s syntax, its result and the bare answer. Drawn from a seed of their own and never
+    a held-out problem (the held-out split of any size is a prefix of the 1000 drawn here); the
+    same in every episode, so the prompt's prefix is shared."""
+    rng, held = (
+        random.Random(f"{SPLIT_SEED}/shots/{problems}"),
+        set(heldout_problems(problems, 1000)),
+    )
+    messages: list[dict[str, str]] = []
+    while len(messages) < 4 * count:
+        problem = _draw(rng, problems)
+        if problem in held:
+            continue
+        ask, result = question(problem, problems), str(answer_of(problem, problems))
+        call = _CALLS["tag" if style == "tag" else "hermes"] % ask[8:-1]
+        messages += [
+            {"role": "user", "content": ask},
+            {"role": "assistant", "content": call},
+            {"role": "tool", "content": result},
+            {"role": "assistant", "content": result},
+        ]
+    return tuple(messages)
+
+
 def answer_of(problem: Problem, problems: str) -> int:
     if problems.startswith("mul"):
         return functools.reduce(lambda a, b: a * b, problem)
@@ -149,7 +185,8 @@ class CalcEnv(Env):
         self.config = config or CalcConfig()
         c = self.config
         self.heldout = heldout_problems(c.problems, c.heldout_size)
-        self.system_prompt = SYSTEM_PROMPTS[c.style]
+        plain = c.style == "hermes" and not c.instructions
+        self.system_prompt = None if plain else SYSTEM_PROMPTS[c.style]
         self.tools = None if c.style == "tag" else [CALCULATOR_SCHEMA]
         self._answer: int | None = None
         self._turns = 0
@@ -170,7 +207,8 @@ class CalcEnv(Env):
             problem = self._train_problem(seed)
         self._answer, self._turns, self._used_tool = answer_of(problem, c.problems), 0, False
         info = {"split": c.split, "problem": question(problem, c.problems)[8:-1]}
-        return question(problem, c.problems), info
+        ask = {"role": "user", "content": question(problem, c.problems)}
+        return [*shots(c.problems, c.style, c.shots), ask], info
 
     def _train_problem(self, seed: int | None) -> Problem:
         rng, held = random.Random(seed), set(self.heldout)
@@ -189,7 +227,7 @@ class CalcEnv(Env):
             said = final_number(parsed.content if self.config.style != "tag" else str(action))
             correct = said == self._answer and (self._used_tool or not self.config.require_tool)
             self._answer = None
-            info.update(correct=correct, used_tool=self._used_tool)
+            info.update(correct=correct, used_tool=self._used_tool, said=_text(said))
             return "", 1.0 if correct else 0.0, True, False, info
         observation = self._run_calls(parsed, info)
         if self._turns >= self.config.max_turns:
@@ -230,6 +268,10 @@ def _expression(call: ToolCall) -> str:
     if not isinstance(args, dict) or set(args) != {"expression"}:
         raise CalculatorError('calculator takes one argument: {"expression": "..."}')
     return args["expression"]
+
+
+def _text(number: int | None) -> str | None:
+    return None if number is None else str(number)
 
 
 def _tool_message(content: str, call_id: str) -> dict[str, Any]:
