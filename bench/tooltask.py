@@ -1,6 +1,6 @@
 """Tool-task benchmark: how a base model does on a multi-turn tool environment before training.
 
-For each environment spec (default: the `calc` variants the docs compare), `--problems`
+For each environment spec (default: three of the `calc` prompts docs/envs.md compares), `--problems`
 held-out problems (rows ``{"index": i}``, `envs.calc.split_lines`) are run `--k` times each
 through the workers' own episode code (`workers.group.run_group`: the model's chat template
 via `ChatCodec`, the run's tool parser via `AnswerReader`, the environment's turns) against the
@@ -44,10 +44,10 @@ from workers.episode import EpisodeContext
 from workers.group import run_group
 from workers.tokens import load_codec
 
-SPECS = (
-    'calc@{"style": "hermes"}',
-    'calc@{"style": "hermes_example"}',
-    'calc@{"style": "tag"}',
+SPECS = (  # the chosen prompt, the same without worked exchanges, and the easy tag syntax
+    'calc@{"shots": 2}',
+    'calc@{"shots": 0}',
+    'calc@{"style": "tag", "shots": 2}',
 )
 
 
