@@ -24,9 +24,9 @@ How a call is written is the ``style``:
 ``shots`` worked exchanges (a question, the call, its result, the bare answer) come first, as
 earlier turns of the conversation. Why the defaults (``hermes``, instructions, two shots,
 3-digit by 2-digit products): on SmolLM2 at temperature 1 (`python -m bench tooltask`,
-docs/envs.md), with no shots the base model never called the tool in any style, and with one
-it hardly does; with two Hermes shots it calls in about a quarter of the episodes and succeeds
-in about one in six, and a right call nearly always led to a right answer, so what RL has to
+docs/envs.md), with no shots (in any style) or one the base model never called the tool;
+with two Hermes shots it calls in about a quarter of the episodes and succeeds
+in about one in seven (14%), and a right call nearly always led to a right answer, so what RL has to
 teach is the call itself. The ``<calc>`` tag with two shots already succeeds in three of four:
 little left to learn.
 
