@@ -227,3 +227,27 @@ async def test_worked_exchanges_come_before_the_question_and_are_never_held_out(
     assert evaluate(call.arguments["expression"]) == first[2]["content"] == first[3]["content"]
     tag = envs.make('calc@{"style": "tag", "shots": 1}')
     assert (await envs.areset(tag, seed=1))[0][1]["content"].startswith("<calc>")
+
+
+async def test_the_prompt_renders_with_smollm2s_tools_template_as_the_worker_renders_it() -> None:
+    from inference.models import SMOLLM2_TOOLS_TEMPLATE
+    from inference.tiny import build_tokenizer
+    from workers.tokens import ChatCodec
+
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = SMOLLM2_TOOLS_TEMPLATE
+    codec = ChatCodec(tokenizer)
+    env = envs.make("calc")
+    first, info = await envs.areset(env, seed=5)
+    prompt = codec.initial_prompt(first, env.system_prompt, env.tools)  # type: ignore[attr-defined]
+    text = codec.decode(prompt, skip_special=False)
+    assert text.startswith("<|im_start|>system\nUse the calculator tool")
+    assert '"name": "calculator"' in text.split("\n</tools>")[0]  # the schema, Hermes style
+    assert text.count("<tool_call>") == 4  # the template's two in its format lines, two shots
+    assert text.count("<tool_response>") == 2
+    assert text.endswith(
+        f"<|im_start|>user\nWhat is {info['problem']}?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    obs, *_ = await envs.astep(env, hermes(CALL % info["problem"]))
+    after = codec.decode(codec.observation_ids(obs), skip_special=False)
+    assert f"<tool_response>\n{obs[0]['content']}\n</tool_response>" in after
