@@ -37,6 +37,7 @@ _BUILTINS: dict[str, str] = {
     "toy": "envs.toy:make_toy",
     "lookup": "envs.lookup:make_lookup",
     "arith": "envs.arith:make_arith",
+    "calc": "envs.calc:make_calc",
     "http": "envs.http:make_http_env",
     "code": "envs.code:make_code_env",
     "codegym": "envs.codegym:make_codegym_env",

@@ -36,6 +36,7 @@ SMOKES = {
     "lora": ([], "push per version (s)", ()),
     "sandbox": ([], "speed-up vs docker exec", ("docker",)),
     "soak": ([], "nothing lost:", ()),
+    "tooltask": ([], "| spec | episodes | tool call |", ()),
     "workers": ([], "sync batch-barrier loop", ()),
 }
 MARKS = {"bwrap": pytest.mark.bwrap, "docker": pytest.mark.docker}

@@ -96,7 +96,7 @@ def test_spec_without_kwargs_and_sandbox_ignored_when_not_taken() -> None:
 @pytest.mark.parametrize(
     ("spec", "fragments"),
     [
-        ("nope", ["unknown environment 'nope'", "registered: agent, arith, code, codegym"]),
+        ("nope", ["unknown environment 'nope'", "registered: agent, arith, calc, code, codegym"]),
         ("toy@{bad json", ["not valid JSON"]),
         ("codegym", ["missing a required argument: 'env'", "accepted kwargs: env (required)"]),
         (
