@@ -220,11 +220,9 @@ class AgentEndpoint:
             raise ApiError(f"inference failed: {exc}", status=503) from None
         finally:
             record.inference_s += time.monotonic() - t0
-        kwargs = {**self.codec.template_kwargs, **(req.chat_template_kwargs or {})}
-        answer = self.reader.read(
-            gen.token_ids, thinking=kwargs.get("enable_thinking", True) is not False
-        )
-        record.record(prompt, gen, params.distribution(), answer.reasoning_tokens)
+        answer = None if self.reader.plain else self._read(req, gen.token_ids)
+        reasoning = answer.reasoning_tokens if answer is not None else 0
+        record.record(prompt, gen, params.distribution(), reasoning)
         text = ChoiceText(self._decoder(req.skip_special_tokens), req.stop_strings())
         text.feed(gen.token_ids, final=True)
         parsed = (
@@ -310,11 +308,19 @@ class AgentEndpoint:
             episode.renders[key] = ids
         return list(ids)
 
+    def _read(self, req: ChatCompletionRequest, token_ids: list[int]) -> Answer:
+        """The completion read by the run's reasoning and tool parsers (not for a plain
+        reader: its answer is the text, which the call decodes anyway)."""
+        kwargs = {**self.codec.template_kwargs, **(req.chat_template_kwargs or {})}
+        return self.reader.read(
+            token_ids, thinking=kwargs.get("enable_thinking", True) is not False
+        )
+
     def _parsed(
-        self, req: ChatCompletionRequest, text: ChoiceText, answer: Answer
+        self, req: ChatCompletionRequest, text: ChoiceText, answer: Answer | None
     ) -> ParsedMessage:
         """The reply: reasoning, content and tool calls, read with the run's parsers."""
-        if self.reader.plain:
+        if answer is None:
             if req.parses_tools():
                 return extract_tool_calls(text.text)
             return ParsedMessage(text.text, [])
