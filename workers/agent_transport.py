@@ -21,6 +21,8 @@ from inference.openai.reply import JSON_TYPE
 from inference.openai.sse import SSE_HEADERS
 from workers.agent_endpoint import AgentEndpoint
 
+_JSON = JSON_TYPE.encode()
+
 
 class _Frames(httpx.AsyncByteStream):
     """A streamed reply's frames as httpx reads a response body."""
@@ -46,9 +48,12 @@ class EndpointTransport(httpx.AsyncBaseTransport):
         raw = await request.aread()
         auth = request.headers.get("authorization", "")
         reply = await self._endpoint.answer(request.method, request.url.path, auth, raw)
-        if reply.events is None:
-            headers = {"Content-Type": JSON_TYPE}
-            return httpx.Response(reply.status, headers=headers, content=reply.body)
+        if reply.events is None:  # the body as a stream: `content=` would decode it here too
+            length = str(len(reply.body)).encode()
+            headers = [(b"Content-Type", _JSON), (b"Content-Length", length)]
+            return httpx.Response(
+                reply.status, headers=headers, stream=httpx.ByteStream(reply.body)
+            )
         return httpx.Response(reply.status, headers=SSE_HEADERS, stream=_Frames(reply.events))
 
 
