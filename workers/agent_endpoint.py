@@ -18,9 +18,11 @@ kwargs under the request's `chat_template_kwargs`. A forced `tool_choice` (`requ
 function) puts the model's call opener at the end of the prompt (`inference.openai.tool_choice`),
 so what is recorded as completion is only what was sampled.
 
-Streaming: the generation client returns a whole completion, so a streamed answer is sent as
-OpenAI's chunk sequence (role, content, closing delta with the tool calls, usage, `[DONE]`)
-once the completion is generated.
+Transports: `answer(method, path, authorization, body)` builds the answer as a transport-free
+`Reply` (`inference.openai.reply`); the aiohttp routes (TCP, and a sandbox session's Unix
+socket) send it, and `workers.agent_transport` hands it to an agent in this process with no
+HTTP at all. Streaming: the generation client returns a whole completion, so a streamed answer
+is sent as OpenAI's chunk sequence (`workers.agent_stream`) once the completion is generated.
 """
 
 from __future__ import annotations
