@@ -387,6 +387,12 @@ def _table(cpu: dict, loop: str, capped: dict, conc: dict, cmp: dict, *, sbx: di
             for name in other
         ),
         (
+            "  of which the episode loop alone",
+            f"{main['loop_only_cpu_us']:.0f} us",
+            "",
+            "codec, env API, bookkeeping, metrics; no HTTP (instant in-process generator)",
+        ),
+        (
             "agent endpoint CPU per chat call (in-process)",
             f"{main['endpoint_cpu_us_per_call']:.0f} us",
             "<= 1.5x generate",
@@ -399,12 +405,6 @@ def _table(cpu: dict, loop: str, capped: dict, conc: dict, cmp: dict, *, sbx: di
             "",
             "an agent with its own HTTP client; the in-process agent skips this hop (ratio "
             f"{main['endpoint_http_cpu_us_per_call'] / main['generate_cpu_us_per_call']:.2f}x)",
-        ),
-        (
-            "  of which the episode loop alone",
-            f"{main['loop_only_cpu_us']:.0f} us",
-            "",
-            "codec, env API, bookkeeping, metrics; no HTTP (instant in-process generator)",
         ),
         *_sandbox_rows(sbx),
         *_conc_rows(capped, f"client default pool ({capped['pool']} conns)"),
