@@ -41,10 +41,10 @@ from aiohttp import web
 from broker.messages import mix_seed
 from inference.client import Generation, Generator, SamplingParams
 from inference.errors import InferenceError
-from inference.openai.body import json_body, json_object, validate
+from inference.openai.body import json_body
 from inference.openai.errors import ApiError
 from inference.openai.models import ChatCompletionRequest
-from inference.openai.render import render_chat_request, template_arguments, template_messages
+from inference.openai.render import template_arguments
 from inference.openai.reply import Reply, send
 from inference.openai.responses import Generated, OutputFormat, chat_choice, usage
 from inference.openai.responses_api import ResponseStore
@@ -53,6 +53,7 @@ from inference.openai.schema import ChatCompletionResponse
 from inference.openai.text import ChoiceText
 from inference.openai.tool_choice import check_template, forced_call_text, is_forced
 from inference.openai.tools import ParsedMessage, extract_tool_calls, openai_calls
+from workers.agent_history import MessageCache
 from workers.agent_record import Continuation, EpisodeRecord, reply_key
 from workers.agent_stream import Call, chat_frames
 from workers.answers import Answer, AnswerReader
@@ -88,6 +89,7 @@ class _Episode:
     # what the template made of a call's conversation: its render key -> its prompt ids
     renders: dict[bytes, tuple[int, ...]] = field(default_factory=dict)
     responses: ResponseStore = field(default_factory=ResponseStore)  # for previous_response_id
+    history: MessageCache = field(default_factory=MessageCache)  # the last call's messages
 
 
 class AgentEndpoint:
@@ -191,7 +193,7 @@ class AgentEndpoint:
         return Reply.json({"object": "list", "data": [model]})
 
     async def _chat(self, episode: _Episode, raw: bytes) -> Reply:
-        req = chat_request(json_body(raw))
+        req = episode.history.request(json_body(raw))
         call = await self._complete(episode, req)
         if req.stream:
             return Reply.stream(chat_frames(req, call))
@@ -199,7 +201,7 @@ class AgentEndpoint:
 
     async def _responses(self, episode: _Episode, raw: bytes) -> Reply:
         async def complete(body: dict[str, Any]) -> dict[str, Any]:
-            req = chat_request(body)
+            req = episode.history.request(body)
             return _completion(req, await self._complete(episode, req)).model_dump(mode="json")
 
         return await answer_responses(raw, episode.responses, complete)
@@ -272,7 +274,7 @@ class AgentEndpoint:
     ) -> tuple[list[int], list[dict[str, Any]], Any]:
         """The call's prompt ids, and its messages and tools as the template gets them."""
         record = episode.record
-        messages = template_messages(req.messages)
+        messages = episode.history.template(req.messages)
         tools = req.template_tools()
         kwargs = {**self.codec.template_kwargs, **(req.chat_template_kwargs or {})}
         last = record.last
@@ -304,7 +306,14 @@ class AgentEndpoint:
         )
         ids = episode.renders.get(key)
         if ids is None:
-            ids = tuple(render_chat_request(self.codec, req))
+            ids = tuple(
+                self.codec.render_messages(
+                    messages,
+                    tools,
+                    add_generation_prompt=req.add_generation_prompt,
+                    template_kwargs=req.chat_template_kwargs,
+                )
+            )
             if len(episode.renders) >= RENDER_CACHE:
                 episode.renders.pop(next(iter(episode.renders)))  # the oldest
             episode.renders[key] = ids
@@ -353,13 +362,6 @@ def _reply(parsed: ParsedMessage) -> dict[str, Any]:
         for c in parsed.tool_calls
     ]
     return reply_key({"role": "assistant", "content": parsed.content, "tool_calls": calls})
-
-
-def chat_request(body: Any) -> ChatCompletionRequest:
-    """A decoded chat completion body as the request; a bad one is a 400 naming the field."""
-    if json_object(body).get("n", 1) != 1:
-        raise ApiError("n must be 1: one call is one turn of the episode", "n")
-    return validate(ChatCompletionRequest, body)
 
 
 def _completion(req: ChatCompletionRequest, call: Call) -> ChatCompletionResponse:
