@@ -5,8 +5,9 @@ It serves `POST /v1/chat/completions` (tools, multi-turn, streaming), `POST /v1/
 stored responses live with the episode and expire with its key) and `GET /v1/models` on
 localhost for every agent episode of the process; each episode has its own key
 (`Authorization: Bearer <key>`), and a request with an unknown or expired key is answered 401
-before anything is rendered or recorded. A call is rendered with the model's chat template by
-the workers' `ChatCodec`, generated token in / token out through the `GenerationClient`
+before anything is rendered or recorded. A call's messages are validated and turned into
+template dicts once per episode, the ones its previous call sent reused (`workers.agent_history`);
+it is rendered with the model's chat template by the workers' `ChatCodec`, generated token in / token out through the `GenerationClient`
 (sticky per episode, failover, weight versions), recorded exactly in the episode's
 `EpisodeRecord`, and answered in OpenAI's shape: the reasoning split off by the run's reasoning
 parser (`reasoning`, as vLLM 0.33 names the field) and tool calls parsed by the run's tool
