@@ -9,7 +9,8 @@ response the agent's client reads. The agent's request is built once, as its bod
 once: building requests and reading replies is the agent's client library's work (an httpx
 request, or the OpenAI SDK's much larger share), not the endpoint's. The HTTP side is the same
 call from an aiohttp client over TCP (what an agent that uses its own HTTP client pays, both
-ends in this process). The direct side is `client.generate` on an already rendered prompt, as
+ends in this process). The long side is the in-process call with a tool-using agent's
+32-message history, which every call of an agent sends again. The direct side is `client.generate` on an already rendered prompt, as
 the built-in episode loop calls it.
 """
 
@@ -31,6 +32,30 @@ from workers.episode import EpisodeContext
 MESSAGES = [
     {"role": "system", "content": "You are a helpful agent."},
     {"role": "user", "content": "Find the answer and call a tool if you must."},
+]
+# a tool-using agent's history after 10 rounds (32 messages): what every call sends again
+LONG = [
+    MESSAGES[0],
+    *(
+        m
+        for k in range(10)
+        for m in (
+            {"role": "user", "content": f"Step {k}: run the check."},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{k}",
+                        "type": "function",
+                        "function": {"name": "run", "arguments": '{"code": "print(1)"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": f"call_{k}", "content": "exit 0"},
+        )
+    ),
+    MESSAGES[1],
 ]
 LIMITS = AgentLimits(
     max_calls=10**9, max_completion_tokens=10**12, max_context_tokens=4096, wall_time_s=1e9
@@ -81,7 +106,13 @@ async def measure_endpoint_cpu(ctx: EpisodeContext, calls: int, rounds: int) -> 
     params = SamplingParams(max_tokens=8, stop_token_ids=ctx.codec.stop_token_ids)
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     url = endpoint.base_url + "/chat/completions"
-    sides: dict[str, list[float]] = {"endpoint": [], "endpoint_http": [], "generate": []}
+    long = orjson.dumps({"model": "policy", "messages": LONG, "max_tokens": 8})
+    sides: dict[str, list[float]] = {
+        "endpoint": [],
+        "endpoint_long": [],
+        "endpoint_http": [],
+        "generate": [],
+    }
     try:
         async with aiohttp.ClientSession(headers=headers) as http:
 
@@ -96,6 +127,7 @@ async def measure_endpoint_cpu(ctx: EpisodeContext, calls: int, rounds: int) -> 
 
             ones = {
                 "endpoint": _in_process(endpoint, key, body),
+                "endpoint_long": _in_process(endpoint, key, long),
                 "endpoint_http": over_http,
                 "generate": generate,
             }

@@ -400,6 +400,13 @@ def _table(cpu: dict, loop: str, capped: dict, conc: dict, cmp: dict, *, sbx: di
             f"{main['endpoint_cpu_us_per_call'] / main['generate_cpu_us_per_call']:.2f}x)",
         ),
         (
+            "  with a 32-message history",
+            f"{main['endpoint_long_cpu_us_per_call']:.0f} us",
+            "",
+            "what a tool-using agent sends after 10 rounds (ratio "
+            f"{main['endpoint_long_cpu_us_per_call'] / main['generate_cpu_us_per_call']:.2f}x)",
+        ),
+        (
             "  over HTTP (an aiohttp client, TCP)",
             f"{main['endpoint_http_cpu_us_per_call']:.0f} us",
             "",
