@@ -2,9 +2,9 @@
 `bench workers`.
 
 Both make the same sequential chat calls to one `AgentEndpoint` over the latency-simulating
-server. The in-process agent is an aiohttp client in this process (its CPU is counted); the
-sandboxed one is a stdlib program in a bubblewrap session (docker where bwrap is missing)
-that reaches the endpoint through the session's bridge and relay (`Session.run_bridged`) and
+server. The in-process agent is an httpx client over the in-process transport, as an `agent`
+function gets it (its CPU is counted); the sandboxed one is a stdlib program in a bubblewrap
+session (docker where bwrap is missing) that reaches the endpoint through the session's bridge and relay (`Session.run_bridged`) and
 times its own calls. Worker CPU per call is this process's CPU over the calls (the program
 and the relay run in the sandbox, so theirs is not in it); the added latency is the
 program's median call against the in-process agent's.
@@ -60,19 +60,22 @@ def _backend() -> str | None:
 
 
 async def _in_process(endpoint: AgentEndpoint, body: bytes, calls: int) -> tuple[float, float]:
-    """(CPU us per call, median ms per call) of an in-process agent's sequential calls."""
-    import aiohttp
+    """(CPU us per call, median ms per call) of an in-process agent's sequential calls, with
+    the httpx client over the in-process transport that `OpenAIConfig.client_kwargs()` gives."""
+    from workers.agent_transport import in_process_client
 
     key = endpoint.open_episode(EpisodeRecord(LIMITS, 0), "bench-in", SamplingDefaults(1, 1, 8))
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     took = []
     try:
-        async with aiohttp.ClientSession(headers=headers) as http:
+        async with in_process_client(endpoint) as http:
             cpu0 = time.process_time()
             for _ in range(calls):
                 t0 = time.perf_counter()
-                async with http.post(endpoint.base_url + "/chat/completions", data=body) as r:
-                    await r.read()
+                reply = await http.post(
+                    endpoint.base_url + "/chat/completions", content=body, headers=headers
+                )
+                reply.raise_for_status()
                 took.append(time.perf_counter() - t0)
             cpu = time.process_time() - cpu0
     finally:

@@ -9,7 +9,8 @@ GenerationClient over HTTP, envs.astep, run_episode.
 
 1. CPU per env step: this process's CPU time / env steps (the load generator and the
    environments' sleeps cost nothing here), beside a bare aiohttp POST loop (baseline);
-   the agent endpoint's CPU per chat call against a direct generate; and an agent program
+   the agent endpoint's CPU per chat call against a direct generate (an agent in the
+   worker's process, through the in-process transport; and over HTTP); and an agent program
    in the sandbox (`bench._sandbox_agent`: bwrap, else Docker, else n/a): the worker's CPU
    per call and the latency it adds against the same agent in the worker's process.
 2. N concurrent episodes in one process (10,000; 2,000 with --quick), closed loop:
@@ -386,17 +387,31 @@ def _table(cpu: dict, loop: str, capped: dict, conc: dict, cmp: dict, *, sbx: di
             for name in other
         ),
         (
-            "agent endpoint CPU per chat call",
+            "  of which the episode loop alone",
+            f"{main['loop_only_cpu_us']:.0f} us",
+            "",
+            "codec, env API, bookkeeping, metrics; no HTTP (instant in-process generator)",
+        ),
+        (
+            "agent endpoint CPU per chat call (in-process)",
             f"{main['endpoint_cpu_us_per_call']:.0f} us",
             "<= 1.5x generate",
             f"direct generate: {main['generate_cpu_us_per_call']:.0f} us (ratio "
             f"{main['endpoint_cpu_us_per_call'] / main['generate_cpu_us_per_call']:.2f}x)",
         ),
         (
-            "  of which the episode loop alone",
-            f"{main['loop_only_cpu_us']:.0f} us",
+            "  with a 32-message history",
+            f"{main['endpoint_long_cpu_us_per_call']:.0f} us",
             "",
-            "codec, env API, bookkeeping, metrics; no HTTP (instant in-process generator)",
+            "what a tool-using agent sends after 10 rounds (ratio "
+            f"{main['endpoint_long_cpu_us_per_call'] / main['generate_cpu_us_per_call']:.2f}x)",
+        ),
+        (
+            "  over HTTP (an aiohttp client, TCP)",
+            f"{main['endpoint_http_cpu_us_per_call']:.0f} us",
+            "",
+            "an agent with its own HTTP client; the in-process agent skips this hop (ratio "
+            f"{main['endpoint_http_cpu_us_per_call'] / main['generate_cpu_us_per_call']:.2f}x)",
         ),
         *_sandbox_rows(sbx),
         *_conc_rows(capped, f"client default pool ({capped['pool']} conns)"),

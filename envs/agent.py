@@ -6,7 +6,8 @@ Two ways to bring an agent:
   false, ...limits}``: the worker calls ``await function(task, openai)`` in its own process
   (plus ``sandbox=<SandboxPool>`` when ``"use_sandbox": true``), where ``openai`` is an
   `OpenAIConfig` whose `base_url` and `api_key` reach the worker's token-capturing endpoint
-  for this episode only; it returns the reward, a float or ``{"reward": float, "metrics":
+  for this episode only (in the worker's process, `client_kwargs()` also carries an httpx
+  client that calls the endpoint directly, with no HTTP); it returns the reward, a float or ``{"reward": float, "metrics":
   {...}}``;
 - a program in the sandbox, ``agent@{"command": ["python3", "agent.py"], "files":
   {"agent.py": "host/path.py"}, "task": <terminal task>, ...limits}``: each episode opens a
@@ -27,7 +28,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -89,11 +90,18 @@ class OpenAIConfig:
     api_key: str  # the episode's key; expires when the episode ends
     model: str  # the served model name (any name is accepted)
     seed: int  # the task's seed, shared by the group's episodes: pick the problem with it
+    # a fresh `httpx.AsyncClient` that reaches the endpoint in this process, with no HTTP
+    # (`workers.agent_transport`); None: over `base_url`
+    http_client: Callable[[], Any] | None = field(default=None, compare=False, repr=False)
 
     def client_kwargs(self) -> dict[str, Any]:
-        """Kwargs for `openai.OpenAI(...)` / `openai.AsyncOpenAI(...)`: no SDK retries, so a
-        refused call (a limit) reaches the agent at once."""
-        return {"base_url": self.base_url, "api_key": self.api_key, "max_retries": 0}
+        """Kwargs for `openai.AsyncOpenAI(...)`: no SDK retries, so a refused call (a limit)
+        reaches the agent at once, and the in-process client where there is one. A sync
+        `openai.OpenAI` (run in a thread) takes `base_url` and `api_key` alone."""
+        kwargs = {"base_url": self.base_url, "api_key": self.api_key, "max_retries": 0}
+        if self.http_client is not None:
+            kwargs["http_client"] = self.http_client()
+        return kwargs
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from inference.openai.body import validate
 from inference.openai.errors import ApiError
 from inference.openai.models import TextCompletionRequest
 from inference.openai.responses import OutputFormat, StreamHead, token_fields, usage
@@ -30,7 +31,6 @@ from inference.openai_routes import (
     generated,
     served_name,
     token_namer,
-    validate,
 )
 from inference.sequence import Sequence
 

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
 
 from inference.lora import LoraAdapter
-from inference.openai.errors import ApiError, from_validation, model_not_found
+from inference.openai.body import json_body, parse_body, validate
+from inference.openai.errors import ApiError, model_not_found
 from inference.openai.models import (
     ChatCompletionRequest,
     DetokenizeRequest,
@@ -27,6 +26,7 @@ from inference.openai.models import (
     TokenizeCompletionRequest,
 )
 from inference.openai.render import TokenizerRenderer, render_chat_request
+from inference.openai.reply import send
 from inference.openai.responses import (
     Generated,
     OutputFormat,
@@ -39,7 +39,7 @@ from inference.openai.responses import (
     usage_chunk,
 )
 from inference.openai.responses_api import ResponseStore
-from inference.openai.responses_route import serve_responses
+from inference.openai.responses_route import answer_responses
 from inference.openai.schema import (
     ChatCompletionResponse,
     ChatDelta,
@@ -87,24 +87,6 @@ def api_errors(handler: Handler) -> Handler:
             return web.json_response(exc.body(), status=exc.status)
 
     return wrapped
-
-
-async def read_body(request: web.Request) -> Any:
-    raw = await request.read()
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(f"malformed JSON body: {exc}") from None
-
-
-def validate(model: type[BaseModel], body: Any) -> Any:
-    """`body` validated as `model`; a bad field is a 400 naming it."""
-    if not isinstance(body, dict):
-        raise ApiError("request body must be a JSON object")
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        raise from_validation(exc) from None
 
 
 def check_model(name: str | None, state: Any) -> LoraAdapter | None:
@@ -212,7 +194,7 @@ def _chat_request(
 @api_errors
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[SERVER]
-    req: ChatCompletionRequest = validate(ChatCompletionRequest, await read_body(request))
+    req = parse_body(await request.read(), ChatCompletionRequest)
     gen, fmt, forced = _chat_request(request.app, req)
     if req.stream:
         return await stream_chat(request, state, req, gen, fmt, forced=forced)
@@ -233,7 +215,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
         answer = chat_response(req, gen, served_name(gen, state), fmt, forced)
         return answer.model_dump(mode="json")
 
-    return await serve_responses(request, request.app[RESPONSE_STORE], complete)
+    reply = await answer_responses(await request.read(), request.app[RESPONSE_STORE], complete)
+    return await send(request, reply)
 
 
 async def stream_chat(
@@ -317,7 +300,7 @@ async def close_stream(
 async def tokenize(request: web.Request) -> web.Response:
     state = request.app[SERVER]
     renderer = request.app[RENDERER]
-    body = await read_body(request)
+    body = json_body(await request.read())
     chat = isinstance(body, dict) and "messages" in body
     req = validate(TokenizeChatRequest if chat else TokenizeCompletionRequest, body)
     check_model(req.model, state)
@@ -337,7 +320,7 @@ async def tokenize(request: web.Request) -> web.Response:
 @api_errors
 async def detokenize(request: web.Request) -> web.Response:
     state = request.app[SERVER]
-    req: DetokenizeRequest = validate(DetokenizeRequest, await read_body(request))
+    req = parse_body(await request.read(), DetokenizeRequest)
     check_model(req.model, state)
     check_ids(req.tokens, state.limits, "tokens")
     answer = DetokenizeResponse(prompt=request.app[RENDERER].decode(req.tokens))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import time
 from pathlib import Path
@@ -33,6 +32,8 @@ from inference.engine import Engine, GenRequest
 from inference.errors import EngineError
 from inference.lora import AdapterTable, LoraAdapter
 from inference.lora_routes import add_lora_routes
+from inference.openai.body import json_body, json_object
+from inference.openai.errors import ApiError
 from inference.openai_completions import text_completions, wants_openai_path
 from inference.openai_routes import add_openai_routes
 from inference.prefix_cache import PrefixCache
@@ -98,20 +99,8 @@ def load_engine(config: ServerConfig) -> tuple[Engine, Any, int]:
 
 
 async def read_json(request: web.Request, *, allow_empty: bool = False) -> Any:
-    """The decoded JSON body, or ProtocolError (HTTP 400) for a malformed one."""
-    raw = await request.read()
-    if not raw.strip() and allow_empty:
-        return {}
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"malformed JSON body: {exc}") from None
-
-
-def json_object(body: Any) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise ProtocolError("request body must be a JSON object")
-    return body
+    """The decoded JSON body; a malformed one is an ApiError (HTTP 400)."""
+    return json_body(await request.read(), allow_empty=allow_empty)
 
 
 @web.middleware
@@ -125,6 +114,8 @@ async def errors_and_metrics(request: web.Request, handler: Any) -> web.StreamRe
         response = await handler(request)
     except ProtocolError as exc:
         response = web.json_response(error_body(exc.message, 400, exc.param), status=400)
+    except ApiError as exc:  # a malformed body or a bad field (inference.openai.body)
+        response = web.json_response(exc.body(), status=exc.status)
     except EngineError as exc:
         response = web.json_response(error_body(str(exc), exc.status), status=exc.status)
     except web.HTTPException as exc:

@@ -5,8 +5,9 @@ It serves `POST /v1/chat/completions` (tools, multi-turn, streaming), `POST /v1/
 stored responses live with the episode and expire with its key) and `GET /v1/models` on
 localhost for every agent episode of the process; each episode has its own key
 (`Authorization: Bearer <key>`), and a request with an unknown or expired key is answered 401
-before anything is rendered or recorded. A call is rendered with the model's chat template by
-the workers' `ChatCodec`, generated token in / token out through the `GenerationClient`
+before anything is rendered or recorded. A call's messages are validated and turned into
+template dicts once per episode, the ones its previous call sent reused (`workers.agent_history`);
+it is rendered with the model's chat template by the workers' `ChatCodec`, generated token in / token out through the `GenerationClient`
 (sticky per episode, failover, weight versions), recorded exactly in the episode's
 `EpisodeRecord`, and answered in OpenAI's shape: the reasoning split off by the run's reasoning
 parser (`reasoning`, as vLLM 0.33 names the field) and tool calls parsed by the run's tool
@@ -18,18 +19,19 @@ kwargs under the request's `chat_template_kwargs`. A forced `tool_choice` (`requ
 function) puts the model's call opener at the end of the prompt (`inference.openai.tool_choice`),
 so what is recorded as completion is only what was sampled.
 
-Streaming: the generation client returns a whole completion, so a streamed answer is sent as
-OpenAI's chunk sequence (role, content, closing delta with the tool calls, usage, `[DONE]`)
-once the completion is generated.
+Transports: `answer(method, path, authorization, body)` builds the answer as a transport-free
+`Reply` (`inference.openai.reply`); the aiohttp routes (TCP, and a sandbox session's Unix
+socket) send it, and `workers.agent_transport` hands it to an agent in this process with no
+HTTP at all. Streaming: the generation client returns a whole completion, so a streamed answer
+is sent as OpenAI's chunk sequence (`workers.agent_stream`) once the completion is generated.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,29 +42,21 @@ from aiohttp import web
 from broker.messages import mix_seed
 from inference.client import Generation, Generator, SamplingParams
 from inference.errors import InferenceError
-from inference.openai.errors import ApiError, from_validation
+from inference.openai.body import json_body
+from inference.openai.errors import ApiError
 from inference.openai.models import ChatCompletionRequest
-from inference.openai.render import render_chat_request, template_arguments, template_messages
-from inference.openai.responses import (
-    Generated,
-    OutputFormat,
-    StreamHead,
-    chat_choice,
-    chat_chunk,
-    chat_finish_reason,
-    chat_stream_choice,
-    usage,
-    usage_chunk,
-)
+from inference.openai.render import template_arguments
+from inference.openai.reply import Reply, send
+from inference.openai.responses import Generated, OutputFormat, chat_choice, usage
 from inference.openai.responses_api import ResponseStore
-from inference.openai.responses_route import serve_responses
-from inference.openai.schema import ChatCompletionResponse, ChatDelta, DeltaToolCall
-from inference.openai.sse import SSE_DONE, open_event_stream, sse_event
-from inference.openai.stream import ChatChoiceStream
+from inference.openai.responses_route import answer_responses
+from inference.openai.schema import ChatCompletionResponse
 from inference.openai.text import ChoiceText
 from inference.openai.tool_choice import check_template, forced_call_text, is_forced
 from inference.openai.tools import ParsedMessage, extract_tool_calls, openai_calls
+from workers.agent_history import MessageCache
 from workers.agent_record import Continuation, EpisodeRecord, reply_key
+from workers.agent_stream import Call, chat_frames
 from workers.answers import Answer, AnswerReader
 from workers.tokens import ChatCodec
 from workers.transcript import History
@@ -84,6 +78,7 @@ class SamplingDefaults:
     seed_base: int | None = None
 
 
+Route = Callable[["_Episode", bytes], Awaitable[Reply]]  # an episode's request body -> answer
 RENDER_CACHE = 8  # renders an episode keeps: a retried or repeated call is not rendered again
 
 
@@ -95,6 +90,7 @@ class _Episode:
     # what the template made of a call's conversation: its render key -> its prompt ids
     renders: dict[bytes, tuple[int, ...]] = field(default_factory=dict)
     responses: ResponseStore = field(default_factory=ResponseStore)  # for previous_response_id
+    history: MessageCache = field(default_factory=MessageCache)  # the last call's messages
 
 
 class AgentEndpoint:
@@ -117,13 +113,17 @@ class AgentEndpoint:
         self._episodes: dict[str, _Episode] = {}
         self._runner: web.AppRunner | None = None
         self.base_url = ""
+        self._routes: dict[tuple[str, str], Route] = {
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/v1/responses"): self._responses,
+            ("GET", "/v1/models"): self._models,
+        }
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Listen on `host:port` (0: any free port); returns the `/v1` base URL."""
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/responses", self._responses)
-        app.router.add_get("/v1/models", self._models)
+        for method, path in self._routes:
+            app.router.add_route(method, path, self._serve)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
@@ -165,45 +165,50 @@ class AgentEndpoint:
             self.client.end_session(episode.session_id)
 
     # --- routes ---------------------------------------------------------------------------------
-    def _lookup(self, request: web.Request) -> _Episode:
+    async def answer(self, method: str, path: str, authorization: str, raw: bytes) -> Reply:
+        """Answer one request, whatever carried it: the HTTP server's routes and the
+        in-process transport (`workers.agent_transport`) both end here. `authorization` is
+        the request's `Authorization` header; `raw` its body."""
+        route = self._routes.get((method, path))
+        if route is None:
+            return Reply.error(ApiError(f"no route {method} {path}", status=404))
+        try:
+            return await route(self._lookup(authorization), raw)
+        except ApiError as exc:
+            return Reply.error(exc)
+
+    async def _serve(self, request: web.Request) -> web.StreamResponse:
         auth = request.headers.get("Authorization", "")
-        key = auth.removeprefix("Bearer ").strip()
-        episode = self._episodes.get(key)
+        return await send(
+            request, await self.answer(request.method, request.path, auth, await request.read())
+        )
+
+    def _lookup(self, authorization: str) -> _Episode:
+        episode = self._episodes.get(authorization.removeprefix("Bearer ").strip())
         if episode is None:
             raise ApiError("unknown or expired episode key", status=401)
         return episode
 
-    async def _models(self, request: web.Request) -> web.Response:
-        try:
-            self._lookup(request)
-        except ApiError as exc:
-            return web.json_response(exc.body(), status=exc.status)
+    async def _models(self, episode: _Episode, raw: bytes) -> Reply:
         model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "farm"}
-        return web.json_response({"object": "list", "data": [model]})
+        return Reply.json({"object": "list", "data": [model]})
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        try:
-            episode = self._lookup(request)
-            req = _parse(await request.read())
-            return await self._complete(request, episode, req)
-        except ApiError as exc:
-            return web.json_response(exc.body(), status=exc.status)
+    async def _chat(self, episode: _Episode, raw: bytes) -> Reply:
+        req = episode.history.request(json_body(raw))
+        call = await self._complete(episode, req)
+        if req.stream:
+            return Reply.stream(chat_frames(req, call))
+        return Reply.json(_completion(req, call))
 
-    async def _responses(self, request: web.Request) -> web.StreamResponse:
-        try:
-            episode = self._lookup(request)
+    async def _responses(self, episode: _Episode, raw: bytes) -> Reply:
+        async def complete(body: dict[str, Any]) -> dict[str, Any]:
+            req = episode.history.request(body)
+            return _completion(req, await self._complete(episode, req)).model_dump(mode="json")
 
-            async def complete(body: dict[str, Any]) -> dict[str, Any]:
-                answer = await self._complete(request, episode, _validate(body))
-                return json.loads(answer.text or "{}")  # type: ignore[attr-defined]
+        return await answer_responses(raw, episode.responses, complete)
 
-            return await serve_responses(request, episode.responses, complete)
-        except ApiError as exc:
-            return web.json_response(exc.body(), status=exc.status)
-
-    async def _complete(
-        self, request: web.Request, episode: _Episode, req: ChatCompletionRequest
-    ) -> web.StreamResponse:
+    async def _complete(self, episode: _Episode, req: ChatCompletionRequest) -> Call:
+        """Generate the call and record it in the episode."""
         record = episode.record
         prompt, messages, tools = self._prompt(episode, req)
         forced = forced_call_text(req)  # a forced tool choice: prompt, never completion
@@ -211,19 +216,7 @@ class AgentEndpoint:
             check_template(forced, self.codec.chat_template)
             prompt = [*prompt, *self.codec.encode_control(forced)]
         max_tokens = record.admit(len(prompt), req.output_limit() or episode.defaults.max_tokens)
-        defaults = episode.defaults
-        seed = req.seed
-        if defaults.seed_base is not None:
-            seed = mix_seed(defaults.seed_base, record.calls, req.seed or 0)
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=_pick(req.temperature, defaults.temperature),
-            top_p=_pick(req.top_p, defaults.top_p),
-            top_k=max(_pick(req.top_k, defaults.top_k), 0),  # -1 and 0 both mean off
-            min_p=_pick(req.min_p, defaults.min_p),
-            seed=seed,
-            stop_token_ids=(*self.codec.stop_token_ids, *(req.stop_token_ids or ())),
-        )
+        params = self._params(episode, req, max_tokens)
         t0 = time.monotonic()
         try:
             gen = await self.client.generate(prompt, params, session_id=episode.session_id)
@@ -232,14 +225,15 @@ class AgentEndpoint:
             raise ApiError(f"inference failed: {exc}", status=503) from None
         finally:
             record.inference_s += time.monotonic() - t0
-        kwargs = {**self.codec.template_kwargs, **(req.chat_template_kwargs or {})}
-        answer = self.reader.read(
-            gen.token_ids, thinking=kwargs.get("enable_thinking", True) is not False
-        )
-        record.record(prompt, gen, params.distribution(), answer.reasoning_tokens)
+        answer = None if self.reader.plain else self._read(req, gen.token_ids)
+        reasoning = answer.reasoning_tokens if answer is not None else 0
+        record.record(prompt, gen, params.distribution(), reasoning)
         text = ChoiceText(self._decoder(req.skip_special_tokens), req.stop_strings())
         text.feed(gen.token_ids, final=True)
-        reason = "stop" if text.stopped else gen.finish_reason
+        parsed = (
+            extract_tool_calls(forced + text.text) if forced else self._parsed(req, text, answer)
+        )
+        record.last = Continuation(tuple(messages), _reply(parsed), tools, tuple(gen.token_ids))
         fmt = OutputFormat(
             token_text=lambda t: self.codec.decode([t], skip_special=False),
             logprobs=bool(req.logprobs),
@@ -247,38 +241,41 @@ class AgentEndpoint:
             token_ids=bool(req.return_token_ids),
             weight_versions=bool(req.return_weight_versions),
         )
-        generated = _generated(gen)
-        parsed = (
-            extract_tool_calls(forced + text.text) if forced else self._parsed(req, text, answer)
-        )
-        record.last = Continuation(tuple(messages), _reply(parsed), tools, tuple(gen.token_ids))
-        if req.stream:
-            return await self._stream(
-                request,
-                req,
-                text,
-                generated,
-                fmt,
-                reason=reason,
-                prompt_len=len(prompt),
-                parsed=parsed,
-            )
-        body = ChatCompletionResponse(
+        return Call(
             model=req.model or self.model_name,
-            choices=[
-                chat_choice(0, parsed, generated, fmt, finish_reason=reason, stop_reason=None)
-            ],
-            usage=usage(len(prompt), len(gen.token_ids)),
-            prompt_token_ids=prompt if req.return_token_ids else None,
+            prompt=prompt,
+            generated=_generated(gen),
+            text=text,
+            reason="stop" if text.stopped else gen.finish_reason,
+            parsed=parsed,
+            fmt=fmt,
+            whole=not self.reader.plain or is_forced(req),
         )
-        return web.json_response(text=body.model_dump_json())
+
+    def _params(
+        self, episode: _Episode, req: ChatCompletionRequest, max_tokens: int
+    ) -> SamplingParams:
+        """The call's sampling: the request's, the episode's defaults where it sets none."""
+        defaults = episode.defaults
+        seed = req.seed
+        if defaults.seed_base is not None:
+            seed = mix_seed(defaults.seed_base, episode.record.calls, req.seed or 0)
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=_pick(req.temperature, defaults.temperature),
+            top_p=_pick(req.top_p, defaults.top_p),
+            top_k=max(_pick(req.top_k, defaults.top_k), 0),  # -1 and 0 both mean off
+            min_p=_pick(req.min_p, defaults.min_p),
+            seed=seed,
+            stop_token_ids=(*self.codec.stop_token_ids, *(req.stop_token_ids or ())),
+        )
 
     def _prompt(
         self, episode: _Episode, req: ChatCompletionRequest
     ) -> tuple[list[int], list[dict[str, Any]], Any]:
         """The call's prompt ids, and its messages and tools as the template gets them."""
         record = episode.record
-        messages = template_messages(req.messages)
+        messages = episode.history.template(req.messages)
         tools = req.template_tools()
         kwargs = {**self.codec.template_kwargs, **(req.chat_template_kwargs or {})}
         last = record.last
@@ -310,17 +307,32 @@ class AgentEndpoint:
         )
         ids = episode.renders.get(key)
         if ids is None:
-            ids = tuple(render_chat_request(self.codec, req))
+            ids = tuple(
+                self.codec.render_messages(
+                    messages,
+                    tools,
+                    add_generation_prompt=req.add_generation_prompt,
+                    template_kwargs=req.chat_template_kwargs,
+                )
+            )
             if len(episode.renders) >= RENDER_CACHE:
                 episode.renders.pop(next(iter(episode.renders)))  # the oldest
             episode.renders[key] = ids
         return list(ids)
 
+    def _read(self, req: ChatCompletionRequest, token_ids: list[int]) -> Answer:
+        """The completion read by the run's reasoning and tool parsers (not for a plain
+        reader: its answer is the text, which the call decodes anyway)."""
+        kwargs = {**self.codec.template_kwargs, **(req.chat_template_kwargs or {})}
+        return self.reader.read(
+            token_ids, thinking=kwargs.get("enable_thinking", True) is not False
+        )
+
     def _parsed(
-        self, req: ChatCompletionRequest, text: ChoiceText, answer: Answer
+        self, req: ChatCompletionRequest, text: ChoiceText, answer: Answer | None
     ) -> ParsedMessage:
         """The reply: reasoning, content and tool calls, read with the run's parsers."""
-        if self.reader.plain:
+        if answer is None:
             if req.parses_tools():
                 return extract_tool_calls(text.text)
             return ParsedMessage(text.text, [])
@@ -338,81 +350,6 @@ class AgentEndpoint:
     def _decoder(self, skip_special: bool) -> Any:
         return lambda ids: self.codec.decode(ids, skip_special=skip_special)
 
-    async def _stream(
-        self,
-        request: web.Request,
-        req: ChatCompletionRequest,
-        text: ChoiceText,
-        gen: Generated,
-        fmt: OutputFormat,
-        *,
-        reason: str,
-        prompt_len: int,
-        parsed: ParsedMessage,
-    ) -> web.StreamResponse:
-        """The generated choice as OpenAI's chunk sequence."""
-        if not self.reader.plain or is_forced(req):  # read whole: one delta carries it
-            return await self._stream_whole(
-                request, req, gen, fmt, reason=reason, prompt_len=prompt_len, parsed=parsed
-            )
-        head = StreamHead(req.model or self.model_name)
-        stream = ChatChoiceStream(text, req.parses_tools())
-        response = await open_event_stream(request)
-        opening = chat_stream_choice(0, ChatDelta(role="assistant", content=""))
-        await response.write(sse_event(chat_chunk(head, [opening])))
-        content = stream.content_delta()
-        if content:
-            await response.write(
-                sse_event(chat_chunk(head, [chat_stream_choice(0, ChatDelta(content=content))]))
-            )
-        delta, calls = stream.final_delta()
-        closing = chat_stream_choice(
-            0, delta, gen, fmt, finish_reason=chat_finish_reason(reason, calls), stop_reason=None
-        )
-        await response.write(sse_event(chat_chunk(head, [closing])))
-        if req.include_usage():
-            counts = usage(prompt_len, len(gen.token_ids))
-            await response.write(sse_event(usage_chunk(head, counts)))
-        await response.write(SSE_DONE)
-        await response.write_eof()
-        return response
-
-    async def _stream_whole(
-        self,
-        request: web.Request,
-        req: ChatCompletionRequest,
-        gen: Generated,
-        fmt: OutputFormat,
-        *,
-        reason: str,
-        prompt_len: int,
-        parsed: ParsedMessage,
-    ) -> web.StreamResponse:
-        head = StreamHead(req.model or self.model_name)
-        response = await open_event_stream(request)
-        opening = chat_stream_choice(0, ChatDelta(role="assistant", content=""))
-        await response.write(sse_event(chat_chunk(head, [opening])))
-        calls = [DeltaToolCall(index=k, **c.model_dump()) for k, c in enumerate(parsed.tool_calls)]
-        delta = ChatDelta(
-            content=parsed.content, reasoning=parsed.reasoning, tool_calls=calls or None
-        )
-        closing = chat_stream_choice(
-            0,
-            delta,
-            gen,
-            fmt,
-            finish_reason=chat_finish_reason(reason, bool(calls)),
-            stop_reason=None,
-        )
-        await response.write(sse_event(chat_chunk(head, [closing])))
-        if req.include_usage():
-            await response.write(
-                sse_event(usage_chunk(head, usage(prompt_len, len(gen.token_ids))))
-            )
-        await response.write(SSE_DONE)
-        await response.write_eof()
-        return response
-
 
 def _reply(parsed: ParsedMessage) -> dict[str, Any]:
     """The reply as `reply_key` reads it back from the next call's history."""
@@ -428,26 +365,16 @@ def _reply(parsed: ParsedMessage) -> dict[str, Any]:
     return reply_key({"role": "assistant", "content": parsed.content, "tool_calls": calls})
 
 
-def _parse(raw: bytes) -> ChatCompletionRequest:
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(f"malformed JSON body: {exc}") from None
-    return _validate(body)
-
-
-def _validate(body: Any) -> ChatCompletionRequest:
-    from pydantic import ValidationError
-
-    if not isinstance(body, dict):
-        raise ApiError("request body must be a JSON object")
-    if body.get("n", 1) != 1:
-        raise ApiError("n must be 1: one call is one turn of the episode", "n")
-    try:
-        req = ChatCompletionRequest.model_validate(body)
-    except ValidationError as exc:
-        raise from_validation(exc) from None
-    return req
+def _completion(req: ChatCompletionRequest, call: Call) -> ChatCompletionResponse:
+    choice = chat_choice(
+        0, call.parsed, call.generated, call.fmt, finish_reason=call.reason, stop_reason=None
+    )
+    return ChatCompletionResponse(
+        model=call.model,
+        choices=[choice],
+        usage=usage(len(call.prompt), len(call.generated.token_ids)),
+        prompt_token_ids=call.prompt if req.return_token_ids else None,
+    )
 
 
 def _pick(value: T | None, default: T) -> T:

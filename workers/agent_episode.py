@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import importlib.util
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from broker.messages import ErrorCategory, FinishReason, Task, Trajectory, Truncation
@@ -68,7 +71,9 @@ async def run_agent_episode(
     )
     key = endpoint.open_episode(record, session, defaults)
     # The group's one seed: it picks the problem, so every episode of the group gets the same.
-    openai = OpenAIConfig(endpoint.base_url, key, endpoint.model_name, task.seed)
+    openai = OpenAIConfig(
+        endpoint.base_url, key, endpoint.model_name, task.seed, _in_process(endpoint)
+    )
     extra = {"sandbox": sandbox} if env.config.use_sandbox else {}
     started = time.monotonic()
     reward, agent_metrics = 0.0, {}
@@ -107,6 +112,16 @@ async def run_agent_episode(
         timed_out=timed_out,
         started=started,
     )
+
+
+def _in_process(endpoint: AgentEndpoint) -> Callable[[], Any] | None:
+    """The agent's in-process client factory: no HTTP hop (None without httpx, which comes
+    with the `openai` SDK: an agent without it reaches the endpoint over `base_url`)."""
+    if importlib.util.find_spec("httpx") is None:
+        return None
+    from workers.agent_transport import in_process_client
+
+    return functools.partial(in_process_client, endpoint)
 
 
 def _reward(result: Any) -> tuple[float, dict[str, float]]:

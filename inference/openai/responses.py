@@ -10,7 +10,6 @@ clamped at -9999.0 as vLLM does, so JSON never carries -inf.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +26,7 @@ from inference.openai.schema import (
     TopLogprob,
     Usage,
     WeightVersionSpan,
+    response_id,
 )
 from inference.openai.tools import ParsedMessage
 
@@ -170,7 +170,7 @@ class StreamHead:
     def __post_init__(self) -> None:
         if not self.id:
             prefix = "chatcmpl" if self.kind.startswith("chat") else "cmpl"
-            object.__setattr__(self, "id", f"{prefix}-{uuid.uuid4().hex}")
+            object.__setattr__(self, "id", response_id(prefix))
 
     def fields(self) -> dict[str, Any]:
         """The head as explicitly set fields (chunks are dumped with exclude_unset)."""

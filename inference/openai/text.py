@@ -34,7 +34,8 @@ class ChoiceText:
         if self.stopped is not None or (len(tokens) == self._seen and not final):
             return
         self._seen = len(tokens)
-        before = self._decode(tokens[self._prefix : self._read])
+        window = tokens[self._prefix : self._read]
+        before = self._decode(window) if window else ""  # a whole choice fed at once: one decode
         after = self._decode(tokens[self._prefix :])
         if len(after) <= len(before) or (after.endswith("\ufffd") and not final):
             return  # an incomplete character: wait for its next byte
