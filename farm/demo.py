@@ -193,10 +193,15 @@ def _mark_evals(ax: Any, summary: dict[str, Any]) -> None:
             )
 
 
-def _target(summary: dict[str, Any]) -> str:
-    if summary["target_s"] is None:
-        return "not reached"
-    return f"reached at step {summary['target_step']}, {summary['target_s']} s after start"
+def _target_line(summary: dict[str, Any]) -> str:
+    """The 10-step-mean goal, for a run long enough to have one (not SmolLM2's 8 steps)."""
+    if summary["target_s"] is not None:
+        reached = f"reached at step {summary['target_step']}, {summary['target_s']} s after start"
+    elif summary["steps"] >= 10:
+        reached = "not reached"
+    else:
+        return ""
+    return f"reward {summary['target_reward']} (10-step mean) {reached}\n"
 
 
 def _text(summary: dict[str, Any]) -> str:
@@ -208,8 +213,8 @@ def _text(summary: dict[str, Any]) -> str:
         f"reward, first {summary['reward_window_steps']} steps  {f(summary['reward_first'])}\n"
         f"reward, last {summary['reward_window_steps']} steps   {f(summary['reward_last'])}\n"
         f"rise               {f(summary['reward_rise'])}\n"
-        f"reward {summary['target_reward']} (10-step mean) {_target(summary)}\n"
-        f"wall time          {summary['wall_s']} s\n"
+        + _target_line(summary)
+        + f"wall time          {summary['wall_s']} s\n"
         f"stopped because    {summary['stop_reason']}\n"
         + "".join(_eval_lines(summary))
         + "".join(_settings_lines(summary.get("settings")))

@@ -70,7 +70,10 @@ def test_summary_and_outputs(tmp_path: Path) -> None:
         "reward": 0.6,
         "elapsed_s": 5.0,
     }
-    assert "rise               0.500" in paths[2].read_text()
+    text = paths[2].read_text()
+    assert "rise               0.500" in text
+    # 6 steps cannot hold a 10-step mean: no goal line (SmolLM2's demo trains 8 steps)
+    assert "10-step mean" not in text
 
 
 @pytest.mark.slow
@@ -219,6 +222,7 @@ def test_summary_says_when_the_ten_step_mean_first_reached_the_target(tmp_path: 
     log.write_text(log.read_text().replace('"reward_mean": 1.0', '"reward_mean": 0.6'))
     short = summarize(_outcome("learner finished"), 60.0, log, started)
     assert short["target_step"] is None and short["target_s"] is None
+    assert "reward 0.6 (10-step mean) not reached" in write_outputs(tmp_path, short)[2].read_text()
 
 
 def _eval_file(eval_dir: Path, step: int, mean: float, pass_k: float) -> None:
