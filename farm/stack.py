@@ -371,6 +371,7 @@ def _worker(cfg: FarmConfig, index: int, shared: dict[str, Any]) -> ProcessSpec:
         (PYTHON, "-m", "workers", *render_flags(child), *cfg.worker_args),
         stop_timeout_s=45,  # its own shutdown grace is 30 s
         metrics_url=f"http://127.0.0.1:{port}/metrics",
+        start_group="workers",  # stopped together, not one grace after another
     )
 
 

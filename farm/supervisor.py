@@ -19,7 +19,8 @@ with the child's name.
 Invariant: when `run()` returns, by any path (stop request, SIGINT/SIGTERM, a
 failure, cancellation), every child and everything it spawned is gone. Each child
 leads its own process group; stopping sends SIGTERM to the group in reverse start
-order, waits `stop_timeout_s`, then SIGKILLs the group. On Linux each child also
+order (the children of one `start_group` together), waits `stop_timeout_s`, then
+SIGKILLs the group. On Linux each child also
 gets PR_SET_PDEATHSIG, so a SIGKILLed supervisor does not leave orphans behind.
 """
 
@@ -81,7 +82,8 @@ class ProcessSpec:
     fatal_exit_codes: frozenset[int] = frozenset()
     metrics_url: str | None = None  # its /metrics endpoint, for the console view
     # Consecutive children of one group start together, and the next child starts once all
-    # of them are ready (servers that each take minutes to load a model).
+    # of them are ready (servers that each take minutes to load a model); they also stop
+    # together (workers, each finishing its groups within its own grace).
     start_group: str | None = None
     # False: the children after it start without waiting for its readiness (they tolerate
     # it not being ready yet); its probe still bounds start-up by `ready_timeout_s`.
@@ -346,8 +348,9 @@ class Supervisor:
             stop.cancel()
 
     async def _shutdown(self) -> None:
-        for child in reversed(self.children):
-            await child.terminate()
+        # reverse start order; the children of one start group stop together
+        for batch in reversed(self._start_batches()):
+            await asyncio.gather(*(child.terminate() for child in batch))
 
 
 def _first_farm_error(group: BaseExceptionGroup) -> FarmError | None:
