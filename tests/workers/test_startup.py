@@ -7,6 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
+
 from broker.keys import RunKeys
 from broker.messages import ErrorCategory, Task
 from inference.config import ServerConfig
@@ -35,6 +37,7 @@ def test_a_worker_stopped_while_importing_ends_at_once(
     assert stop_while_importing(argv, tmp_path) == -signal.SIGTERM
 
 
+@pytest.mark.slow
 async def test_a_worker_takes_tasks_only_once_a_server_answers(
     redis_server, worker_factory, tiny_model_dir: Path
 ) -> None:
