@@ -26,12 +26,11 @@ import logging
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
-from pydantic import ConfigDict, Field
-from pydantic.dataclasses import dataclass as config_dataclass
 from redis.exceptions import ResponseError
 
 from broker.admission import AdmissionBudget
 from broker.archive import id_key
+from broker.bounds import StreamBounds
 from broker.connection import as_str, redis_errors
 from broker.errors import BrokerError
 from broker.keys import LEARNER_GROUP, WORKERS_GROUP, RunKeys
@@ -39,21 +38,6 @@ from broker.metrics import STREAM_BYTES, STREAM_OVER, TRIMMED
 
 log = logging.getLogger(__name__)
 _FITS = 4  # proportional cuts of a record stream before giving up until the next pass
-
-
-@config_dataclass(frozen=True, config=ConfigDict(extra="forbid"))
-class StreamBounds:
-    """Stream retention: acknowledged entries trimmed, the rest bounded (docs/deploy.md)."""
-
-    max_bytes: int = Field(
-        256 << 20,
-        ge=1 << 16,
-        description="bytes one stream may hold (MEMORY USAGE); above it admission backs off",
-    )
-    maxlen: int = Field(
-        100_000, ge=1, description="entries one stream may hold; above it admission backs off"
-    )
-    trim_interval_s: float = Field(2.0, gt=0.0, le=3600.0, description="seconds between trims")
 
 
 @dataclass(frozen=True)

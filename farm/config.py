@@ -18,9 +18,9 @@ from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 
+from broker.bounds import StreamBounds
 from broker.connection import RedisUrl
 from broker.run import RunFields
-from broker.trim import StreamBounds
 from farm.errors import ConfigError
 from farm.gpus import GpuSettings
 from farm.monitor import MonitorSettings

@@ -6,7 +6,8 @@ supervisor's `ProcessSpec`s, in start order: a private `redis-server` (own
 directory, AOF on) unless a Redis URL is given, the inference servers unless
 inference URLs are given (the CPU policy server, or with `--inference vllm` one
 `vllm serve` per tensor-parallel group of `--inference-gpus`, started together:
-`farm.vllm`), the learner (under torchrun with one rank per `--learner-gpus` entry:
+`farm.vllm`; the learner and workers start while the CPU server loads, after the
+vLLM servers are up), the learner (under torchrun with one rank per `--learner-gpus` entry:
 `farm.torchrun`), then the workers. The learner's and each
 worker's command line is its typed config (`LearnerConfig`, `WorkerConfig`: the run's
 shared fields, then its own), validated here and rendered to flags with
@@ -267,6 +268,10 @@ def _policy_server(model: Path, port: int, gpus: GpuSettings) -> ProcessSpec:
         ready=_http_ok(f"{url}/health"),
         ready_timeout_s=180,
         metrics_url=f"{url}/metrics",
+        # The learner and workers import while it loads: a worker takes tasks only once a
+        # server answers /health (workers.__main__), and the learner needs none before its
+        # first push, after a batch the server produced.
+        gate_start=False,
     )
 
 
@@ -366,6 +371,7 @@ def _worker(cfg: FarmConfig, index: int, shared: dict[str, Any]) -> ProcessSpec:
         (PYTHON, "-m", "workers", *render_flags(child), *cfg.worker_args),
         stop_timeout_s=45,  # its own shutdown grace is 30 s
         metrics_url=f"http://127.0.0.1:{port}/metrics",
+        start_group="workers",  # stopped together, not one grace after another
     )
 
 

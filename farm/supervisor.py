@@ -3,7 +3,11 @@
 `Supervisor` runs each child described by a `ProcessSpec` as an asyncio subprocess
 under one `asyncio.TaskGroup`. Children start in the order given; the next starts
 once the previous one's readiness probe passes (consecutive children of one
-`start_group`, such as vLLM servers, start together and are waited for together). A child that exits while the farm
+`start_group`, such as vLLM servers, start together and are waited for together),
+except after a child whose spec does not `gate_start`: the ones after it start at
+once, while it loads (the CPU policy server, which the workers wait for themselves).
+"All processes started" still means every child passed its probe within its
+`ready_timeout_s`. A child that exits while the farm
 runs is restarted with exponential backoff, until it crashes more than its
 `RestartPolicy` allows within the window, which stops the whole farm loudly
 (`ChildFailed`). A child marked `finishes_stack` that exits 0 (the learner after
@@ -15,7 +19,8 @@ with the child's name.
 Invariant: when `run()` returns, by any path (stop request, SIGINT/SIGTERM, a
 failure, cancellation), every child and everything it spawned is gone. Each child
 leads its own process group; stopping sends SIGTERM to the group in reverse start
-order, waits `stop_timeout_s`, then SIGKILLs the group. On Linux each child also
+order (the children of one `start_group` together), waits `stop_timeout_s`, then
+SIGKILLs the group. On Linux each child also
 gets PR_SET_PDEATHSIG, so a SIGKILLed supervisor does not leave orphans behind.
 """
 
@@ -77,8 +82,12 @@ class ProcessSpec:
     fatal_exit_codes: frozenset[int] = frozenset()
     metrics_url: str | None = None  # its /metrics endpoint, for the console view
     # Consecutive children of one group start together, and the next child starts once all
-    # of them are ready (servers that each take minutes to load a model).
+    # of them are ready (servers that each take minutes to load a model); they also stop
+    # together (workers, each finishing its groups within its own grace).
     start_group: str | None = None
+    # False: the children after it start without waiting for its readiness (they tolerate
+    # it not being ready yet); its probe still bounds start-up by `ready_timeout_s`.
+    gate_start: bool = True
 
 
 def _set_parent_death_signal() -> None:
@@ -283,14 +292,7 @@ class Supervisor:
         """Run until a stop request; raises ChildFailed/StartupError after stopping all."""
         try:
             async with asyncio.TaskGroup() as tg:
-                for batch in self._start_batches():
-                    for child in batch:
-                        tg.create_task(child.supervise(), name=f"supervise-{child.spec.name}")
-                    for child in batch:
-                        await self._until_ready(child)
-                    if self._stopping.is_set():
-                        break
-                else:
+                if await self._start_all(tg):
                     self.started.set()
                     self.sink("farm", "all processes started")
                     for service in services:
@@ -307,6 +309,23 @@ class Supervisor:
         finally:
             self._stopping.set()
             await asyncio.shield(self._shutdown())
+
+    async def _start_all(self, tg: asyncio.TaskGroup) -> bool:
+        """Start every child in order; True once all are ready, False on a stop request."""
+        ungated: list[_Child] = []  # started, not yet waited for
+        for batch in self._start_batches():
+            for child in batch:
+                tg.create_task(child.supervise(), name=f"supervise-{child.spec.name}")
+            for child in batch:
+                if child.spec.gate_start:
+                    await self._until_ready(child)
+                else:
+                    ungated.append(child)
+            if self._stopping.is_set():
+                return False
+        for child in ungated:
+            await self._until_ready(child)
+        return not self._stopping.is_set()
 
     def _start_batches(self) -> list[list[_Child]]:
         """The children in start order, consecutive ones of one `start_group` together."""
@@ -329,8 +348,9 @@ class Supervisor:
             stop.cancel()
 
     async def _shutdown(self) -> None:
-        for child in reversed(self.children):
-            await child.terminate()
+        # reverse start order; the children of one start group stop together
+        for batch in reversed(self._start_batches()):
+            await asyncio.gather(*(child.terminate() for child in batch))
 
 
 def _first_farm_error(group: BaseExceptionGroup) -> FarmError | None:

@@ -3,13 +3,16 @@
 It starts through the farm's one runner (`launch.runner`): flags override
 `FARM_INFERENCE_*` environment variables, which override `--config FILE.toml` (keys at
 top level or under `[inference]`); the resolved config is logged with the API key
-masked. `--help` answers without importing torch. Once listening it prints
+masked. `--help` answers without importing torch; the heavy imports happen in the
+runner's `prepare`, before stop signals are handled, so a SIGTERM during them ends the
+process at once. Once listening it prints
 ``READY <url>``; a dead engine loop ends the process with status 1.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import sys
@@ -22,11 +25,14 @@ log = logging.getLogger("inference")
 
 
 def _prepare(config: ServerConfig) -> None:
+    """Torch's threads and the server's imports, while a SIGTERM still ends the process at
+    once (the runner handles stop signals from `_serve` on)."""
     import torch
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a server log wants lines, not tqdm bars
     torch.set_num_threads(config.torch_threads or min(4, os.cpu_count() or 1))
+    importlib.import_module("inference.server")  # ~1 s of transformers' model code
 
 
 async def _serve(ctx: RoleContext[ServerConfig]) -> int:

@@ -10,7 +10,9 @@ request named a LoRA adapter and the server answered 404: it was unloaded, or ne
 server pause in `abort` mode (finish reason `abort`) is continued with the tokens so far appended
 to the prompt, so callers get whole generations whose per-token weight versions show the switch.
 Cancelling `generate()` closes the HTTP request, and the server aborts the sequence. A background
-task checks `/health` on every server. Every network await has a timeout.
+task checks `/health` on every server; `wait_healthy()` waits, within a limit, for the first
+server to answer (a worker started beside a server that is still loading). Every network await
+has a timeout.
 """
 
 from __future__ import annotations
@@ -354,6 +356,19 @@ class GenerationClient:
             server.outstanding -= 1
             server.latency.observe(time.monotonic() - started)
             server.requests[outcome].inc()
+
+    async def wait_healthy(self, limit_s: float, poll_s: float = 0.2) -> bool:
+        """Poll `/health` until a server answers 200 (True) or `limit_s` passes (False)."""
+        if self._http is None or self._closed:
+            raise InferenceError("client is not started (or already closed)")
+        deadline = time.monotonic() + limit_s
+        while True:
+            await asyncio.gather(*(self._check(s) for s in self._servers.values()))
+            if any(s.healthy for s in self._servers.values()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
 
     async def _health_loop(self) -> None:
         while True:

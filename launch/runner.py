@@ -8,8 +8,9 @@
    message listing every problem and exits 2, before any heavy import;
 2. set up logging (one format, the role's ``log_level``) and log the resolved config
    as one JSON line (``{"event": "config", ...}``) with every secret masked;
-3. run the role's synchronous preparation (rlimits, torch threads) and start its
-   Prometheus ``/metrics`` endpoint when it has a port;
+3. run the role's synchronous preparation (rlimits, torch threads, heavy imports: until
+   step 4 a SIGTERM ends the process at once, so a role stopped while it starts does not
+   first finish starting) and start its Prometheus ``/metrics`` endpoint when it has a port;
 4. run the role's ``main`` as a named task under one `asyncio.TaskGroup`, with
    SIGTERM and SIGINT setting one stop event: the role stops taking work and returns.
    A component task that dies ends the role loudly (exit 1) instead of leaving it
@@ -53,6 +54,7 @@ class RoleContext(Generic[C]):
     args: argparse.Namespace  # the parsed command line (the role's own arguments included)
     stop: asyncio.Event  # set by SIGTERM/SIGINT: stop taking work, finish, return
     tasks: asyncio.TaskGroup  # the role's TaskGroup: start components here, named
+    prepared: Any = None  # what the role's `prepare` returned (a worker's tokenizer)
 
 
 def _metrics_port(config: RoleConfig) -> int:
@@ -73,7 +75,10 @@ class Role(Generic[C]):
     description: str  # first line of --help
     epilog: str = ""  # the end of --help (commands handled before parsing, e.g. `evaluate`)
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None  # e.g. subcommands
-    prepare: Callable[[C], None] | None = None  # synchronous set-up after the config is logged
+    # Synchronous set-up after the config is logged, before stop signals are handled (a
+    # SIGTERM ends the process at once): rlimits, torch threads, heavy imports. Its result
+    # reaches `main` as `RoleContext.prepared`.
+    prepare: Callable[[C], Any] | None = None
     loop_factory: Callable[[C], Callable[[], asyncio.AbstractEventLoop] | None] = _no_loop_factory
     metrics_port: Callable[[C], int] = _metrics_port  # 0: no /metrics endpoint
     failures: tuple[type[Exception], ...] = field(default=())  # reported in one line, exit 1
@@ -113,15 +118,14 @@ def start(role: Role[C], argv: list[str] | None = None) -> int:
     log = logging.getLogger(role.name)
     log.info("%s", json.dumps({"event": "config", **masked(config)}))
     try:
-        if role.prepare is not None:
-            role.prepare(config)
+        prepared = role.prepare(config) if role.prepare is not None else None
         port = role.metrics_port(config)
         if port:
             from prometheus_client import start_http_server
 
             start_http_server(port)
         with asyncio.Runner(loop_factory=role.loop_factory(config)) as runner:
-            return runner.run(_supervise(role, config, args)) or 0
+            return runner.run(_supervise(role, config, args, prepared)) or 0
     except role.failures as exc:
         log.error("error: %s", exc)
         return 1
@@ -132,13 +136,16 @@ def start(role: Role[C], argv: list[str] | None = None) -> int:
         return 1
 
 
-async def _supervise(role: Role[C], config: C, args: argparse.Namespace) -> int | None:
+async def _supervise(
+    role: Role[C], config: C, args: argparse.Namespace, prepared: Any
+) -> int | None:
     stop = asyncio.Event()
     remove = on_stop_signals(lambda _signal: stop.set())
     try:
         async with asyncio.TaskGroup() as tasks:
             body = tasks.create_task(
-                role.main(RoleContext(config, args, stop, tasks)), name=f"{role.name}-main"
+                role.main(RoleContext(config, args, stop, tasks, prepared)),
+                name=f"{role.name}-main",
             )
         return body.result()
     except BaseExceptionGroup as group:

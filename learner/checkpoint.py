@@ -36,21 +36,18 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as tdist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_state_dict,
-    set_state_dict,
-)
 
 from learner.distributed import DistContext
 from learner.errors import CheckpointError
 from learner.export import export_hf_dir
 from learner.lora import is_lora, save_adapter
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 LATEST = "LATEST"
 STATE = "state.json"
@@ -118,6 +115,8 @@ def _quiet_single_process() -> Iterator[None]:
 
 def _options(policy: torch.nn.Module) -> StateDictOptions:
     """Frozen parameters (LoRA's base) are ``--model``'s: neither saved nor loaded."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
     frozen = any(not p.requires_grad for p in policy.parameters())
     return StateDictOptions(ignore_frozen_params=frozen, strict=not frozen)
 
@@ -125,6 +124,10 @@ def _options(policy: torch.nn.Module) -> StateDictOptions:
 def _training_state(
     policy: torch.nn.Module, optimizer: torch.optim.Optimizer
 ) -> dict[str, dict[str, Any]]:
+    # torch.distributed.checkpoint takes ~0.3-1 s to import: paid at the first save or
+    # resume, not by every learner's start-up (a run may never write a checkpoint)
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
     model_sd, optim_sd = get_state_dict(policy, optimizer, options=_options(policy))
     return {"model": model_sd, "optim": optim_sd}
 
@@ -151,6 +154,8 @@ def save_checkpoint(
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
         dist.barrier()
+        import torch.distributed.checkpoint as dcp
+
         with _quiet_single_process():
             dcp.save(
                 _training_state(policy, optimizer),
@@ -183,6 +188,9 @@ def load_training_state(
     """Load the sharded model and optimizer state of checkpoint `path` (collective)."""
     if not (path / SHARDS).is_dir():
         raise CheckpointError(f"{path} has no {SHARDS}/ (a checkpoint from before sharded state)")
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
     try:
         target = _training_state(policy, optimizer)
         with _quiet_single_process():

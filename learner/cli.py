@@ -5,7 +5,9 @@ Every `LearnerConfig` field is a flag (``--groups-per-batch 8``; booleans take
 ``--config FILE.toml`` supplies defaults that ``FARM_*`` environment variables and then
 flags override. The config parses before torch is imported, so ``--help`` is instant.
 The task dataset is read and every env spec in it checked (after importing
-``--env-modules``) before torch is imported or anything is issued.
+``--env-modules``) before torch is imported or anything is issued; both happen in the
+runner's `prepare`, before stop signals are handled, so a learner stopped while it
+starts ends at once.
 Under ``torchrun`` rank 0 talks to Redis, the servers and the disk (and serves
 /metrics) while every rank trains its slice of each batch.
 Exit codes: 0 done, 2 bad configuration or task dataset, 3 the run failed (batch after
@@ -35,10 +37,27 @@ if TYPE_CHECKING:  # torch is imported only once the config and the dataset are 
 log = logging.getLogger("learner")
 
 
-def _prepare(cfg: LearnerConfig) -> None:
+# What training imports, loaded by `_prepare` once the inputs are checked (see there).
+_HEAVY_MODULES = ("torch", "transformers", "learner.core", "learner.service", "learner.replay")
+
+
+def _prepare(cfg: LearnerConfig) -> str | None:
+    """Check the inputs, then import what training needs, while a SIGTERM still ends the
+    process at once (the runner handles stop signals from `_main` on). Returns why the
+    inputs cannot be used (`_main` exits 2), or None."""
     from broker.memory import tune_malloc
 
     tune_malloc()
+    try:
+        check_inputs(cfg)
+    except TaskSourceError as exc:
+        return f"learner stopped before issuing a task: {exc}"
+    missing = missing_packages(cfg.tracking)
+    if missing:
+        return f"--tracker needs {', '.join(missing)}: pip install 'rollout-farm[tracking]'"
+    for name in _HEAVY_MODULES:  # torch only now: a bad dataset is reported in a moment
+        importlib.import_module(name)
+    return None
 
 
 def check_inputs(cfg: LearnerConfig) -> None:
@@ -60,15 +79,8 @@ def check_inputs(cfg: LearnerConfig) -> None:
 
 
 async def _main(ctx: RoleContext[LearnerConfig]) -> int:
-    cfg = ctx.config
-    try:
-        check_inputs(cfg)
-    except TaskSourceError as exc:
-        log.error("learner stopped before issuing a task: %s", exc)
-        return 2
-    missing = missing_packages(cfg.tracking)
-    if missing:
-        log.error("--tracker needs %s: pip install 'rollout-farm[tracking]'", ", ".join(missing))
+    if ctx.prepared is not None:  # the inputs cannot be used
+        log.error("%s", ctx.prepared)
         return 2
     try:
         await _train(ctx)
@@ -80,8 +92,6 @@ async def _main(ctx: RoleContext[LearnerConfig]) -> int:
 
 async def _train(ctx: RoleContext[LearnerConfig]) -> None:
     import os
-
-    import torch  # noqa: F401  (heavy imports only after the config and dataset checked)
 
     from learner.core import resolve_device
     from learner.distributed import init_distributed

@@ -22,9 +22,9 @@ from typing import ClassVar
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
+from broker.bounds import StreamBounds
 from broker.consumer import ConsumerSettings
 from broker.run import RunFields
-from broker.trim import StreamBounds
 from envs.wrappers import HorizonSchedule as TurnSchedule
 from launch.settings import CommaList, RoleConfig, section
 from learner.collapse import CollapseRules

@@ -12,13 +12,14 @@ import pytest
 
 from broker.admission import AdmissionBudget
 from broker.archive import Archive, archive_stream, forget_archiver, register_archiver
+from broker.bounds import StreamBounds
 from broker.connection import RedisSettings, as_str, connect
 from broker.consumer import Consumer, ConsumerConfig, Delivery
 from broker.keys import ARCHIVER_GROUP, LEARNER_GROUP, RunKeys
 from broker.messages import DeadLetter, PolicyVersion, TrajectoryGroup
 from broker.policy import POLICY_EVENTS_KEPT, current_policy, publish_policy
 from broker.producer import Producer
-from broker.trim import StreamBounds, StreamKeeper, StreamTrimmer, StreamUsage, _floor
+from broker.trim import StreamKeeper, StreamTrimmer, StreamUsage, _floor
 from tests.broker.helpers import make_group, make_task
 
 KEYS = RunKeys("trim", partitions=2)  # two hash tags: two slots (nodes) on the cluster

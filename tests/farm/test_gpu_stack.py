@@ -52,6 +52,8 @@ def test_gpu_lists_and_ranges(tmp_path: Path) -> None:
     ]
     devices = [_spec(stack, f"vllm-{i}").env["CUDA_VISIBLE_DEVICES"] for i in range(3)]
     assert devices == ["0", "1", "6"]
+    # only the CPU server lets the rest start while it loads: the vLLM servers still gate
+    assert all(_spec(stack, f"vllm-{i}").gate_start for i in range(3))
     learner = _spec(stack, "learner")
     assert learner.env["CUDA_VISIBLE_DEVICES"] == "2,3,4"
     assert learner.argv[learner.argv.index("--nproc-per-node") + 1] == "3"

@@ -36,6 +36,9 @@ def test_local_stack_starts_redis_and_the_policy_server_first(tmp_path: Path) ->
     assert _flag(redis, "--dir") == str(tmp_path.resolve() / "redis")
     assert _flag(redis, "--bind") == "127.0.0.1"
     assert stack.redis_url == "redis://127.0.0.1:6390/0"
+    # the learner and workers start while the CPU server loads (workers wait for its /health)
+    assert [s.gate_start for s in stack.specs] == [True, False, True, True, True]
+    assert [s.start_group for s in stack.specs[3:]] == ["workers", "workers"]  # stop together
     learner = stack.specs[2]
     assert learner.finishes_stack and _flag(learner.argv, "--max-steps") == "5"
     assert "--resume" in learner.argv

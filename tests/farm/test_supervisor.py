@@ -200,6 +200,73 @@ async def test_children_start_in_order_once_the_previous_one_is_ready(tmp_path: 
     assert sink.of("second") == ["True"], "second started before first was ready"
 
 
+async def test_children_after_an_ungated_child_start_while_it_loads(tmp_path: Path) -> None:
+    # The server is ready only once the test says so, after the client has spoken: the
+    # client cannot have waited for it. Start-up completes only with the server ready.
+    flag = tmp_path / "ready"
+
+    async def server_ready() -> bool:
+        return flag.exists()
+
+    sink = Lines()
+    specs = [
+        ProcessSpec("server", _py(SLEEPER), ready=server_ready, gate_start=False),
+        ProcessSpec("client", _py(SLEEPER)),
+    ]
+    sup = Supervisor(specs, sink, FAST)
+
+    async def stop_once_started(stop: asyncio.Event) -> None:
+        sup.request_stop("test done")
+
+    run = asyncio.create_task(sup.run(stop_once_started))
+    await asyncio.wait_for(sink.until(lambda: sink.of("client") == ["up"]), 30)
+    assert not sup.started.is_set()
+    flag.touch()
+    await asyncio.wait_for(run, 30)
+    farm = sink.of("farm")
+    assert farm.index(f"client started (pid {sink.pid('client')})") < farm.index(
+        "all processes started"
+    )
+    assert sup.stop_reason == "test done"
+
+
+async def test_the_children_of_a_start_group_stop_together(tmp_path: Path) -> None:
+    # Each one, on SIGTERM, waits (up to 20 s) for its peer's SIGTERM before it exits:
+    # stopped one after the other, the first would not see the second's.
+    def peer(me: str, other: str) -> tuple[str, ...]:
+        code = (
+            "import pathlib, signal, sys, time\n"
+            f"mine, theirs = pathlib.Path({str(tmp_path / me)!r}), "
+            f"pathlib.Path({str(tmp_path / other)!r})\n"
+            "def stop(*_):\n"
+            "    mine.touch()\n"
+            "    deadline = time.monotonic() + 20\n"
+            "    while not theirs.exists() and time.monotonic() < deadline:\n"
+            "        time.sleep(0.02)\n"
+            "    print('saw peer' if theirs.exists() else 'alone', flush=True)\n"
+            "    sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, stop)\n"
+            "print('up', flush=True)\n"
+            "while True:\n"
+            "    time.sleep(1)\n"
+        )
+        return _py(code)
+
+    sink = Lines()
+    specs = [
+        ProcessSpec("a", peer("a", "b"), start_group="pair", stop_timeout_s=30),
+        ProcessSpec("b", peer("b", "a"), start_group="pair", stop_timeout_s=30),
+    ]
+    sup = Supervisor(specs, sink, FAST)
+
+    async def stop_when_both_up(stop: asyncio.Event) -> None:
+        await sink.until(lambda: sink.of("a") == ["up"] and sink.of("b") == ["up"])
+        sup.request_stop("test done")
+
+    await asyncio.wait_for(sup.run(stop_when_both_up), 60)
+    assert sink.of("a")[-1] == "saw peer" and sink.of("b")[-1] == "saw peer"
+
+
 async def test_a_child_that_never_becomes_ready_fails_startup() -> None:
     async def never() -> bool:
         return False
@@ -210,6 +277,22 @@ async def test_a_child_that_never_becomes_ready_fails_startup() -> None:
     with pytest.raises(StartupError, match="slow not ready after"):
         await asyncio.wait_for(sup.run(), 30)
     assert not _alive(sink.pid("slow"))
+
+
+async def test_an_ungated_child_that_never_becomes_ready_still_fails_startup() -> None:
+    async def never() -> bool:
+        return False
+
+    sink = Lines()
+    specs = [
+        ProcessSpec("slow", _py(SLEEPER), ready=never, ready_timeout_s=0.5, gate_start=False),
+        ProcessSpec("next", _py(SLEEPER)),
+    ]
+    sup = Supervisor(specs, sink, FAST)
+    with pytest.raises(StartupError, match="slow not ready after"):
+        await asyncio.wait_for(sup.run(), 30)
+    assert not sup.started.is_set()
+    assert not _alive(sink.pid("slow")) and not _alive(sink.pid("next"))
 
 
 async def test_a_missing_program_is_a_clear_startup_error() -> None:

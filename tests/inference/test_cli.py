@@ -37,6 +37,18 @@ def test_help_does_not_import_torch() -> None:
     assert "--api-key" in proc.stdout and "--weight-version" in proc.stdout
 
 
+def test_the_server_code_is_imported_before_stop_signals_are_handled(model_dir: Path) -> None:
+    # prepare runs before the runner handles SIGTERM: what it imports, a SIGTERM interrupts
+    code = (
+        "import sys\nfrom inference.__main__ import ROLE\nfrom launch.runner import parse\n"
+        f"config = parse(ROLE, ['--model', {str(model_dir)!r}])[0]\n"
+        "ROLE.prepare(config)\nprint('inference.server' in sys.modules)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True"]
+
+
 @pytest.mark.slow
 async def test_process_serves_with_env_and_toml_config_and_exits_on_sigterm(
     model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

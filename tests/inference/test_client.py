@@ -16,6 +16,8 @@ from inference.client import (
     InferenceUnavailable,
     SamplingParams,
 )
+from inference.config import ServerConfig
+from inference.server import PolicyServer
 from tests.conftest import free_port
 from tests.inference.conftest import eventually, teacher_forced_logprobs
 from tests.inference.test_server import post
@@ -72,6 +74,23 @@ async def test_unavailable_after_retry_budget() -> None:
     async with GenerationClient(dead, config) as client:
         with pytest.raises(InferenceUnavailable, match="retry budget"):
             await client.generate([1], SamplingParams(max_tokens=2))
+
+
+async def test_wait_healthy_returns_once_a_server_comes_up(model_dir: Path) -> None:
+    port = free_port()
+    dead = f"http://127.0.0.1:{free_port()}"
+    config = ClientConfig(health_timeout_s=1.0, connect_timeout_s=0.5)
+    server = PolicyServer(ServerConfig(model=model_dir, port=port))
+    async with GenerationClient([dead, f"http://127.0.0.1:{port}"], config) as client:
+        assert not await client.wait_healthy(0.3)  # nothing listens yet: False at the limit
+        waiting = asyncio.create_task(client.wait_healthy(60, poll_s=0.05))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        await server.start()  # the second URL's server comes up; the first stays dead
+        try:
+            assert await asyncio.wait_for(waiting, 30)
+        finally:
+            await server.stop()
 
 
 async def test_cancellation_aborts_the_server_side_sequence(server_factory) -> None:
