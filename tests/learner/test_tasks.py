@@ -54,7 +54,10 @@ GOOD = '{"env_spec": "toy@{\\"difficulty\\": 1}"}\n'
 @pytest.mark.parametrize(
     ("spec", "fragments"),
     [
-        ("nope@{}", ["unknown environment 'nope'", "registered: agent, arith, calc, code, codegym"]),
+        (
+            "nope@{}",
+            ["unknown environment 'nope'", "registered: agent, arith, calc, code, codegym"],
+        ),
         ("toy@{bad", ["not valid JSON"]),
         (
             "codegym",
