@@ -123,48 +123,38 @@ def _stat(stats: dict, name: str) -> int:
     return int(stats.get(name, stats.get(name.encode(), 0)) or 0)
 
 
-def _key_usage(client: redis.Redis, keys: RunKeys) -> dict[str, int]:
-    """Bytes of every key Redis holds, by what it is: the run's work and record streams,
-    its policy events, its seen sets, and anything else (hashes, counters, other runs)."""
-    streams = {*keys.streams} - {keys.policy_events}
-    seen = {keys.seen(g, p) for g in (WORKERS_GROUP, LEARNER_GROUP) for p in range(keys.partitions)}
-    usage = {"streams": 0, "policy_events": 0, "seen": 0, "other": 0}
-    for raw in client.scan_iter(count=1000):
-        key = raw.decode()
-        kind = (
-            "policy_events"
-            if key == keys.policy_events
-            else "streams"
-            if key in streams
-            else "seen"
-            if key in seen
-            else "other"
-        )
-        usage[kind] += _usage(client, key)
-    return usage
+def _seen_keys(keys: RunKeys) -> list[str]:
+    return [keys.seen(g, p) for g in (WORKERS_GROUP, LEARNER_GROUP) for p in range(keys.partitions)]
+
+
+def _key_usage(client: redis.Redis) -> dict[str, int]:
+    """Bytes of every key Redis holds (MEMORY USAGE), by name."""
+    return {raw.decode(): _usage(client, raw) for raw in client.scan_iter(count=1000)}
 
 
 def redis_probe(client: redis.Redis, keys: RunKeys) -> dict[str, Any]:
-    """Redis's memory (MiB): used and resident; every key's bytes by kind (streams, policy
-    events, seen sets, other); Redis's own overhead and client buffers (MEMORY STATS); the
-    largest stream; the seen sets' ids; the work streams' entries trimmed so far."""
+    """Redis's memory (MiB): used and resident; every key's bytes by kind (the run's work and
+    record streams, its policy events, its seen sets, anything else: hashes, counters, other
+    runs); Redis's own overhead and client buffers (MEMORY STATS); the largest stream; the
+    seen sets' ids; the work streams' entries trimmed so far."""
     info = client.info("memory")
     stats = client.memory_stats()
     mib = 1 << 20
-    by_kind = _key_usage(client, keys)
+    usage = _key_usage(client)
+    seen = _seen_keys(keys)
+    streams = [usage.get(s, 0) for s in keys.streams if s != keys.policy_events]
+    events = usage.get(keys.policy_events, 0)
+    seen_bytes = sum(usage.get(k, 0) for k in seen)
     clients = _stat(stats, "clients.normal") + _stat(stats, "clients.slaves")
-    seen_keys = [
-        keys.seen(g, p) for g in (WORKERS_GROUP, LEARNER_GROUP) for p in range(keys.partitions)
-    ]
     return {
         "used_mib": info["used_memory"] / mib,
         "rss_mib": info["used_memory_rss"] / mib,
-        "streams_mib": (by_kind["streams"] + by_kind["policy_events"]) / mib,
-        "largest_stream_mib": max((_usage(client, s) for s in keys.streams), default=0) / mib,
-        "seen_mib": by_kind["seen"] / mib,
-        "seen_ids": sum(int(client.zcard(k)) for k in seen_keys),
-        "events_mib": by_kind["policy_events"] / mib,
-        "other_keys_mib": by_kind["other"] / mib,
+        "streams_mib": (sum(streams) + events) / mib,
+        "largest_stream_mib": max([*streams, events]) / mib,
+        "seen_mib": seen_bytes / mib,
+        "seen_ids": sum(int(client.zcard(k)) for k in seen),
+        "events_mib": events / mib,
+        "other_keys_mib": (sum(usage.values()) - sum(streams) - events - seen_bytes) / mib,
         # MEMORY STATS counts the client buffers inside its overhead: split out, they are
         # what a slow reader or a big reply would grow.
         "overhead_mib": (_stat(stats, "overhead.total") - clients) / mib,
