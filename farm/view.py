@@ -170,15 +170,16 @@ class FarmView:
             "zero_var_reward": total(samples, "farm_learner_zero_variance_reward_total"),
         }
         current = {k: v for k, v in counters.items() if v is not None}
-        rates = self._rates(now, current)
+        dt, deltas = self._deltas(now, current)
+        rates = {k: v / dt for k, v in deltas.items()}
         step = total(samples, "farm_learner_steps_total")
         reward = total(samples, "farm_learner_reward_mean")
         elapsed = now - self.started
         if step is not None and reward is not None and step > 0:
             if not self.reward_history or self.reward_history[-1][0] != int(step):
                 self.reward_history.append((int(step), reward, elapsed))
-        stale_n = rates.get("stale_count")
-        staleness = rates["stale_sum"] / stale_n if stale_n and "stale_sum" in rates else None
+        stale_n = deltas.get("stale_count")
+        staleness = deltas["stale_sum"] / stale_n if stale_n and "stale_sum" in deltas else None
         fields = _from_redis(state, self.keys)
         learner_version = _int(total(samples, "farm_learner_policy_version"))
         if learner_version is not None:
@@ -186,7 +187,7 @@ class FarmView:
         return FarmStatus(
             elapsed_s=elapsed,
             new_eval=self._new_eval(state),
-            **_zero_variance(rates),
+            **_zero_variance(deltas),
             learner_step=None if step is None else int(step),
             reward=reward,
             episodes_per_s=rates.get("episodes"),
@@ -205,13 +206,14 @@ class FarmView:
         self._eval_seen = summary
         return tuple(eval_lines(summary))
 
-    def _rates(self, now: float, current: dict[str, float]) -> dict[str, float]:
+    def _deltas(self, now: float, current: dict[str, float]) -> tuple[float, dict[str, float]]:
+        """The period since the last poll and each counter's increase over it (ratios of
+        counts, not of rates, so 30 of 40 groups reads exactly 0.75)."""
         previous, self._previous = self._previous, (now, current)
         if previous is None or now <= previous[0]:
-            return {}
-        dt = now - previous[0]
-        return {
-            k: max(0.0, v - previous[1][k]) / dt for k, v in current.items() if k in previous[1]
+            return 1.0, {}
+        return now - previous[0], {
+            k: max(0.0, v - previous[1][k]) for k, v in current.items() if k in previous[1]
         }
 
     async def _redis_state(self) -> RunState | None:
@@ -223,14 +225,14 @@ class FarmView:
             return None
 
 
-def _zero_variance(rates: dict[str, float]) -> dict[str, float]:
+def _zero_variance(deltas: dict[str, float]) -> dict[str, float]:
     """The share of the period's groups with zero variance, and their mean common reward."""
-    groups, zero = rates.get("groups"), rates.get("zero_var")
+    groups, zero = deltas.get("groups"), deltas.get("zero_var")
     if not groups or zero is None:
         return {}
     out = {"zero_variance_share": zero / groups}
-    if zero and "zero_var_reward" in rates:
-        out["zero_variance_reward"] = rates["zero_var_reward"] / zero
+    if zero and "zero_var_reward" in deltas:
+        out["zero_variance_reward"] = deltas["zero_var_reward"] / zero
     return out
 
 

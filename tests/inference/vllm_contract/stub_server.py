@@ -213,6 +213,8 @@ async def serve(apps: dict[str, FastAPI]) -> None:
     for name, app in apps.items():
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
+        # listening before READY: a client may connect before uvicorn's task reaches serve()
+        sock.listen(128)
         config = uvicorn.Config(app, log_level="warning", lifespan="off")
         server = uvicorn.Server(config)
         servers.append((server, sock))
