@@ -97,6 +97,7 @@ def _scores(result: dict[str, Any]) -> dict[str, Any]:
             "mean_at_k": figures["mean_at_k"],
             "pass_at_1": figures["pass_at_1"],
             "pass_at_k": figures[f"pass_at_{k}"],
+            "multi_turn": figures.get("multi_turn"),
             "scored_rows": int(figures["scored_rows"]),
         }
         for key, figures in result["sets"].items()
@@ -232,13 +233,17 @@ def _eval_lines(summary: dict[str, Any]) -> list[str]:
     for name in (n for n in names if "/" not in n):
 
         def fig(result: dict | None, metric: str, name: str = name) -> str:
-            figures = (result or {}).get("sets", {}).get(name)
-            return "-" if figures is None else f"{figures[metric]:.3f}"
+            figures = (result or {}).get("sets", {}).get(name) or {}
+            return "-" if figures.get(metric) is None else f"{figures[metric]:.3f}"
 
-        lines.append(
+        line = (
             f"held-out {name}  mean@{k} {fig(before, 'mean_at_k')} -> {fig(after, 'mean_at_k')}, "
-            f"pass@{k} {fig(before, 'pass_at_k')} -> {fig(after, 'pass_at_k')}\n"
+            f"pass@{k} {fig(before, 'pass_at_k')} -> {fig(after, 'pass_at_k')}"
         )
+        multi = fig(before, "multi_turn"), fig(after, "multi_turn")
+        if any(m not in ("-", "0.000") for m in multi):  # a tool environment: calls made
+            line += f", past turn 1 {multi[0]} -> {multi[1]}"
+        lines.append(line + "\n")
     if after is None:
         lines.append("held-out score at the end: none (the run stopped before its last step)\n")
     return lines

@@ -43,6 +43,7 @@ class DemoSettings:
     stop_when_solved: bool
     eval_samples: int = 4  # k of the held-out eval's mean@k and pass@k
     learner_extra: tuple[str, ...] = ()  # further learner flags of this row
+    worker_extra: tuple[str, ...] = ()  # further worker flags of this row
 
 
 _TOY = DemoSettings(
@@ -97,6 +98,23 @@ SETTINGS: dict[tuple[str, str], DemoSettings] = {
         stop_when_solved=False,
         learner_extra=("--micro-batch-size", "8", "--max-staleness", "0"),
     ),
+    # calc: a call and its answer fit 64 tokens a turn; the prompt (schema, two worked
+    # exchanges) is ~380 tokens, so micro-batches of 4; each held-out problem sampled twice
+    ("smollm2", "calc"): DemoSettings(
+        measured='through the farm, seeds 0-2 (BENCHMARKS.md, "farm demo --model smollm2 '
+        '--env calc"); base model 14% success, 26% tool calls (python -m bench tooltask)',
+        group_size=8,
+        groups_per_batch=4,
+        learning_rate=2e-5,
+        max_tokens=64,
+        temperature=1.0,
+        max_steps=8,
+        time_limit_s=1800.0,
+        stop_when_solved=False,
+        eval_samples=2,
+        learner_extra=("--micro-batch-size", "4", "--max-staleness", "0"),
+        worker_extra=("--tool-parser", "hermes"),
+    ),
 }
 
 
@@ -139,7 +157,10 @@ def learner_args(row: DemoSettings) -> list[str]:
 
 
 def worker_args(row: DemoSettings) -> list[str]:
-    return ["--max-tokens", str(row.max_tokens), "--temperature", str(row.temperature)]
+    return [
+        *("--max-tokens", str(row.max_tokens), "--temperature", str(row.temperature)),
+        *row.worker_extra,
+    ]
 
 
 def eval_args(row: DemoSettings, tasks: Path, eval_dir: Path, max_steps: int) -> list[str]:
@@ -157,13 +178,17 @@ def heldout_lines(env_spec: str) -> list[str] | None:
     """A task file naming every held-out problem of `env_spec`'s environment once (by
     index), or None for an environment without a held-out split."""
     name, _, raw = env_spec.partition("@")
-    if name != "arith":
+    if name not in ("arith", "calc"):
         return None
-    from envs.arith import split_lines
+    from envs import arith, calc
 
     kwargs: dict[str, Any] = json.loads(raw) if raw else {}
     kwargs.pop("split", None)
     try:
-        return split_lines("heldout", **kwargs)
+        return (
+            arith.split_lines("heldout", **kwargs)
+            if name == "arith"
+            else calc.split_lines(**kwargs)
+        )
     except ValueError as exc:  # pydantic's: a bad kwarg, which the learner reports too
         raise ConfigError(f"--env {env_spec}: {exc}") from None

@@ -16,9 +16,11 @@
    A component task that dies ends the role loudly (exit 1) instead of leaving it
    half-alive.
 
-SIGUSR1 writes every thread's Python stack to stderr (`faulthandler`) and the process
-goes on: how to see where a process that stopped making progress is waiting, with no
-debugger in the container (``docker kill -s USR1``, ``kubectl exec … kill -USR1 1``).
+SIGUSR1 writes every thread's Python stack to stderr (`faulthandler`), then, once the event
+loop turns, every asyncio task's stack, and the process goes on: how to see where a process
+that stopped making progress is waiting (a thread's stack shows only the loop's `select` when
+a coroutine awaits forever), with no debugger in the container (``docker kill -s USR1``,
+``kubectl exec … kill -USR1 1``).
 
 Exit codes: 0 done, 1 runtime failure, 2 bad configuration (argparse's own errors too).
 """
@@ -141,6 +143,7 @@ async def _supervise(
 ) -> int | None:
     stop = asyncio.Event()
     remove = on_stop_signals(lambda _signal: stop.set())
+    _dump_tasks_on_sigusr1()
     try:
         async with asyncio.TaskGroup() as tasks:
             body = tasks.create_task(
@@ -162,6 +165,27 @@ def _dump_stacks_on_sigusr1() -> None:
     # tests) may have it replaced by an object without a file descriptor.
     if sys.__stderr__ is not None:
         faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+
+
+def _dump_tasks_on_sigusr1() -> None:
+    """The loop's SIGUSR1 handler prints every task's stack; faulthandler is registered again
+    over it, chaining to it, so the threads' stacks still come first (and come at all when
+    the loop itself is stuck)."""
+    if sys.__stderr__ is None:
+        return
+    loop = asyncio.get_running_loop()
+    faulthandler.unregister(signal.SIGUSR1)  # else registering again keeps the loop's handler
+    loop.add_signal_handler(signal.SIGUSR1, _print_tasks)
+    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True, chain=True)
+
+
+def _print_tasks() -> None:
+    out = sys.__stderr__
+    tasks = sorted(asyncio.all_tasks(), key=lambda t: t.get_name())
+    print(f"asyncio: {len(tasks)} tasks", file=out)
+    for task in tasks:
+        task.print_stack(limit=12, file=out)
+    out.flush()
 
 
 def on_stop_signals(callback: Callable[[signal.Signals], Any]) -> Callable[[], None]:

@@ -4,7 +4,9 @@ An eval task runs `k` samples of one row of an eval set. A sample succeeds when 
 return reaches the success threshold. Per set and per environment: mean@k (the mean episode
 return over every scored sample), pass@1 and pass@k with the unbiased estimator of Chen et
 al. (2021), 1 - C(n-c, k) / C(n, k) averaged over rows, the finish-reason and error-category
-mix, and mean tokens and turns per episode. A row with an episode spoiled by the
+mix, mean tokens and turns per episode, and the share of episodes that went past their first
+turn (``multi_turn``: in a tool environment whose turn without a call ends the episode, such
+as ``calc``, the share of episodes that called a tool). A row with an episode spoiled by the
 infrastructure (`ErrorCategory.is_infrastructure`) is left out of the score and counted in
 ``infra_failed_rows``: the model is never scored on the farm's failures.
 """
@@ -40,7 +42,7 @@ def score(groups: Sequence[TrajectoryGroup], k: int, threshold: float) -> dict[s
     returns: list[float] = []
     pass1: list[float] = []
     passk: list[float] = []
-    tokens = turns = episodes = infra = 0
+    tokens = turns = episodes = infra = multi = 0
     for group in groups:
         for t in group.trajectories:
             episodes += 1
@@ -48,6 +50,7 @@ def score(groups: Sequence[TrajectoryGroup], k: int, threshold: float) -> dict[s
             if t.finish_reason is FinishReason.ERROR:
                 errors[t.error.value] += 1
             turns += len(t.turns)
+            multi += len(t.turns) > 1
             tokens += sum(len(turn.completion_ids) for turn in t.turns)
         if group.infra_failed:
             infra += 1
@@ -66,6 +69,7 @@ def score(groups: Sequence[TrajectoryGroup], k: int, threshold: float) -> dict[s
         f"pass_at_{k}": _mean(passk),
         "tokens_mean": tokens / episodes if episodes else 0.0,
         "turns_mean": turns / episodes if episodes else 0.0,
+        "multi_turn": multi / episodes if episodes else 0.0,
     }
     for name, count in finish.items():
         out[f"finish/{name}"] = count / episodes

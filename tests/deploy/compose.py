@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,14 @@ class Stack:
             cwd=COMPOSE.parent,
         )
         return result.stdout + result.stderr
+
+    def stacks(self, service: str) -> str:
+        """Where a service that does not exit is waiting: its state, and the thread and
+        asyncio-task stacks it writes on SIGUSR1 (launch.runner), read back from its log."""
+        ids = self.run("ps", "-q", service).split()
+        subprocess.run(["docker", "kill", "-s", "USR1", *ids], capture_output=True, timeout=60)
+        time.sleep(2)
+        return f"{service} state {self.state(service)}\n{self.logs(service, tail=200)}"
 
     def down(self) -> None:
         subprocess.run(

@@ -114,7 +114,9 @@ def test_a_plugin_environment_baked_into_the_image_runs_under_compose(tmp_path: 
         ids = stack.ids("learner-cpu")
         deadline = time.monotonic() + 240
         while not (found := states(ids)) or found[0]["Status"] != "exited":
-            assert time.monotonic() < deadline, stack.logs("learner-cpu", "worker")
+            assert time.monotonic() < deadline, (
+                f"{stack.logs('worker')}\n{stack.stacks('learner-cpu')}"
+            )
             time.sleep(2)
         logs = stack.logs("learner-cpu", tail=400)
         assert found[0]["ExitCode"] == 0, logs

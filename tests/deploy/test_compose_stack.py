@@ -196,15 +196,6 @@ def _learner_exited(learner: list[str]) -> bool:
     return bool(found) and found[0]["Status"] == "exited"
 
 
-def _learner_stacks(s: Stack) -> str:
-    """Where a learner that does not exit is waiting: its state, and the thread stacks it
-    writes on SIGUSR1 (launch.runner), read back from its log."""
-    ids = s.run("ps", "-q", "learner-cpu").split()
-    subprocess.run(["docker", "kill", "-s", "USR1", *ids], capture_output=True, timeout=60)
-    time.sleep(2)
-    return f"learner state {s.state('learner-cpu')}\n{s.logs('learner-cpu', tail=120)}"
-
-
 def _prometheus(port: int, query: str) -> list[dict]:
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
     with urllib.request.urlopen(url, timeout=5) as resp:
@@ -260,7 +251,7 @@ def _scale_mid_run(deployed: Deployed, r: redis.Redis, started: float) -> None:
     try:
         sampler.until(lambda: _learner_exited(learner), 400, "the run's end")
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{_learner_stacks(stack)}") from None
+        raise AssertionError(f"{exc}\n{stack.stacks('learner-cpu')}") from None
     sampler.until(lambda: _workers_scraped(port) == SCALED, 90, "Prometheus scraping 4 workers")
     _check_prometheus(port)
     print(

@@ -225,11 +225,13 @@ def test_summary_says_when_the_ten_step_mean_first_reached_the_target(tmp_path: 
     assert "reward 0.6 (10-step mean) not reached" in write_outputs(tmp_path, short)[2].read_text()
 
 
-def _eval_file(eval_dir: Path, step: int, mean: float, pass_k: float) -> None:
+def _eval_file(
+    eval_dir: Path, step: int, mean: float, pass_k: float, *, multi: float = 0.0, env: str = "arith"
+) -> None:
     """An eval-STEP.json as the learner writes it (`learner.evaluation.report`)."""
     figures = {"rows": 20.0, "scored_rows": 20.0, "mean_at_k": mean, "pass_at_1": mean / 2}
-    figures["pass_at_4"] = pass_k
-    sets = {"heldout": figures, "heldout/arith": figures}
+    figures |= {"pass_at_4": pass_k, "multi_turn": multi}
+    sets = {"heldout": figures, f"heldout/{env}": figures}
     report(EvalResult(step, step, 3.0, 20, 0, (step, step), sets), eval_dir)
 
 
@@ -251,7 +253,13 @@ def test_summary_has_the_held_out_score_before_and_after_and_the_settings(tmp_pa
         "k": 4,
         "missing_rows": 0,
         "sets": {
-            key: {"mean_at_k": 0.0625, "pass_at_1": 0.03125, "pass_at_k": 0.25, "scored_rows": 20}
+            key: {
+                "mean_at_k": 0.0625,
+                "pass_at_1": 0.03125,
+                "pass_at_k": 0.25,
+                "multi_turn": 0.0,
+                "scored_rows": 20,
+            }
             for key in ("heldout", "heldout/arith")
         },
     }
@@ -295,6 +303,21 @@ def test_summary_has_the_held_out_score_before_and_after_and_the_settings(tmp_pa
         ("heldout mean@4 before: 0.06", [[0.0, 0.0625]]),
         ("heldout mean@4 after: 0.65", [[3.0, 0.65]]),
     ]
+
+
+def test_summary_of_a_tool_environment_shows_its_calls_before_and_after(tmp_path: Path) -> None:
+    """calc: an episode past its first turn is one that called the calculator."""
+    evals = tmp_path / "evals"
+    _eval_file(evals, 0, 0.14, 0.3, multi=0.25, env="calc")
+    _eval_file(evals, 8, 0.5, 0.7, multi=0.8, env="calc")
+    before, after = demo.eval_scores(evals)
+    summary = summarize(_outcome("learner finished"), 12.0, tmp_path / "none.log")
+    summary |= {"eval_before": before, "eval_after": after}
+    _, _, text = write_outputs(tmp_path / "out", summary)
+    line = (
+        "held-out heldout  mean@4 0.140 -> 0.500, pass@4 0.300 -> 0.700, past turn 1 0.250 -> 0.800"
+    )
+    assert line in text.read_text().splitlines()
 
 
 def test_summary_says_when_the_run_ended_before_its_last_evaluation(tmp_path: Path) -> None:

@@ -104,6 +104,23 @@ def test_demo_with_smollm2_trains_arith_and_scores_the_held_out_split_first_and_
     assert _flag(short.cfg.learner_args, "--eval-interval") == "3"
 
 
+def test_demo_with_smollm2_on_calc_reads_hermes_calls_and_scores_every_held_out_problem(
+    tmp_path: Path, smollm2_dir: Path
+) -> None:
+    plan = _plan(tmp_path, "--model", str(smollm2_dir), "--env", "calc")
+    cfg = plan.cfg
+    assert plan.row_name == "smollm2/calc" and cfg.env_spec == "calc"
+    assert cfg.worker_args == [
+        *("--max-tokens", "64", "--temperature", "1.0", "--tool-parser", "hermes")
+    ]
+    learner = cfg.learner_args
+    assert (_flag(learner, "--eval-samples"), _flag(learner, "--eval-max-tokens")) == ("2", "64")
+    lines = Path(_flag(learner, "--eval-tasks").removeprefix("heldout=")).read_text().splitlines()
+    specs = {json.loads(line)["env_spec"] for line in lines}
+    assert len(lines) == 40 and specs == {'calc@{"split": "heldout"}'}
+    assert sorted(json.loads(line)["row"]["index"] for line in lines) == list(range(40))
+
+
 def test_demo_defaults_stay_the_toy_on_the_tiny_model_and_refuse_unmeasured_pairs(
     tmp_path: Path,
 ) -> None:

@@ -38,7 +38,7 @@ def test_a_stop_signal_sets_the_stop_event_and_exits_0(sig: signal.Signals) -> N
     assert "secret" not in err
 
 
-def test_sigusr1_dumps_every_threads_stack_and_the_role_goes_on() -> None:
+def test_sigusr1_dumps_every_threads_stack_and_every_task_and_the_role_goes_on() -> None:
     proc = _spawn()
     try:
         assert proc.stdout is not None
@@ -54,6 +54,9 @@ def test_sigusr1_dumps_every_threads_stack_and_the_role_goes_on() -> None:
     assert proc.returncode == 0 and out.strip() == "stopping", err
     # The main thread is waiting in the event loop: its stack names the selector.
     assert err.count("Current thread") == 2 and "in select" in err, err
+    # ...and the tasks say on what: the role's main task awaits the stop event in _main.
+    assert err.count("asyncio: ") == 2, err
+    assert "name='probe-main'" in err and "in _main" in err, err
 
 
 def test_a_failed_component_ends_the_role_with_status_1() -> None:

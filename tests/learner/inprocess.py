@@ -36,6 +36,7 @@ from learner.config import LearnerConfig
 from learner.core import Core, build_core
 from learner.distributed import DistContext
 from learner.trainer import StepStats
+from workers.answers import AnswerReader
 from workers.config import EpisodeSettings
 from workers.episode import EpisodeContext
 from workers.group import run_group
@@ -176,6 +177,7 @@ def train(  # noqa: PLR0913
     push: bool = True,
     threads: int | None = 1,
     until: float | None = None,
+    tool_parser: str = "auto",
 ) -> Run:
     """`steps` synchronous steps of `groups` x `group_size` episodes of `env_spec`, trained by
     the learner's own `Core` (batch preparation, critic, schedules) built from `flags`, the
@@ -190,7 +192,7 @@ def train(  # noqa: PLR0913
     torch's setting, for a pretrained model that needs every core.
 
     `until` ends the run early at the first 10-step window whose mean reward reaches it; the
-    steps before are the same as in the full run.
+    steps before are the same as in the full run. `tool_parser` is the workers' --tool-parser.
     """
     with torch_threads(threads):
         return _train(
@@ -204,6 +206,7 @@ def train(  # noqa: PLR0913
             settings=settings,
             push=push,
             until=until,
+            tool_parser=tool_parser,
         )
 
 
@@ -218,7 +221,7 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _train(
+def _train(  # noqa: PLR0913
     model_dir: Path,
     env_spec: str,
     *,
@@ -230,6 +233,7 @@ def _train(
     settings: EpisodeSettings | None,
     push: bool,
     until: float | None,
+    tool_parser: str,
 ) -> Run:
     from transformers import AutoModelForCausalLM
 
@@ -249,7 +253,7 @@ def _train(
     model = core.trainer.model
     sampler = model if push else AutoModelForCausalLM.from_pretrained(model_dir).eval().to(device)
     generator = ModelGenerator(sampler, core.trainer.autocast)
-    ctx = EpisodeContext(load_codec(str(model_dir)), generator, SamplingParams)
+    ctx = _context(model_dir, generator, tool_parser)
     episode = settings or EpisodeSettings(max_tokens=1, temperature=1.0)
     rng = random.Random(seed)
     run = Run(core=core)
@@ -267,6 +271,11 @@ def _train(
         if until is not None and window_mean(run.rewards)[-1:] >= [until]:
             break
     return run
+
+
+def _context(model_dir: Path, generator: ModelGenerator, tool_parser: str) -> EpisodeContext:
+    codec = load_codec(str(model_dir))
+    return EpisodeContext(codec, generator, SamplingParams, reader=AnswerReader(codec, tool_parser))
 
 
 async def _groups(
@@ -301,11 +310,12 @@ def evaluate(
     k: int,
     settings: EpisodeSettings,
     threads: int | None = None,
+    tool_parser: str = "auto",
 ) -> Score:
     """`k` samples of each task line's problem (``{"env_spec": ..., "row": ...}``, the
     learner's eval-set format: each row its own problem, seeded by its index) from `model`,
     through the workers' episode code, on `threads` torch threads (None: as they are)."""
-    ctx = EpisodeContext(load_codec(str(model_dir)), ModelGenerator(model), SamplingParams)
+    ctx = _context(model_dir, ModelGenerator(model), tool_parser)
     rows = [json.loads(line) for line in lines]
     tasks = [
         Task(f"eval-{i}", r["env_spec"], k, i, 0, row=r.get("row")) for i, r in enumerate(rows)

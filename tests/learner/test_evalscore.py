@@ -55,9 +55,19 @@ def test_score_per_set_and_env_leaves_infra_rows_out() -> None:
     # pass@2: 1 - C(3,2)/C(4,2) = 0.5 and 1 - C(1,2)/C(4,2) = 1
     assert math.isclose(figures["pass_at_2"], (0.5 + 1.0) / 2)
     assert figures["turns_mean"] == 1.0 and figures["tokens_mean"] > 0
+    assert figures["multi_turn"] == 0.0
     assert sum(v for k, v in figures.items() if k.startswith("finish/")) == pytest.approx(1.0)
     per = score_sets(groups, 2, 0.5)
     assert set(per) == {"held", "held/toy"} and per["held"] == per["held/toy"]
+
+
+def test_multi_turn_is_the_share_of_episodes_past_their_first_turn() -> None:
+    """In `calc` a turn without a call ends the episode: this share is its tool-call rate."""
+    one = _eval_group("a", [0.0, 0.0, 0.0, 0.0], 0)
+    two = _eval_group("b", [1.0, 0.0, 1.0, 0.0], 1, turns=2)
+    figures = score([one, two, one], k=2, threshold=0.5)
+    assert math.isclose(figures["multi_turn"], 4 / 12)
+    assert math.isclose(figures["turns_mean"], 16 / 12)
 
 
 def test_report_writes_the_log_line_the_gauges_and_the_json(tmp_path, caplog) -> None:
