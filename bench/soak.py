@@ -22,7 +22,7 @@ the soak runs with 900 s (the default is a day: docs/deploy.md, "Redis sizing") 
 they level off inside the warm-up. Once levelled off, their size is the commit rate times
 the TTL (about 120 bytes an id): the table gives their ids and bytes per id, so a growth
 of theirs can be told from a leak.
-`--smoke` (CI, tests/bench) runs 30 seconds with a 10-second warm-up and 2-second samples:
+`--smoke` (CI, tests/bench) runs 15 seconds with a 5-second warm-up and 1.5-second samples:
 it shows the soak runs and the learner trims, not a slope.
 """
 
@@ -372,11 +372,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--stream-max-bytes", type=int, default=8 << 20, help="learner's bound")
     parser.add_argument("--seen-ttl-s", type=float, default=900.0, help="dedup ids kept (s)")
     parser.add_argument("--start-budget-s", type=float, default=240.0, help="start-up limit")
-    parser.add_argument("--smoke", action="store_true", help="30 s, 10 s warm-up (CI)")
+    parser.add_argument("--smoke", action="store_true", help="15 s, 5 s warm-up (CI)")
     parser.add_argument("--json", action="store_true", help="table to stderr, envelope to stdout")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.minutes, args.warmup_min, args.sample_s, args.seen_ttl_s = 0.5, 1 / 6, 2.0, 60.0
+        args.minutes, args.warmup_min, args.sample_s, args.seen_ttl_s = 0.25, 1 / 12, 1.5, 60.0
     started = report.start("soak", argv)
     from inference.tiny import build_tiny_model
 
