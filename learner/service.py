@@ -92,14 +92,42 @@ async def run_live(core: Core, stop: asyncio.Event) -> LearnerState:
         return state
     finally:
         done.set()
-        if keeping is not None:
-            await asyncio.gather(keeping, return_exceptions=True)
-        if gauges is not None:
-            gauges.cancel()
-            await asyncio.gather(gauges, return_exceptions=True)
-        if pusher is not None:
-            await pusher.close()
-        await redis.aclose()
+        await _shut_down(keeping, gauges, pusher, redis)
+
+
+# How long each part of the shutdown may take once the run is over. The learner twice sat
+# for minutes after its last step in the compose tests, under load, never logging `done`:
+# each part now has a deadline, and the one that misses it is named (SIGUSR1 shows where).
+SHUTDOWN_PART_S = 15.0
+
+
+async def _shut_down(
+    keeping: asyncio.Task | None,
+    gauges: asyncio.Task | None,
+    pusher: WeightPusher | None,
+    redis: aioredis.Redis,
+) -> None:
+    """Stop the background tasks and close the clients, each within `SHUTDOWN_PART_S`."""
+    if gauges is not None:
+        gauges.cancel()
+    parts = [
+        ("the stream keeper", keeping),
+        ("the stream gauges", gauges),
+        ("the weight pusher", pusher.close() if pusher is not None else None),
+        ("the Redis client", redis.aclose()),
+    ]
+    for what, part in parts:
+        if part is None:
+            continue
+        task = asyncio.ensure_future(part)
+        finished, _ = await asyncio.wait([task], timeout=SHUTDOWN_PART_S)
+        if not finished:
+            task.cancel()
+            log.warning(
+                "%s did not stop within %g s after the run; left behind", what, SHUTDOWN_PART_S
+            )
+        elif not task.cancelled() and task.exception() is not None:
+            log.warning("%s failed while stopping: %s", what, task.exception())
 
 
 @dataclass(frozen=True)
