@@ -1,12 +1,24 @@
-"""End-to-end benchmark against TRL: time and samples to reach a mean reward on the toy task.
+"""End-to-end benchmark against TRL: time and samples to reach a mean training reward.
 
-Two systems train the same tiny model (built once per run, same seed) on `toy`
-(copy a digit, ~10% by chance) with the same group size (8), groups per step (16),
-learning rate and 10-step linear warm-up (the demo's settings), one completion token
-restricted to the digits and stop tokens:
+Two systems train the same model on the same task with the same batch, learning rate,
+completion length and sampling (`bench._e2e_setups`):
+
+- default, the toy: the tiny model (built once per run, same seed) on `toy` (copy a digit,
+  ~10% by chance), group size 8, 16 groups per step, lr 3e-3 after a 10-step linear warm-up
+  (the toy demo's settings), one completion token restricted to the digits and stop tokens;
+  target a 10-step mean of 0.4;
+- `--model smollm2`: SmolLM2-135M-Instruct (`inference.models`, converted once and cached,
+  before any clock starts) on `arith`'s train split with the row of `farm demo --model
+  smollm2` (`farm.demo_settings`: group size 8, 4 groups per step, lr 2e-5 constant,
+  micro-batches of 8, 12 completion tokens, temperature 1, on policy, no KL); target a
+  3-step mean of 0.5 within 12 steps (why 0.5 and 3 steps: `bench._e2e_setups`). The TRL
+  side sees the observation through the model's chat template exactly as a worker renders
+  it, and scores with the `arith` environment's own reward.
+
+The two systems:
 
 - this farm: `farm up` with its defaults (private Redis, the CPU policy server, two
-  workers, the learner), plus those settings and `--max-tokens 1`;
+  workers, the learner), plus those settings;
 - TRL's `GRPOTrainer` (`bench/_trl_grpo.py`), run in the benchmark's own venv,
   layered over the project venv (a `.pth` file naming its site-packages) so torch
   and transformers are the project's; it is created on first use, with pip
@@ -15,9 +27,11 @@ restricted to the digits and stop tokens:
 
 For each, the clock starts when its process is launched (start-up counts) and stops
 at the first optimizer step where the mean reward of the last `--window` steps
-reaches `--target`; samples = steps x group size x groups per step. The systems run
-one after the other, alternating which goes first, `--runs` times; medians are
-printed with the ratio farm / TRL (goal: <= 0.5).
+reaches `--target`; samples = steps x group size x groups per step. The table splits
+that time at the first optimizer step (start-up, then training) and gives the seconds
+per optimizer step after the first, so a run that misses the target still compares the
+pace. The systems run one after the other, alternating which goes first, `--runs` times;
+medians are printed with the ratio farm / TRL (goal: <= 0.5).
 """
 
 from __future__ import annotations
