@@ -13,7 +13,7 @@ last `window` steps reaches `target` or after `max_steps`. The task matches the 
   token ids; tests/bench/test_e2e_arith.py checks it), and the environment's own reward:
   the problem is reset by index and the completion stepped through `envs.arith`.
 
-Both: group-normalised advantages, no KL term, token-mean loss (TRL's ``dapo``, the farm
+Both: fp32 (TRL would autocast to bf16 by default), group-normalised advantages, no KL term, token-mean loss (TRL's ``dapo``, the farm
 learner's default), a constant learning rate after `warmup_steps`, sampling at
 `temperature` with top-p 1 and no top-k, stop at the tokenizer's end of turn, and the batch
 of `group_size` x `groups_per_batch` completions trained in micro-batches of `micro_batch`
@@ -137,6 +137,7 @@ def main(argv: list[str]) -> int:
             save_strategy="no",
             report_to=[],
             use_cpu=True,
+            bf16=False,  # TRL's default is bf16 autocast; the farm's learner trains in fp32
             seed=s["seed"],
             generation_kwargs=generation_kwargs or None,
             disable_tqdm=True,
