@@ -99,6 +99,7 @@ def _scores(result: dict[str, Any]) -> dict[str, Any]:
             "pass_at_k": figures[f"pass_at_{k}"],
             "multi_turn": figures.get("multi_turn"),
             "scored_rows": int(figures["scored_rows"]),
+            "infra_failed_rows": int(figures.get("infra_failed_rows", 0)),
         }
         for key, figures in result["sets"].items()
     }
@@ -234,7 +235,9 @@ def _eval_lines(summary: dict[str, Any]) -> list[str]:
 
         def fig(result: dict | None, metric: str, name: str = name) -> str:
             figures = (result or {}).get("sets", {}).get(name) or {}
-            return "-" if figures.get(metric) is None else f"{figures[metric]:.3f}"
+            if figures.get(metric) is None or figures.get("scored_rows") == 0:
+                return "-"  # no score: not run, or every row failed on the infrastructure
+            return f"{figures[metric]:.3f}"
 
         line = (
             f"held-out {name}  mean@{k} {fig(before, 'mean_at_k')} -> {fig(after, 'mean_at_k')}, "
@@ -244,6 +247,13 @@ def _eval_lines(summary: dict[str, Any]) -> list[str]:
         if any(m not in ("-", "0.000") for m in multi):  # a tool environment: calls made
             line += f", past turn 1 {multi[0]} -> {multi[1]}"
         lines.append(line + "\n")
+        for when, result in (("before", before), ("after", after)):
+            figures = (result or {}).get("sets", {}).get(name) or {}
+            if figures.get("infra_failed_rows"):
+                lines.append(
+                    f"  {when}: {figures['infra_failed_rows']} rows left out, failed on the "
+                    "infrastructure (the workers' logs say why)\n"
+                )
     if after is None:
         lines.append("held-out score at the end: none (the run stopped before its last step)\n")
     return lines

@@ -113,7 +113,13 @@ SETTINGS: dict[tuple[str, str], DemoSettings] = {
         stop_when_solved=False,
         eval_samples=2,
         learner_extra=("--micro-batch-size", "4", "--max-staleness", "0"),
-        worker_extra=("--tool-parser", "hermes"),
+        # the 80-episode evaluation queues ~80 requests of ~400-token prompts on the CPU
+        # server: at the default 60 s a request, seed 1's evaluation after step 5 timed out
+        # whole (seed 0's took 356 s and passed); a longer limit, not yet rerun
+        worker_extra=(
+            *("--tool-parser", "hermes", "--inference-request-timeout-s", "300"),
+            *("--inference-retry-budget-s", "900"),
+        ),
     ),
 }
 

@@ -259,6 +259,7 @@ def test_summary_has_the_held_out_score_before_and_after_and_the_settings(tmp_pa
                 "pass_at_k": 0.25,
                 "multi_turn": 0.0,
                 "scored_rows": 20,
+                "infra_failed_rows": 0,
             }
             for key in ("heldout", "heldout/arith")
         },
@@ -318,6 +319,26 @@ def test_summary_of_a_tool_environment_shows_its_calls_before_and_after(tmp_path
         "held-out heldout  mean@4 0.140 -> 0.500, pass@4 0.300 -> 0.700, past turn 1 0.250 -> 0.800"
     )
     assert line in text.read_text().splitlines()
+
+
+def test_an_evaluation_whose_rows_all_failed_on_the_infrastructure_is_no_score(
+    tmp_path: Path,
+) -> None:
+    """Seen on calc: every eval episode timed out on the policy server; 0.000 would read as
+    a model that unlearned."""
+    evals = tmp_path / "evals"
+    _eval_file(evals, 0, 0.14, 0.3, multi=0.25, env="calc")
+    failed = {"rows": 40.0, "scored_rows": 0.0, "infra_failed_rows": 40.0, "mean_at_k": 0.0}
+    failed |= {"pass_at_1": 0.0, "pass_at_4": 0.0, "multi_turn": 0.0}
+    sets = {"heldout": failed, "heldout/calc": failed}
+    report(EvalResult(5, 5, 3.0, 40, 0, (5, 5), sets), evals)
+    before, after = demo.eval_scores(evals)
+    summary = summarize(_outcome("learner finished"), 12.0, tmp_path / "none.log")
+    summary |= {"eval_before": before, "eval_after": after}
+    _, _, text = write_outputs(tmp_path / "out", summary)
+    lines = text.read_text().splitlines()
+    assert "held-out heldout  mean@4 0.140 -> -, pass@4 0.300 -> -, past turn 1 0.250 -> -" in lines
+    assert any(line.startswith("  after: 40 rows left out, failed on the infra") for line in lines)
 
 
 def test_summary_says_when_the_run_ended_before_its_last_evaluation(tmp_path: Path) -> None:

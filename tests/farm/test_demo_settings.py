@@ -110,9 +110,10 @@ def test_demo_with_smollm2_on_calc_reads_hermes_calls_and_scores_every_held_out_
     plan = _plan(tmp_path, "--model", str(smollm2_dir), "--env", "calc")
     cfg = plan.cfg
     assert plan.row_name == "smollm2/calc" and cfg.env_spec == "calc"
-    assert cfg.worker_args == [
+    assert cfg.worker_args[:6] == [
         *("--max-tokens", "64", "--temperature", "1.0", "--tool-parser", "hermes")
     ]
+    assert _flag(cfg.worker_args, "--inference-request-timeout-s") == "300"
     learner = cfg.learner_args
     assert (_flag(learner, "--eval-samples"), _flag(learner, "--eval-max-tokens")) == ("2", "64")
     lines = Path(_flag(learner, "--eval-tasks").removeprefix("heldout=")).read_text().splitlines()
