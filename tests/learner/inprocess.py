@@ -36,7 +36,6 @@ from learner.config import LearnerConfig
 from learner.core import Core, build_core
 from learner.distributed import DistContext
 from learner.trainer import StepStats
-from workers.answers import AnswerReader
 from workers.config import EpisodeSettings
 from workers.episode import EpisodeContext
 from workers.group import run_group
@@ -177,7 +176,6 @@ def train(  # noqa: PLR0913
     push: bool = True,
     threads: int | None = 1,
     until: float | None = None,
-    tool_parser: str = "auto",
 ) -> Run:
     """`steps` synchronous steps of `groups` x `group_size` episodes of `env_spec`, trained by
     the learner's own `Core` (batch preparation, critic, schedules) built from `flags`, the
@@ -192,7 +190,7 @@ def train(  # noqa: PLR0913
     torch's setting, for a pretrained model that needs every core.
 
     `until` ends the run early at the first 10-step window whose mean reward reaches it; the
-    steps before are the same as in the full run. `tool_parser` is the workers' --tool-parser.
+    steps before are the same as in the full run.
     """
     with torch_threads(threads):
         return _train(
@@ -206,7 +204,6 @@ def train(  # noqa: PLR0913
             settings=settings,
             push=push,
             until=until,
-            tool_parser=tool_parser,
         )
 
 
@@ -221,7 +218,7 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _train(  # noqa: PLR0913
+def _train(
     model_dir: Path,
     env_spec: str,
     *,
@@ -233,7 +230,6 @@ def _train(  # noqa: PLR0913
     settings: EpisodeSettings | None,
     push: bool,
     until: float | None,
-    tool_parser: str,
 ) -> Run:
     from transformers import AutoModelForCausalLM
 
@@ -253,7 +249,7 @@ def _train(  # noqa: PLR0913
     model = core.trainer.model
     sampler = model if push else AutoModelForCausalLM.from_pretrained(model_dir).eval().to(device)
     generator = ModelGenerator(sampler, core.trainer.autocast)
-    ctx = _context(model_dir, generator, tool_parser)
+    ctx = EpisodeContext(load_codec(str(model_dir)), generator, SamplingParams)
     episode = settings or EpisodeSettings(max_tokens=1, temperature=1.0)
     rng = random.Random(seed)
     run = Run(core=core)
@@ -271,11 +267,6 @@ def _train(  # noqa: PLR0913
         if until is not None and window_mean(run.rewards)[-1:] >= [until]:
             break
     return run
-
-
-def _context(model_dir: Path, generator: ModelGenerator, tool_parser: str) -> EpisodeContext:
-    codec = load_codec(str(model_dir))
-    return EpisodeContext(codec, generator, SamplingParams, reader=AnswerReader(codec, tool_parser))
 
 
 async def _groups(
@@ -310,12 +301,11 @@ def evaluate(
     k: int,
     settings: EpisodeSettings,
     threads: int | None = None,
-    tool_parser: str = "auto",
 ) -> Score:
     """`k` samples of each task line's problem (``{"env_spec": ..., "row": ...}``, the
     learner's eval-set format: each row its own problem, seeded by its index) from `model`,
     through the workers' episode code, on `threads` torch threads (None: as they are)."""
-    ctx = _context(model_dir, ModelGenerator(model), tool_parser)
+    ctx = EpisodeContext(load_codec(str(model_dir)), ModelGenerator(model), SamplingParams)
     rows = [json.loads(line) for line in lines]
     tasks = [
         Task(f"eval-{i}", r["env_spec"], k, i, 0, row=r.get("row")) for i, r in enumerate(rows)
