@@ -143,7 +143,7 @@ async def _supervise(
 ) -> int | None:
     stop = asyncio.Event()
     remove = on_stop_signals(lambda _signal: stop.set())
-    _dump_tasks_on_sigusr1()
+    undump = _dump_tasks_on_sigusr1()
     try:
         async with asyncio.TaskGroup() as tasks:
             body = tasks.create_task(
@@ -157,26 +157,37 @@ async def _supervise(
             raise group.exceptions[0] from None
         raise
     finally:
+        undump()
         remove()
 
 
-def _dump_stacks_on_sigusr1() -> None:
+def _dump_stacks_on_sigusr1(chain: bool = False) -> None:
     # The process's own stderr (fd 2), not sys.stderr: a role started in-process (the CLI
     # tests) may have it replaced by an object without a file descriptor.
     if sys.__stderr__ is not None:
-        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True, chain=chain)
 
 
-def _dump_tasks_on_sigusr1() -> None:
+def _dump_tasks_on_sigusr1() -> Callable[[], None]:
     """The loop's SIGUSR1 handler prints every task's stack; faulthandler is registered again
     over it, chaining to it, so the threads' stacks still come first (and come at all when
-    the loop itself is stuck)."""
+    the loop itself is stuck). Returns the undo: the threads' dump alone, as before the loop
+    (closing the loop would otherwise reset SIGUSR1 to its default, which kills)."""
     if sys.__stderr__ is None:
-        return
+        return lambda: None
     loop = asyncio.get_running_loop()
-    faulthandler.unregister(signal.SIGUSR1)  # else registering again keeps the loop's handler
+    # unregistering restores the handler faulthandler replaced; registering again over the
+    # loop's installs faulthandler's own (a second register alone would keep the loop's)
+    faulthandler.unregister(signal.SIGUSR1)
     loop.add_signal_handler(signal.SIGUSR1, _print_tasks)
-    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True, chain=True)
+    _dump_stacks_on_sigusr1(chain=True)
+
+    def undo() -> None:
+        faulthandler.unregister(signal.SIGUSR1)
+        loop.remove_signal_handler(signal.SIGUSR1)
+        _dump_stacks_on_sigusr1()
+
+    return undo
 
 
 def _print_tasks() -> None:

@@ -59,6 +59,34 @@ def test_sigusr1_dumps_every_threads_stack_and_every_task_and_the_role_goes_on()
     assert "name='probe-main'" in err and "in _main" in err, err
 
 
+AFTER_THE_LOOP = """
+import dataclasses, os, signal, time
+import tests.launch.role as r
+from launch.runner import start
+
+async def done(ctx):
+    return 0
+
+role = dataclasses.replace(r.ROLE, main=done)
+for i in range(2):  # a role started twice in one process, as the CLI tests do
+    assert start(role, []) == 0
+    os.kill(os.getpid(), signal.SIGUSR1)
+    time.sleep(0.3)
+    print("alive", i, flush=True)
+"""
+
+
+def test_sigusr1_after_the_roles_loop_closed_still_dumps_and_does_not_kill() -> None:
+    """Closing the loop resets its SIGUSR1 handler to the default (terminate): the runner
+    puts the threads' dump back first."""
+    done = subprocess.run(
+        [sys.executable, "-c", AFTER_THE_LOOP], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.split() == ["alive", "0", "alive", "1"]
+    assert done.stderr.count("Current thread") == 2
+
+
 def test_a_failed_component_ends_the_role_with_status_1() -> None:
     proc = _spawn("--fail")
     _, err = proc.communicate(timeout=30)
