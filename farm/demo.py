@@ -234,7 +234,7 @@ def _eval_lines(summary: dict[str, Any]) -> list[str]:
     for name in (n for n in names if "/" not in n):
 
         def fig(result: dict | None, metric: str, name: str = name) -> str:
-            figures = (result or {}).get("sets", {}).get(name) or {}
+            figures = _set_figures(result, name)
             if figures.get(metric) is None or figures.get("scored_rows") == 0:
                 return "-"  # no score: not run, or every row failed on the infrastructure
             return f"{figures[metric]:.3f}"
@@ -248,7 +248,7 @@ def _eval_lines(summary: dict[str, Any]) -> list[str]:
             line += f", past turn 1 {multi[0]} -> {multi[1]}"
         lines.append(line + "\n")
         for when, result in (("before", before), ("after", after)):
-            figures = (result or {}).get("sets", {}).get(name) or {}
+            figures = _set_figures(result, name)
             if figures.get("infra_failed_rows"):
                 lines.append(
                     f"  {when}: {figures['infra_failed_rows']} rows left out, failed on the "
@@ -257,6 +257,11 @@ def _eval_lines(summary: dict[str, Any]) -> list[str]:
     if after is None:
         lines.append("held-out score at the end: none (the run stopped before its last step)\n")
     return lines
+
+
+def _set_figures(result: dict[str, Any] | None, name: str) -> dict[str, Any]:
+    """One set's figures of an `eval_scores` result ({} when there is no result or set)."""
+    return (result or {}).get("sets", {}).get(name) or {}
 
 
 def _settings_lines(settings: dict[str, Any] | None) -> list[str]:
