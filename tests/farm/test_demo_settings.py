@@ -83,6 +83,12 @@ def test_the_held_out_file_names_each_held_out_problem_once() -> None:
     assert table.heldout_lines('toy@{"difficulty": 0}') is None
 
 
+@pytest.mark.parametrize("spec", ['arith@{"nope": 1}', 'calc@{"problems": "mul9x9"}'])
+def test_a_bad_argument_of_the_held_out_environment_is_a_config_error(spec: str) -> None:
+    with pytest.raises(ConfigError, match=r"--env .*validation error"):
+        table.heldout_lines(spec)
+
+
 def test_demo_with_smollm2_trains_arith_and_scores_the_held_out_split_first_and_last(
     tmp_path: Path, smollm2_dir: Path
 ) -> None:
