@@ -2,9 +2,7 @@
 
 Built for a real chat model (SmolLM2-135M-Instruct) to learn to use a tool over several
 turns. The first observation asks a question (``"What is 347*28?"``). The model may call the
-calculator (`envs.calculator`, evaluated safely in the worker: no sandbox is needed for
-arithmetic, and a sandbox round trip would cost more than the whole evaluation); the result
-comes back as a ``tool`` message, which the chat template renders as a ``<tool_response>``;
+calculator (`envs.calculator`); the result comes back as a ``tool`` message, which the chat template renders as a ``<tool_response>``;
 the model then answers. A turn with no call is the answer and ends the episode: reward 1 when
 the last number it says is the right one (``"9716"``, ``"The answer is 9,716."``) and, with
 ``require_tool`` (the default), a calculator call succeeded earlier in the episode, else 0. A
@@ -30,6 +28,16 @@ in about one in seven (14%), and a right call nearly always led to a right answe
 teach is the call itself. The ``<calc>`` tag with two shots already succeeds in three of four:
 little left to learn.
 
+Where the calculator runs is the ``calculator`` setting. ``sandbox`` (what `farm demo` trains
+with) runs each call in a session of the worker's sandbox pool, as every tool environment
+here runs its tools: the calculator's own source and the call's expression go in as one
+Python program, so the model sees the same results either way; a sandbox that fails is an
+`EnvInfraError` (the worker retries the episode, the model is not blamed). ``worker`` (the
+default, for runs without a pool) evaluates in the worker's process, which is safe for this
+tool alone: `envs.calculator` walks the expression's syntax tree and never calls ``eval``.
+A call costs a few milliseconds in a warm sandbox (BENCHMARKS.md, "Sandbox benchmark"),
+nothing beside a turn's generation.
+
 Splits: ``heldout_size`` problems are drawn once from a fixed seed (`SPLIT_SEED`); they are
 the ``heldout`` split and never drawn for ``train``. Both depend only on ``problems`` and
 ``heldout_size``, so ``calc`` and ``calc@{"split": "heldout"}`` name disjoint problems. A task
@@ -40,6 +48,7 @@ by seed); `split_lines` is the eval file that scores each held-out problem once.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import random
 import re
@@ -48,11 +57,13 @@ from typing import Any, Literal
 import pydantic
 
 from broker.messages import ErrorCategory
+from envs import calculator as calculator_module
 from envs.api import Env, ResetResult, StepResult
 from envs.calculator import CalculatorError, evaluate
 from envs.errors import EnvSpecError, EnvStateError
 from envs.parsing import ParsedAction, parse_tool_calls
 from envs.registry import spec_config
+from envs.sandboxed import SandboxPool, open_session, require_pool, violated, violation_name
 from envs.tools import ToolCall
 from envs.toy import TRAILING_SPECIALS
 
@@ -125,6 +136,9 @@ class CalcConfig(pydantic.BaseModel):
     max_turns: int = pydantic.Field(
         3, ge=1, le=16, description="actions before the episode is truncated"
     )
+    calculator: Literal["worker", "sandbox"] = pydantic.Field(
+        "worker", description="where a call is evaluated: in the worker, or in a sandbox session"
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -190,9 +204,12 @@ def final_number(reply: str) -> int | None:
 class CalcEnv(Env):
     """One arithmetic question, a calculator, and the answer; see the module docstring."""
 
-    def __init__(self, config: CalcConfig | None = None) -> None:
+    def __init__(
+        self, config: CalcConfig | None = None, sandbox: SandboxPool | None = None
+    ) -> None:
         self.config = config or CalcConfig()
         c = self.config
+        self.pool = require_pool(sandbox, "calc") if c.calculator == "sandbox" else None
         self.heldout = heldout_problems(c.problems, c.heldout_size)
         plain = c.style == "hermes" and not c.instructions
         self.system_prompt = None if plain else SYSTEM_PROMPTS[c.style]
@@ -227,6 +244,29 @@ class CalcEnv(Env):
                 return problem
 
     def step(self, action: Any) -> StepResult:
+        if self.pool is not None:
+            raise EnvStateError("calc: its calculator runs in the sandbox; step it with astep()")
+        parsed, info, ended = self._turn(action)
+        if ended is not None:
+            return ended
+        return self._observe(parsed, [_calculate(call) for call in parsed.calls], info)
+
+    async def astep(self, action: Any) -> StepResult:
+        if self.pool is None:
+            return self.step(action)
+        parsed, info, ended = self._turn(action)
+        if ended is not None:
+            return ended
+        results = []
+        if parsed.calls:  # one session for the turn's calls
+            async with open_session(self.pool) as sb:
+                for call in parsed.calls:
+                    results.append(await _calculate_in(sb, call))
+        return self._observe(parsed, results, info)
+
+    def _turn(self, action: Any) -> tuple[ParsedAction, dict[str, Any], StepResult | None]:
+        """Count and read the action; a turn without a call is the answer, which ends the
+        episode (its result is returned last); otherwise the calls are the caller's to run."""
         if self._answer is None:
             raise EnvStateError("calc: step() called before reset() or after the episode ended")
         self._turns += 1
@@ -237,8 +277,15 @@ class CalcEnv(Env):
             correct = said == self._answer and (self._used_tool or not self.config.require_tool)
             self._answer = None
             info.update(correct=correct, used_tool=self._used_tool, said=_text(said))
-            return "", 1.0 if correct else 0.0, True, False, info
-        observation = self._run_calls(parsed, info)
+            return parsed, info, ("", 1.0 if correct else 0.0, True, False, info)
+        return parsed, info, None
+
+    def _observe(
+        self, parsed: ParsedAction, results: list[tuple[str, str | None]], info: dict[str, Any]
+    ) -> StepResult:
+        """The turn's tool messages from each call's (result, error); the episode is
+        truncated after `max_turns` actions."""
+        observation = self._tool_messages(parsed, results, info)
         if self._turns >= self.config.max_turns:
             self._answer = None
             return observation, 0.0, False, True, {**info, "truncated_by": "max_turns"}
@@ -252,22 +299,69 @@ class CalcEnv(Env):
         error = "unbalanced <calc> ... </calc>" if not calls and "<calc>" in text else None
         return ParsedAction(calls, text.strip(), error, "tag")
 
-    def _run_calls(self, parsed: ParsedAction, info: dict[str, Any]) -> list[dict[str, Any]]:
+    def _tool_messages(
+        self, parsed: ParsedAction, results: list[tuple[str, str | None]], info: dict[str, Any]
+    ) -> list[dict[str, Any]]:
         """Each call's result (or error) as a tool message; errors mark the step FORMAT."""
         if parsed.error is not None:
             info.update(error=ErrorCategory.FORMAT, error_detail=parsed.error[:500])
             return [_tool_message(f"Error: {parsed.error}", "")]
         messages = []
-        for call in parsed.calls:
-            try:
-                result = evaluate(_expression(call))
+        for call, (result, error) in zip(parsed.calls, results, strict=True):
+            if error is None:
                 self._used_tool = True
-            except CalculatorError as exc:
-                result = f"Error: {exc}"
-                info.update(error=ErrorCategory.FORMAT, error_detail=str(exc)[:500])
+            else:
+                result = f"Error: {error}"
+                info.update(error=ErrorCategory.FORMAT, error_detail=error[:500])
             messages.append(_tool_message(result, call.id))
         info["tool_results"] = [m["content"] for m in messages]
         return messages
+
+
+def _calculate(call: ToolCall) -> tuple[str, str | None]:
+    """(the value, None) or ("", why the calculator refused)."""
+    try:
+        return evaluate(_expression(call)), None
+    except CalculatorError as exc:
+        return "", str(exc)
+
+
+# The sandbox runs the calculator's own module source, then this: one JSON line out.
+_SANDBOX_MAIN = """
+import json as _json
+try:
+    _out = {"value": evaluate(%r)}
+except CalculatorError as _exc:
+    _out = {"error": str(_exc)}
+print(_json.dumps(_out))
+"""
+SANDBOX_CALL_TIMEOUT_S = 10.0  # the calculator bounds its own work; this is a backstop
+
+
+@functools.cache
+def _calculator_source() -> str:
+    return inspect.getsource(calculator_module)
+
+
+async def _calculate_in(sb: Any, call: ToolCall) -> tuple[str, str | None]:
+    """`_calculate` in the sandbox session `sb`. The name and arguments are checked here
+    (only an expression goes in); a run that breaks a sandbox limit or prints no verdict
+    is reported to the model as an error, as the worker's calculator reports a refusal."""
+    try:
+        expression = _expression(call)
+    except CalculatorError as exc:
+        return "", str(exc)
+    if not isinstance(expression, str):
+        return "", f"the expression must be text, got {type(expression).__name__}"
+    code = _calculator_source() + _SANDBOX_MAIN % expression
+    result = await sb.run_python(code, timeout=SANDBOX_CALL_TIMEOUT_S)
+    if violated(result):
+        return "", f"the calculator was stopped ({violation_name(result)})"
+    try:
+        verdict = json.loads(result.stdout.strip().splitlines()[-1])
+        return (str(verdict["value"]), None) if "value" in verdict else ("", str(verdict["error"]))
+    except (IndexError, ValueError, KeyError, TypeError):
+        return "", f"the calculator failed: {result.stderr.strip()[-300:] or 'no output'}"
 
 
 def _expression(call: ToolCall) -> str:
@@ -305,7 +399,8 @@ def split_lines(**kwargs: Any) -> list[str]:
 
 
 @spec_config(CalcConfig)
-def make_calc(**kwargs: Any) -> CalcEnv:
+def make_calc(sandbox: SandboxPool | None = None, **kwargs: Any) -> CalcEnv:
     """Registry factory for ``calc@{"split": "train", "problems": "mul3x2", "style": "hermes",
-    "instructions": true, "shots": 2, "heldout_size": 40, "require_tool": true, "max_turns": 3}``."""
-    return CalcEnv(CalcConfig(**kwargs))
+    "instructions": true, "shots": 2, "heldout_size": 40, "require_tool": true, "max_turns": 3,
+    "calculator": "worker"}``; ``calculator: "sandbox"`` needs the worker's `sandbox` pool."""
+    return CalcEnv(CalcConfig(**kwargs), sandbox)

@@ -286,11 +286,14 @@ def window_mean(rewards: Sequence[float], window: int = 10) -> list[float]:
 
 @dataclass(frozen=True)
 class Score:
-    """A policy's score on a set of prompts: mean reward over every sample, and pass@k (the
-    share of prompts with at least one sample that scored 1)."""
+    """A policy's score on a set of prompts: mean reward over every sample, pass@k (the
+    share of prompts with at least one sample that scored 1), and the share of episodes
+    that went past their first turn (in a tool environment whose turn without a call ends
+    the episode, the tool-call rate; `learner.evalscore`'s ``multi_turn``)."""
 
     mean: float
     pass_at_k: float
+    past_turn_1: float = 0.0
 
 
 def evaluate(
@@ -313,7 +316,9 @@ def evaluate(
     with torch_threads(threads):
         groups = asyncio.run(_groups(ctx, settings, tasks))
     returns = [[sum(t.reward for t in tr.turns) for tr in g.trajectories] for g in groups]
+    episodes = [tr for g in groups for tr in g.trajectories]
     return Score(
         mean=sum(map(sum, returns)) / sum(map(len, returns)),
         pass_at_k=sum(max(r) >= 1.0 for r in returns) / len(returns),
+        past_turn_1=sum(len(tr.turns) > 1 for tr in episodes) / len(episodes),
     )
