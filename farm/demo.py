@@ -269,7 +269,8 @@ def _settings_lines(settings: dict[str, Any] | None) -> list[str]:
         return []
     return [
         f"model              {settings['model']} ({settings['model_family']})\n",
-        f"environment        {settings['env_spec']}\n",
+        f"environment        {settings['env_spec']}"
+        + (f" (sandbox {sandbox})\n" if (sandbox := settings.get("sandbox_backend")) else "\n"),
         f"settings           {settings['row']}: max steps {settings['max_steps']}, "
         f"time limit {settings['time_limit_s']:.0f} s\n",
         f"  learner          {' '.join(settings['learner_args'])}\n",

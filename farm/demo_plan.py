@@ -4,7 +4,7 @@
 converted once and cached; a directory is used as it is; none builds the tiny model), its
 family, the environment (the family's own when none is given: ``arith`` for SmolLM2) and the
 settings row of `farm.demo_settings`, and returns the `FarmConfig` the demo runs: the row's
-learner and worker flags first (the user's --learner-arg/--worker-arg follow and win), its
+environment settings and sandbox unless given, its learner and worker flags first (the user's --learner-arg/--worker-arg follow and win), its
 step limit and stop rule unless given, and, for an environment with a held-out split, a task
 file listing each held-out problem once (`<work_dir>/heldout.jsonl`) scored by the learner
 before the first step and after the last (`<work_dir>/evals/eval-STEP.json`).
@@ -43,6 +43,7 @@ class DemoPlan:
             "model": str(self.cfg.model) if self.cfg.model else "tiny (built in the run dir)",
             "model_family": self.family,
             "env_spec": self.cfg.env_spec,
+            "sandbox_backend": self.cfg.sandbox_backend,
             "row": self.row_name,
             "measured": row.measured,
             "max_steps": self.cfg.max_steps,
@@ -68,9 +69,11 @@ def plan_demo(
     if "env_spec" not in given.model_fields_set:
         env_spec = FAMILY_ENVS.get(family, env_spec)
     row_name, row = table.lookup(family, env_spec.partition("@")[0])
-    cli |= {"model": model, "env_spec": env_spec}
+    cli |= {"model": model, "env_spec": table.env_spec_of(row, env_spec)}
     if "max_steps" not in given.model_fields_set:
         cli["max_steps"] = row.max_steps
+    if "sandbox_backend" not in given.model_fields_set and row.sandbox_backend:
+        cli["sandbox_backend"] = row.sandbox_backend
     if cli.get("stop_when_solved") is None:
         cli["stop_when_solved"] = row.stop_when_solved
     cfg = load_config(toml, **cli)

@@ -42,6 +42,10 @@ class DemoSettings:
     time_limit_s: float  # the farm stops after this, from start-up
     stop_when_solved: bool
     eval_samples: int = 4  # k of the held-out eval's mean@k and pass@k
+    env_defaults: tuple[
+        tuple[str, Any], ...
+    ] = ()  # env-spec kwargs unless the user's spec sets them
+    sandbox_backend: str | None = None  # the workers' sandbox, unless the user names one
     learner_extra: tuple[str, ...] = ()  # further learner flags of this row
     worker_extra: tuple[str, ...] = ()  # further worker flags of this row
 
@@ -112,6 +116,10 @@ SETTINGS: dict[tuple[str, str], DemoSettings] = {
         time_limit_s=1800.0,
         stop_when_solved=False,
         eval_samples=2,
+        # the calculator runs in a bubblewrap jail, as a tool of the farm's sandbox pool: no
+        # image to build first (`--sandbox-backend docker` runs it in Docker instead)
+        env_defaults=(("calculator", "sandbox"),),
+        sandbox_backend="bwrap",
         learner_extra=("--micro-batch-size", "4", "--max-staleness", "0"),
         # the 80-episode evaluation queues ~80 requests of ~400-token prompts on the CPU
         # server: at the default 60 s a request, seed 1's evaluation after step 5 timed out
@@ -151,6 +159,15 @@ def model_family(model: Path | None) -> str:
         f"--model {model}: farm demo knows the families {', '.join(FAMILIES)} "
         "(by their config.json sizes), not this model's; train it with `farm up`"
     )
+
+
+def env_spec_of(row: DemoSettings, env_spec: str) -> str:
+    """`env_spec` with the row's `env_defaults` added where the spec does not set them."""
+    if not row.env_defaults:
+        return env_spec
+    name, _, raw = env_spec.partition("@")
+    given: dict[str, Any] = json.loads(raw) if raw else {}
+    return f"{name}@{json.dumps(dict(row.env_defaults) | given)}"
 
 
 def learner_args(row: DemoSettings) -> list[str]:

@@ -115,7 +115,10 @@ def test_demo_with_smollm2_on_calc_reads_hermes_calls_and_scores_every_held_out_
 ) -> None:
     plan = _plan(tmp_path, "--model", str(smollm2_dir), "--env", "calc")
     cfg = plan.cfg
-    assert plan.row_name == "smollm2/calc" and cfg.env_spec == "calc"
+    # the calculator runs in the workers' sandbox pool: bubblewrap, which needs no image
+    spec = 'calc@{"calculator": "sandbox"}'
+    assert (plan.row_name, cfg.env_spec, cfg.sandbox_backend) == ("smollm2/calc", spec, "bwrap")
+    assert plan.settings()["sandbox_backend"] == "bwrap"
     assert cfg.worker_args[:6] == [
         *("--max-tokens", "64", "--temperature", "1.0", "--tool-parser", "hermes")
     ]
@@ -124,8 +127,16 @@ def test_demo_with_smollm2_on_calc_reads_hermes_calls_and_scores_every_held_out_
     assert (_flag(learner, "--eval-samples"), _flag(learner, "--eval-max-tokens")) == ("2", "64")
     lines = Path(_flag(learner, "--eval-tasks").removeprefix("heldout=")).read_text().splitlines()
     specs = {json.loads(line)["env_spec"] for line in lines}
-    assert len(lines) == 40 and specs == {'calc@{"split": "heldout"}'}
+    assert len(lines) == 40 and specs == {'calc@{"split": "heldout", "calculator": "sandbox"}'}
     assert sorted(json.loads(line)["row"]["index"] for line in lines) == list(range(40))
+    # the user's own environment settings and sandbox win over the row's
+    own = _plan(
+        tmp_path,
+        *("--model", str(smollm2_dir), "--sandbox-backend", "docker"),
+        *("--env", 'calc@{"calculator": "worker", "shots": 3}'),
+    )
+    assert own.cfg.env_spec == 'calc@{"calculator": "worker", "shots": 3}'
+    assert own.cfg.sandbox_backend == "docker"
 
 
 def test_demo_defaults_stay_the_toy_on_the_tiny_model_and_refuse_unmeasured_pairs(
