@@ -322,3 +322,38 @@ def evaluate(
         pass_at_k=sum(max(r) >= 1.0 for r in returns) / len(returns),
         past_turn_1=sum(len(tr.turns) > 1 for tr in episodes) / len(episodes),
     )
+
+
+def before_and_after(
+    model_dir: Path,
+    env_spec: str,
+    heldout: Sequence[str],
+    *,
+    steps: int,
+    seed: int,
+    k: int,
+    flags: dict[str, object],
+    settings: EpisodeSettings,
+) -> tuple[Score, Score, list[float]]:
+    """The held-out score (`heldout`: task lines, `k` samples each) of the pretrained model in
+    `model_dir`, then after `steps` steps of 4 x 8 episodes of `env_spec` at `seed`, all on one
+    thread; and each step's mean reward."""
+    from transformers import AutoModelForCausalLM
+
+    def score(model: torch.nn.Module) -> Score:
+        return evaluate(model, model_dir, heldout, k=k, settings=settings, threads=1)
+
+    base = score(AutoModelForCausalLM.from_pretrained(model_dir).eval())
+    run = train(
+        model_dir,
+        env_spec,
+        steps=steps,
+        seed=seed,
+        groups=4,
+        group_size=8,
+        flags=flags,
+        settings=settings,
+        threads=1,
+    )
+    assert run.core is not None
+    return base, score(run.core.trainer.model.eval()), run.rewards

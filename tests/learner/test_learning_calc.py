@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from envs.calc import split_lines
-from tests.learner.inprocess import Score, evaluate, train
+from tests.learner.inprocess import Score, before_and_after
 from workers.config import EpisodeSettings
 
 SETTINGS = EpisodeSettings(max_tokens=64, temperature=1.0)
@@ -33,13 +33,6 @@ BASE_BELOW, RISE, CALLS_RISE = 0.3, 0.3, 0.3
 SEED = 0
 
 
-def _score(model: object, model_dir: Path) -> Score:
-    """The first `PROBLEMS` held-out problems once each (by row), k samples each, on one
-    thread as the training."""
-    lines = split_lines(calculator="worker")[:PROBLEMS]
-    return evaluate(model, model_dir, lines, k=K, settings=SETTINGS, threads=1)  # type: ignore[arg-type]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_smollm2_learns_to_call_the_calculator_on_held_out_problems(smollm2_dir: Path) -> None:
@@ -51,19 +44,7 @@ def test_smollm2_learns_to_call_the_calculator_on_held_out_problems(smollm2_dir:
 
 def run_seed(smollm2_dir: Path, seed: int) -> tuple[Score, Score, list[float]]:
     """The held-out score before and after `STEPS` steps of seed `seed`, and the rewards."""
-    from transformers import AutoModelForCausalLM
-
-    base = _score(AutoModelForCausalLM.from_pretrained(smollm2_dir).eval(), smollm2_dir)
-    run = train(
-        smollm2_dir,
-        SPEC,
-        steps=STEPS,
-        seed=seed,
-        groups=4,
-        group_size=8,
-        flags=FLAGS,
-        settings=SETTINGS,
-        threads=1,
+    heldout = split_lines(calculator="worker")[:PROBLEMS]
+    return before_and_after(
+        smollm2_dir, SPEC, heldout, steps=STEPS, seed=seed, k=K, flags=FLAGS, settings=SETTINGS
     )
-    assert run.core is not None
-    return base, _score(run.core.trainer.model.eval(), smollm2_dir), run.rewards

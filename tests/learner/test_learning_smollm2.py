@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from envs.arith import split_lines
-from tests.learner.inprocess import Score, evaluate, train
+from tests.learner.inprocess import Score, before_and_after
 from workers.config import EpisodeSettings
 
 SETTINGS = EpisodeSettings(max_tokens=12, temperature=1.0)
@@ -30,13 +30,6 @@ BASE_BELOW, RISE = 0.15, 0.3
 SEED = 0
 
 
-def _score(model: object, model_dir: Path) -> Score:
-    """Every held-out problem once (addressed by row: `split_lines`), k samples each, on one
-    thread as the training (`train(threads=1)`)."""
-    lines = split_lines("heldout")
-    return evaluate(model, model_dir, lines, k=K, settings=SETTINGS, threads=1)  # type: ignore[arg-type]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_smollm2_learns_to_answer_and_stop_on_held_out_problems(smollm2_dir: Path) -> None:
@@ -48,19 +41,7 @@ def test_smollm2_learns_to_answer_and_stop_on_held_out_problems(smollm2_dir: Pat
 
 def run_seed(smollm2_dir: Path, seed: int) -> tuple[Score, Score, list[float]]:
     """The held-out score before and after `STEPS` steps of seed `seed`, and the rewards."""
-    from transformers import AutoModelForCausalLM
-
-    base = _score(AutoModelForCausalLM.from_pretrained(smollm2_dir).eval(), smollm2_dir)
-    run = train(
-        smollm2_dir,
-        "arith",
-        steps=STEPS,
-        seed=seed,
-        groups=4,
-        group_size=8,
-        flags=FLAGS,
-        settings=SETTINGS,
-        threads=1,
+    heldout = split_lines("heldout")
+    return before_and_after(
+        smollm2_dir, "arith", heldout, steps=STEPS, seed=seed, k=K, flags=FLAGS, settings=SETTINGS
     )
-    assert run.core is not None
-    return base, _score(run.core.trainer.model.eval(), smollm2_dir), run.rewards
