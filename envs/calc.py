@@ -35,7 +35,8 @@ Python program, so the model sees the same results either way; a sandbox that fa
 `EnvInfraError` (the worker retries the episode, the model is not blamed). ``worker`` (the
 default, for runs without a pool) evaluates in the worker's process, which is safe for this
 tool alone: `envs.calculator` walks the expression's syntax tree and never calls ``eval``.
-A call costs about 29 ms in a warm bubblewrap jail, nothing beside a turn's generation.
+A call costs tens of milliseconds in a warm bubblewrap jail (29 ms in one check on a busy
+machine, not a benchmark), nothing beside a turn's generation.
 
 Splits: ``heldout_size`` problems are drawn once from a fixed seed (`SPLIT_SEED`); they are
 the ``heldout`` split and never drawn for ``train``. Both depend only on ``problems`` and

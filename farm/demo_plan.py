@@ -4,10 +4,11 @@
 converted once and cached; a directory is used as it is; none builds the tiny model), its
 family, the environment (the family's own when none is given: ``arith`` for SmolLM2) and the
 settings row of `farm.demo_settings`, and returns the `FarmConfig` the demo runs: the row's
-environment settings and sandbox unless given, its learner and worker flags first (the user's --learner-arg/--worker-arg follow and win), its
-step limit and stop rule unless given, and, for an environment with a held-out split, a task
-file listing each held-out problem once (`<work_dir>/heldout.jsonl`) scored by the learner
-before the first step and after the last (`<work_dir>/evals/eval-STEP.json`).
+environment settings and sandbox unless given, its learner and worker flags first (the user's
+--learner-arg/--worker-arg follow and win), its step limit and stop rule unless given, and,
+for an environment with a held-out split, a task file listing each held-out problem once
+(`<work_dir>/heldout.jsonl`) scored by the learner before the first step and after the last
+(`<work_dir>/evals/eval-STEP.json`).
 """
 
 from __future__ import annotations

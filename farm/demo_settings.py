@@ -42,9 +42,8 @@ class DemoSettings:
     time_limit_s: float  # the farm stops after this, from start-up
     stop_when_solved: bool
     eval_samples: int = 4  # k of the held-out eval's mean@k and pass@k
-    env_defaults: tuple[
-        tuple[str, Any], ...
-    ] = ()  # env-spec kwargs unless the user's spec sets them
+    # env-spec kwargs of this row, where the user's spec does not set them
+    env_defaults: tuple[tuple[str, Any], ...] = ()
     sandbox_backend: str | None = None  # the workers' sandbox, unless the user names one
     learner_extra: tuple[str, ...] = ()  # further learner flags of this row
     worker_extra: tuple[str, ...] = ()  # further worker flags of this row
