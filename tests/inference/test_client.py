@@ -96,7 +96,9 @@ async def test_wait_healthy_returns_once_a_server_comes_up(model_dir: Path) -> N
 async def test_cancellation_aborts_the_server_side_sequence(server_factory) -> None:
     server = await server_factory()
     async with GenerationClient([server.url], FAST) as client:
-        task = asyncio.create_task(client.generate([1], SamplingParams(max_tokens=3500)))
+        # Only byte ids: a sampled EOS would end the request before the poll saw it running.
+        no_eos = SamplingParams(max_tokens=3500, allowed_token_ids=tuple(range(256)))
+        task = asyncio.create_task(client.generate([1], no_eos))
         await eventually(lambda: bool(server.state.engine._running))
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
