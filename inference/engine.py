@@ -32,6 +32,7 @@ import torch
 from transformers import DynamicCache
 
 from inference import metrics
+from inference.decode_batch import DecodeBatch, supports_batching
 from inference.errors import EngineError
 from inference.lora import AdapterTable, LoraAdapter
 from inference.prefix_cache import PrefixCache
@@ -87,6 +88,9 @@ class Engine:
         self._waiting: deque[GenRequest] = deque()
         self._held: deque[GenRequest] = deque()
         self._running: list[GenRequest] = []
+        # decoding sequences' KV, per adapter load (0: none); None: the model's cache layers
+        # are not all full attention, so every step pads a fresh cache
+        self._batches: dict[int, DecodeBatch] | None = {} if supports_batching(model) else None
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
@@ -144,9 +148,15 @@ class Engine:
         self.prefix_cache.clear()
         for request in self._running:
             for seq in request.seqs:
-                if seq.finish_reason is None and seq.kv is not None:
+                if seq.finish_reason is None and (seq.kv is not None or seq.batch is not None):
                     seq.drop_kv()  # the next step re-prefills everything seen so far
                     seq.pending = [*seq.prompt, *seq.tokens]
+        self._release_batches()
+
+    def _release_batches(self) -> None:
+        """Every decode batch lets its rows go (their KV dropped) and frees its buffers."""
+        for batch in (self._batches or {}).values():
+            batch.sync([])
 
     def resume(self) -> None:
         self.paused = False
@@ -262,6 +272,8 @@ class Engine:
             for seq in request.seqs:
                 self._cache_finished(seq)
             request.resolve()
+        if not self._running:
+            self._release_batches()  # rows of requests that ended without finishing
         if not self._running and not self._waiting:
             self._drained.set()
             self._wake.clear()
@@ -275,6 +287,8 @@ class Engine:
 
     def _cache_finished(self, seq: Sequence) -> None:
         """Give a finished sequence's KV (prompt and completion) to the prefix cache; free it."""
+        if seq.batch is not None:
+            seq.kv = seq.batch.take(seq)
         if seq.kv is not None:
             cache = self.prefix_cache
             past = seq.past_len
@@ -284,9 +298,9 @@ class Engine:
         seq.drop_kv()
 
     # --- worker-thread side ----------------------------------------------------------------
-    def _plan(self, live: list[Sequence]) -> list[list[Sequence]]:
+    def _plan(self, live: list[Sequence]) -> list[tuple[bool, int, list[Sequence]]]:
         """Attach cached prefixes to new sequences; split prefills from decodes, and by adapter
-        (a forward pass applies one LoRA, or none).
+        (a forward pass applies one LoRA, or none): (is a prefill, adapter load id, sequences).
 
         A new sequence whose next uncached block another sequence prefills in this very step
         waits one step and then takes that block from the cache (a shared system prompt is
@@ -295,15 +309,17 @@ class Engine:
         computing: set[bytes] = set()
         prefill, decode = [], []
         for seq in live:
-            if seq.kv is None and not self._attach_prefix(seq, computing):
+            fresh = seq.kv is None and seq.batch is None  # no KV yet: all it saw is pending
+            if fresh and not self._attach_prefix(seq, computing):
                 continue
-            (prefill if seq.kv is None or len(seq.pending) > 1 else decode).append(seq)
+            fresh = seq.kv is None and seq.batch is None
+            (prefill if fresh or len(seq.pending) > 1 else decode).append(seq)
         groups: dict[tuple[bool, int], list[Sequence]] = {}
         for is_prefill, seqs in ((True, prefill), (False, decode)):
             for seq in seqs:
                 load_id = seq.adapter.load_id if seq.adapter is not None else 0
                 groups.setdefault((is_prefill, load_id), []).append(seq)
-        return list(groups.values())
+        return [(is_prefill, load_id, seqs) for (is_prefill, load_id), seqs in groups.items()]
 
     def _attach_prefix(self, seq: Sequence, computing: set[bytes]) -> bool:
         """Give `seq` the KV of its longest cached prefix; False to defer it a step.
@@ -333,10 +349,20 @@ class Engine:
     ) -> list[tuple[Sequence, tuple[int, float, list[tuple[int, float]]]]]:
         out = []
         with torch.inference_mode():
-            for group in self._plan(live):
+            plan = self._plan(live)
+            if self._batches is not None:  # batches with no decode this step let their rows go
+                decoding = {load_id for is_prefill, load_id, _ in plan if not is_prefill}
+                for load_id in set(self._batches) - decoding:
+                    self._batches.pop(load_id).sync([])
+            for is_prefill, load_id, group in plan:
                 metrics.BATCH_SIZE.observe(len(group))
                 prefilling = [seq for seq in group if len(seq.pending) > 1]
-                logits = self._forward(group)
+                if is_prefill or self._batches is None:
+                    logits = self._forward(group)
+                else:
+                    batch = self._batches.setdefault(load_id, DecodeBatch())
+                    group = batch.sync(group)  # in row order, which the logits follow
+                    logits = self._decode(batch, group[0].adapter)
                 for seq in prefilling:  # concurrent sharers of this prompt find it next step
                     self.prefix_cache.insert(seq.prompt_keys, seq.kv or [], seq.cache_epoch)
                 specs = [seq.params.spec for seq in group]
@@ -375,6 +401,14 @@ class Engine:
             seq.extend_kv(
                 [(layer.keys[i, :, -n:], layer.values[i, :, -n:]) for layer in cache.layers]
             )
+        return out.logits[:, -1, :]
+
+    def _decode(self, batch: DecodeBatch, adapter: LoraAdapter | None) -> torch.Tensor:
+        """One decode step of every row of `batch`, its KV written in place; the logits."""
+        inputs = batch.step_inputs(self.model.config, self._cache_arg)
+        with self._applied(adapter):
+            out = self.model(**inputs, use_cache=True, logits_to_keep=1)
+        batch.advance()
         return out.logits[:, -1, :]
 
     def _applied(self, adapter: LoraAdapter | None) -> contextlib.AbstractContextManager[None]:

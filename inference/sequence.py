@@ -12,6 +12,7 @@ import torch
 from inference.sampling import SampleSpec
 
 if TYPE_CHECKING:
+    from inference.decode_batch import DecodeBatch
     from inference.lora import LoraAdapter
 
 
@@ -42,6 +43,7 @@ class Sequence:
         self.versions: list[str] = []
         self.pending: list[int] = list(prompt)  # tokens not yet in the KV cache
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.batch: DecodeBatch | None = None  # while decoding, its KV is a row of this batch
         self._buffers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.cache_epoch = -1  # the prefix cache's epoch when this sequence's KV began
         self.prompt_keys: list[bytes] = []  # prefix-cache keys of the full blocks prefilled first
