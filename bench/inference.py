@@ -146,6 +146,8 @@ async def _run_model(args: argparse.Namespace) -> dict[str, Any]:
     config = ServerConfig(model=args.model, port=0, max_batch_size=max(64, args.concurrency))
     async with PolicyServer(config) as server:
         result = await _throughput(server.url, args.concurrency, args.tokens, args.repeats)
+    if args.multi_turn:
+        result |= await compare(args.model, args.load, args.kv_cache_mb)
     result |= {
         "model": str(args.model),
         "concurrency": args.concurrency,
@@ -207,6 +209,7 @@ def _table(r: dict[str, Any], load: MultiTurn) -> str:
                 f"{'measure':<44}{'value':>12}{'baseline':>12}{'ratio':>8}",
                 f"{label:<44}{r['batched_tok_s']:>12.1f}"
                 f"{r['single_tok_s']:>12.1f}{r['batching_ratio']:>7.1f}x   (baseline: one request at a time)",
+                *(table_rows(r, load) if "mt_tok_ratio" in r else []),
             ]
         )
     if "weight_bytes" not in r:  # --multi-turn-only
@@ -249,6 +252,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--model", type=Path, help="throughput only, on this model directory (16 x 32 tokens)"
     )
+    parser.add_argument(
+        "--multi-turn",
+        action="store_true",
+        help="with --model: the multi-turn row too, on that model (16 episodes x 8 turns, "
+        "1024-token shared prompt)",
+    )
     args = parser.parse_args(argv)
     run = report.start("inference", argv)
     from transformers.utils import logging as hf_logging
@@ -269,6 +278,10 @@ def main(argv: list[str]) -> int:
         )
     if args.model is not None:
         args.concurrency, args.tokens, args.repeats = 16, 32, 3
+        # a real model's cache-off side prefills ~1.3k tokens a call: 16 episodes, not 64
+        args.load = MultiTurn(
+            episodes=16, turns=8, system_tokens=1024, new_tokens=32, user_tokens=16
+        )
         result = asyncio.run(_run_model(args))
     else:
         result = asyncio.run(_run(args))

@@ -24,7 +24,8 @@ FLAGS = {"learning_rate": 2e-5, "micro_batch_size": 8}
 STEPS, K = 5, 4
 # held-out mean@4, one thread (the same run on any machine), base 0.0625 (pass@4 0.25) ->
 # after 5 steps 0.60 (0.80), 0.625 (0.85) and 0.6625 (0.85) on seeds 0, 1, 2, each ~3 min
-# under quiet (2026-11-27; BENCHMARKS.md, "SmolLM2 on arith"). On torch's two threads beside
+# under quiet (2026-11-27; BENCHMARKS.md, "SmolLM2 on arith"; the same scores on the lean
+# generator, 147-178 s, 2026-11-28). On torch's two threads beside
 # the suite's other worker the same test took 809 s: the threads spun against each other.
 BASE_BELOW, RISE = 0.15, 0.3
 SEED = 0
