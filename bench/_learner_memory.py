@@ -305,9 +305,11 @@ def export_peak(trainer: Trainer, dist: DistContext) -> dict[str, int]:
     return {"peak_extra": peak[0], "largest_tensor": largest, "file": size}
 
 
-def _spawn(mode: str, length: int, sequences: int, shape: str, out: Path) -> list[dict[str, Any]]:
+def _spawn(
+    mode: str, length: int, sequences: int, shape: str, out: Path, *, malloc: str
+) -> list[dict[str, Any]]:
     case = ["-m", "bench._learner_memory", "case", mode, str(length), str(sequences), shape]
-    case.append(str(out))
+    case += [str(out), malloc]
     cmd = [sys.executable, *case]
     if mode == "fsdp-2":
         cmd = [
@@ -368,6 +370,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--smoke", action="store_true", help="chunked and full at 256 (CI)")
     parser.add_argument("--json", action="store_true", help="print JSON (the table to stderr)")
     parser.add_argument(
+        "--malloc",
+        choices=("learner", "glibc"),
+        default="learner",
+        help="the row process's malloc: the learner's setting (broker.memory."
+        "LEARNER_MMAP_THRESHOLD), or glibc's defaults (rows before 2026-11-28)",
+    )
+    parser.add_argument(
         "--lora-rank",
         type=int,
         default=0,
@@ -397,7 +406,8 @@ def main(argv: list[str]) -> int:
                     f" GiB, {_available() / 2**30:.0f} GiB available | | | | | | | |"
                 )
                 continue
-            for row in _spawn(mode, length, seqs, shape, Path(tmp) / f"{mode}-{length}.json"):
+            out = Path(tmp) / f"{mode}-{length}.json"
+            for row in _spawn(mode, length, seqs, shape, out, malloc=args.malloc):
                 rows.append(row)
                 lines.append(_fmt(row))
                 print(lines[-1], file=sys.stderr, flush=True)  # progress: rows take minutes
@@ -430,6 +440,10 @@ def _summary(rows: list[dict[str, Any]]) -> list[str]:
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["case"]:
-    _, _, mode, length, sequences, shape, out = sys.argv
+    _, _, mode, length, sequences, shape, out, malloc = sys.argv
+    if malloc == "learner":  # what `python -m learner` sets at start-up
+        from broker.memory import LEARNER_MMAP_THRESHOLD, tune_malloc
+
+        tune_malloc(LEARNER_MMAP_THRESHOLD)
     result = run_case(mode, int(length), int(sequences), SHAPES[shape])
     Path(f"{out}.{os.environ.get('RANK', '0')}").write_text(json.dumps(result))

@@ -7,6 +7,12 @@ redis-py and the socket, so each copy costs a map, a page fault per 4 KiB and an
 publishing 2 MB groups spent about 80 % of its CPU in the kernel (`python -m bench
 broker`). Keeping such blocks on the heap, and the heap from shrinking at once, lets
 freed buffers be reused. Workers, the learner and the broker CLI call this at start-up.
+
+The learner keeps a lower threshold (`LEARNER_MMAP_THRESHOLD`): its training step frees
+activation-sized tensors (a `[tokens, hidden]` float32 tensor is 8 MiB at 4k tokens of a
+512-wide model), which under a 32 MiB threshold stay resident as freed heap (1.3x the memory
+floor at 2k tokens, 1.8x at 8k; `python -m bench learner --memory`). At 4 MiB a stream entry
+(0.1-2 MB) is still kept and reused, and a freed activation goes back to the kernel.
 """
 
 from __future__ import annotations
@@ -23,12 +29,14 @@ M_TOP_PAD = -2
 M_MMAP_THRESHOLD = -3
 
 MMAP_THRESHOLD = 32 << 20  # glibc's ceiling for this setting on 64-bit
+LEARNER_MMAP_THRESHOLD = 4 << 20  # above the largest stream entry, below activations
 TRIM_THRESHOLD = 128 << 20  # free heap kept before giving memory back to the kernel
 TOP_PAD = 16 << 20  # extra heap requested per growth, so growth is rare
 
 
-def tune_malloc() -> bool:
-    """Apply the settings; False where the C library is not glibc (nothing changes)."""
+def tune_malloc(mmap_threshold: int = MMAP_THRESHOLD) -> bool:
+    """Apply the settings (blocks from `mmap_threshold` bytes up are mapped); False where the
+    C library is not glibc (nothing changes)."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name)
@@ -39,7 +47,7 @@ def tune_malloc() -> bool:
     ok = all(
         mallopt(param, value) == 1
         for param, value in (
-            (M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+            (M_MMAP_THRESHOLD, mmap_threshold),
             (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
             (M_TOP_PAD, TOP_PAD),
         )

@@ -1,4 +1,6 @@
-"""tune_malloc keeps megabyte buffers on the heap: re-allocating one stops page-faulting."""
+"""tune_malloc keeps megabyte buffers on the heap: re-allocating one stops page-faulting. The
+learner's lower threshold still does for stream entries, and gives activation-sized blocks
+back to the kernel when they are freed."""
 
 from __future__ import annotations
 
@@ -7,9 +9,11 @@ import sys
 
 PROBE = """
 import resource, sys
-from broker.memory import tune_malloc
+from broker.memory import LEARNER_MMAP_THRESHOLD, tune_malloc
 if sys.argv[1] == "tuned":
     assert tune_malloc()
+if sys.argv[1] == "learner":
+    assert tune_malloc(LEARNER_MMAP_THRESHOLD)
 size = 2 << 20
 def batch():  # a pipeline of 8 groups of 2 MiB: held together, then all freed
     held = [b"x" * size for _ in range(8)]
@@ -34,3 +38,35 @@ def test_large_buffers_are_reused_instead_of_remapped() -> None:
     pages = 25 * 8 * (2 << 20) // 4096
     assert _faults("default") > pages // 2  # the heap was trimmed and re-faulted each batch
     assert _faults("tuned") < pages // 50  # the same heap memory, reused
+    assert _faults("learner") < pages // 50  # 2 MiB entries stay under the learner's threshold
+
+
+# A training step's shape: 8 MiB activations held together, then freed; the resident set after.
+RESIDENT = """
+import sys
+from broker.memory import LEARNER_MMAP_THRESHOLD, tune_malloc
+assert tune_malloc(LEARNER_MMAP_THRESHOLD if sys.argv[1] == "learner" else 32 << 20)
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+base = rss()
+held = [bytearray(8 << 20) for _ in range(24)]  # 192 MiB, touched (zero-filled)
+del held
+print(rss() - base)
+"""
+
+
+def _kept_after_free(mode: str) -> int:
+    out = subprocess.run(
+        [sys.executable, "-c", RESIDENT, mode],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return int(out.stdout)
+
+
+def test_the_learners_freed_activations_leave_the_resident_set() -> None:
+    assert _kept_after_free("broker") > 48 << 20  # kept as heap (~80 MiB here)
+    assert _kept_after_free("learner") < 16 << 20  # each block was mapped, and unmapped
