@@ -135,6 +135,31 @@ async def _weight_sync(
     }
 
 
+def _forward_ceiling(model_dir: Path, concurrency: int, tokens: int) -> dict[str, float]:
+    """The model alone (transformers, greedy, a KV cache, no server): decode tokens/s with
+    `concurrency` rows against one, at the throughput row's context (32-token prompt). What a
+    server's batching can reach at best on this machine, measured in the same run."""
+    import inspect
+
+    import torch
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    params = inspect.signature(model.forward).parameters
+    cache_arg = "cache" if "cache" in params else "past_key_values"
+    rates = {}
+    for rows in (1, concurrency):
+        cache = DynamicCache(config=model.config)
+        step = {"use_cache": True, "logits_to_keep": 1, cache_arg: cache}
+        with torch.inference_mode():
+            out = model(input_ids=torch.arange(1, 33).repeat(rows, 1), **step)
+            started = time.perf_counter()
+            for _ in range(tokens):
+                out = model(input_ids=out.logits[:, -1].argmax(-1, keepdim=True), **step)
+            rates[rows] = rows * tokens / (time.perf_counter() - started)
+    return {"ceiling_batched_tok_s": rates[concurrency], "ceiling_single_tok_s": rates[1]}
+
+
 async def _run_model(args: argparse.Namespace) -> dict[str, Any]:
     """Throughput only, on a given model directory (e.g. `python -m inference.models smollm2`)."""
     import torch
@@ -146,6 +171,7 @@ async def _run_model(args: argparse.Namespace) -> dict[str, Any]:
     config = ServerConfig(model=args.model, port=0, max_batch_size=max(64, args.concurrency))
     async with PolicyServer(config) as server:
         result = await _throughput(server.url, args.concurrency, args.tokens, args.repeats)
+    result |= _forward_ceiling(args.model, args.concurrency, args.tokens)
     if args.multi_turn:
         result |= await compare(args.model, args.load, args.kv_cache_mb)
     result |= {
@@ -155,6 +181,7 @@ async def _run_model(args: argparse.Namespace) -> dict[str, Any]:
         "threads": args.threads,
     }
     result["batching_ratio"] = result["batched_tok_s"] / result["single_tok_s"]
+    result["ceiling_ratio"] = result["ceiling_batched_tok_s"] / result["ceiling_single_tok_s"]
     return result
 
 
@@ -209,6 +236,9 @@ def _table(r: dict[str, Any], load: MultiTurn) -> str:
                 f"{'measure':<44}{'value':>12}{'baseline':>12}{'ratio':>8}",
                 f"{label:<44}{r['batched_tok_s']:>12.1f}"
                 f"{r['single_tok_s']:>12.1f}{r['batching_ratio']:>7.1f}x   (baseline: one request at a time)",
+                f"{'the model alone, ' + str(r['concurrency']) + ' rows vs 1 (ceiling)':<44}"
+                f"{r['ceiling_batched_tok_s']:>12.1f}{r['ceiling_single_tok_s']:>12.1f}"
+                f"{r['ceiling_ratio']:>7.1f}x   (transformers forward + KV cache, no server)",
                 *(table_rows(r, load) if "mt_tok_ratio" in r else []),
             ]
         )
@@ -276,12 +306,13 @@ def main(argv: list[str]) -> int:
         args.load = MultiTurn(
             episodes=64, turns=8, system_tokens=1024, new_tokens=32, user_tokens=16
         )
-    if args.model is not None:
+    if args.model is not None and not args.smoke:
         args.concurrency, args.tokens, args.repeats = 16, 32, 3
         # a real model's cache-off side prefills ~1.3k tokens a call: 16 episodes, not 64
         args.load = MultiTurn(
             episodes=16, turns=8, system_tokens=1024, new_tokens=32, user_tokens=16
         )
+    if args.model is not None:
         result = asyncio.run(_run_model(args))
     else:
         result = asyncio.run(_run(args))

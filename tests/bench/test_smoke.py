@@ -94,3 +94,16 @@ def test_quiet_is_detected_from_the_inherited_lock(tmp_path: Path) -> None:
         closed = subprocess.run(probe, cwd=ROOT, env=env, capture_output=True, text=True)
     assert inherited.stdout.strip() == "True", inherited.stderr
     assert closed.stdout.strip() == "False", closed.stderr
+
+
+@pytest.mark.slow
+def test_inference_on_a_model_directory_smoke(tiny_model_dir: Path) -> None:
+    """`bench inference --model DIR --multi-turn` (the SmolLM2 rows) at smoke sizes."""
+    extra = ["--model", str(tiny_model_dir), "--multi-turn", "--threads", "1"]
+    argv = [sys.executable, "-m", "bench", "inference", *extra, "--smoke", "--json"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)["result"]
+    assert result["ceiling_ratio"] > 0 and result["batching_ratio"] > 0
+    assert result["mt_hit_rate"] > 0  # the cache-on side reused the shared prompt
+    assert "(ceiling)" in done.stderr and "multi-turn tokens/s" in done.stderr
