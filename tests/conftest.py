@@ -47,8 +47,9 @@ ALONE = (
     "tests/workers/test_lifecycle.py",
     "tests/learner/test_torchrun_exit.py",  # saturates every core on purpose
 )
-# the longest of the others (over a minute; BENCHMARKS.md, "Suite time"): started first
-LONGEST = ("tests/learner/test_learning_smollm2.py",)
+# the longest of the others (minutes each; BENCHMARKS.md, "Suite time"): started first, one
+# on each pytest worker
+LONGEST = ("tests/learner/test_learning_calc.py", "tests/learner/test_learning_smollm2.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the `alone` mark
@@ -63,8 +64,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.path.relative_to(root).as_posix() in ALONE:
             item.add_marker(pytest.mark.alone)
 
-    def rank(item: pytest.Item) -> tuple[bool, bool]:
-        return (item.path.relative_to(root).as_posix() not in LONGEST, item.path not in slow)
+    def rank(item: pytest.Item) -> tuple[int, bool]:
+        path = item.path.relative_to(root).as_posix()
+        first = LONGEST.index(path) if path in LONGEST else len(LONGEST)
+        return (first, item.path not in slow)
 
     items.sort(key=rank)
 
