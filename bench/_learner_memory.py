@@ -373,8 +373,8 @@ def main(argv: list[str]) -> int:
         "--malloc",
         choices=("learner", "glibc"),
         default="learner",
-        help="the row process's malloc: the learner's setting (broker.memory."
-        "LEARNER_MMAP_THRESHOLD), or glibc's defaults (rows before 2026-11-28)",
+        help="the row process's malloc: the learner's settings (broker.memory.LEARNER), "
+        "or glibc's defaults (rows before 2026-11-28)",
     )
     parser.add_argument(
         "--lora-rank",
@@ -442,8 +442,8 @@ def _summary(rows: list[dict[str, Any]]) -> list[str]:
 if __name__ == "__main__" and sys.argv[1:2] == ["case"]:
     _, _, mode, length, sequences, shape, out, malloc = sys.argv
     if malloc == "learner":  # what `python -m learner` sets at start-up
-        from broker.memory import LEARNER_MMAP_THRESHOLD, tune_malloc
+        from broker.memory import LEARNER, tune_malloc
 
-        tune_malloc(LEARNER_MMAP_THRESHOLD)
+        tune_malloc(LEARNER)
     result = run_case(mode, int(length), int(sequences), SHAPES[shape])
     Path(f"{out}.{os.environ.get('RANK', '0')}").write_text(json.dumps(result))

@@ -30,7 +30,7 @@ from broker.codec import encode
 from broker.connection import RedisSettings, connect
 from broker.consumer import Consumer, ConsumerConfig
 from broker.keys import LEARNER_GROUP, RunKeys
-from broker.memory import LEARNER_MMAP_THRESHOLD, tune_malloc
+from broker.memory import LEARNER, tune_malloc
 from broker.messages import TrajectoryGroup
 from broker.producer import Producer
 from launch.settings import HelpFormatter
@@ -297,7 +297,7 @@ def main(argv: list[str]) -> int:
     if not (shutil.which("redis-server") and shutil.which("redis-benchmark")):
         print("redis-server and redis-benchmark are required (Debian: redis-server, redis-tools)")
         return 2
-    tune_malloc(LEARNER_MMAP_THRESHOLD)  # the consumer runs here, as in the learner process
+    tune_malloc(LEARNER)  # the consumer runs here, as in the learner process
     plan = {1024: 2000, 8192: 400, 32768: 120}
     repeats = 1 if args.quick or args.smoke else 3
     if args.quick:

@@ -18,16 +18,27 @@ position weighs zero, and zero times a non-finite value would not be zero.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-if TYPE_CHECKING:
-    from inference.sequence import Sequence
-
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (keys, values), each (heads, tokens, dim)
+
+
+class Sequence(Protocol):
+    """What the batch uses of a sequence (`inference.sequence.Sequence`, which sits above)."""
+
+    kv: KV | None  # its own KV, until it joins
+    pending: list[int]  # the token a step feeds
+    batch: DecodeBatch | None  # the batch whose row holds its KV
+
+    @property
+    def past_len(self) -> int: ...
+
+    def drop_kv(self) -> None: ...
+
 
 _MIN_ROOM = 64  # columns a rebuild leaves free at least
 

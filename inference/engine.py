@@ -210,7 +210,13 @@ class Engine:
                     self._admit()
                     if self._running:
                         await self._step()
-            self._after_step()
+            try:
+                self._after_step()
+            except (
+                Exception
+            ) as exc:  # failed bookkeeping fails the running requests, never the loop
+                log.exception("engine bookkeeping after a step failed")
+                self._fail_running(EngineError(f"generation failed: {exc}", status=500))
 
     def _admit(self) -> None:
         busy = sum(len(r.seqs) for r in self._running)
@@ -238,13 +244,24 @@ class Engine:
             results = await asyncio.to_thread(self._forward_and_sample, live)
         except Exception as exc:  # a failed forward fails its requests, never the loop
             log.exception("forward pass failed")
-            for request in self._running:
-                request.resolve(EngineError(f"forward pass failed: {exc}", status=500))
-            self._running.clear()
+            self._fail_running(EngineError(f"forward pass failed: {exc}", status=500))
             return
         for seq, (token, logprob, tops) in results:
             if seq.finish_reason is None:  # aborted while the step ran: drop its token
                 self._append(seq, token, logprob, tops, version)
+
+    def _fail_running(self, error: EngineError) -> None:
+        """Resolve every running request with `error`; their sequences' KV is dropped."""
+        for request in self._running:
+            for seq in request.seqs:
+                seq.drop_kv()
+            request.resolve(error)
+        self._running.clear()
+        with contextlib.suppress(Exception):  # the batches may be what failed: start afresh
+            self._release_batches()
+        if self._batches is not None:
+            self._batches.clear()
+        self._update_gauges()
 
     def _append(
         self, seq: Sequence, token: int, logprob: float, tops: list[tuple[int, float]], version: str

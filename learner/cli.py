@@ -45,9 +45,9 @@ def _prepare(cfg: LearnerConfig) -> str | None:
     """Check the inputs, then import what training needs, while a SIGTERM still ends the
     process at once (the runner handles stop signals from `_main` on). Returns why the
     inputs cannot be used (`_main` exits 2), or None."""
-    from broker.memory import LEARNER_MMAP_THRESHOLD, tune_malloc
+    from broker.memory import LEARNER, tune_malloc
 
-    tune_malloc(LEARNER_MMAP_THRESHOLD)
+    tune_malloc(LEARNER)
     try:
         check_inputs(cfg)
     except TaskSourceError as exc:

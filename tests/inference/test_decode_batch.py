@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 import torch
 
 from tests.inference.conftest import eventually
@@ -86,3 +87,24 @@ async def test_a_request_aborted_mid_decode_leaves_the_batch_and_the_rest_finish
     assert tokens == (await answer(alone.url, [4, 5], 40))[0]
     await eventually(lambda: not engine._running)
     assert all(not b.seqs for b in engine._batches.values())
+
+
+async def test_a_failure_after_a_step_fails_the_running_requests_and_the_engine_goes_on(
+    server_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stand-in fault: nothing real makes the bookkeeping after a step raise today (an
+    # in-place write outside inference mode once did, and every request then hung).
+    server = await server_factory(kv_cache_mb=0)
+    engine = server.state.engine
+    real = engine._cache_finished
+
+    def broken(seq: Any) -> None:
+        monkeypatch.setattr(engine, "_cache_finished", real)  # fails once
+        raise RuntimeError("bookkeeping broke")
+
+    monkeypatch.setattr(engine, "_cache_finished", broken)
+    status, data = await post(server.url + "/v1/completions", body([1, 2, 3], 5))
+    assert status == 500 and "bookkeeping broke" in data["error"]["message"]
+    assert not engine._running and all(not b.seqs for b in engine._batches.values())
+    tokens, _ = await answer(server.url, [4, 5], 7)  # the loop still serves
+    assert len(tokens) == 7
