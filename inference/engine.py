@@ -286,9 +286,11 @@ class Engine:
             request.stepped()
         for request in [r for r in self._running if r.finished()]:
             self._running.remove(request)
-            for seq in request.seqs:
-                self._cache_finished(seq)
-            request.resolve()
+            try:
+                for seq in request.seqs:
+                    self._cache_finished(seq)
+            finally:  # its tokens are whole: a failure to cache them is the engine's, not its
+                request.resolve()
         if not self._running:
             self._release_batches()  # rows of requests that ended without finishing
         if not self._running and not self._waiting:

@@ -102,9 +102,13 @@ async def test_a_failure_after_a_step_fails_the_running_requests_and_the_engine_
         monkeypatch.setattr(engine, "_cache_finished", real)  # fails once
         raise RuntimeError("bookkeeping broke")
 
+    running = asyncio.create_task(post(server.url + "/v1/completions", body([4, 5, 6], 3000)))
+    await eventually(lambda: generated(server) > 3)
     monkeypatch.setattr(engine, "_cache_finished", broken)
-    status, data = await post(server.url + "/v1/completions", body([1, 2, 3], 5))
+    tokens, _ = await answer(server.url, [1, 2, 3], 5)  # finished whole when caching failed
+    assert len(tokens) == 5
+    status, data = await running  # what was still running is failed, not left hanging
     assert status == 500 and "bookkeeping broke" in data["error"]["message"]
     assert not engine._running and all(not b.seqs for b in engine._batches.values())
-    tokens, _ = await answer(server.url, [4, 5], 7)  # the loop still serves
+    tokens, _ = await answer(server.url, [7, 8], 7)  # the loop still serves
     assert len(tokens) == 7
