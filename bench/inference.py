@@ -139,14 +139,13 @@ def _forward_ceiling(model_dir: Path, concurrency: int, tokens: int) -> dict[str
     """The model alone (transformers, greedy, a KV cache, no server): decode tokens/s with
     `concurrency` rows against one, at the throughput row's context (32-token prompt). What a
     server's batching can reach at best on this machine, measured in the same run."""
-    import inspect
-
     import torch
     from transformers import AutoModelForCausalLM, DynamicCache
 
+    from inference.decode_batch import cache_kwarg
+
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    params = inspect.signature(model.forward).parameters
-    cache_arg = "cache" if "cache" in params else "past_key_values"
+    cache_arg = cache_kwarg(model)
     rates = {}
     for rows in (1, concurrency):
         cache = DynamicCache(config=model.config)

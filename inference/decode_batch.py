@@ -18,6 +18,7 @@ position weighs zero, and zero times a non-finite value would not be zero.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Protocol
 
 import torch
@@ -41,6 +42,12 @@ class Sequence(Protocol):
 
 
 _MIN_ROOM = 64  # columns a rebuild leaves free at least
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The name `model.forward` takes its KV cache under: transformers 5.24 renamed
+    `past_key_values` to `cache` (the old name warns)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def supports_batching(model: torch.nn.Module) -> bool:

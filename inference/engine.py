@@ -1,11 +1,13 @@
-"""The CPU policy engine: a batching loop over a transformers causal LM with per-sequence KV caches.
+"""The CPU policy engine: a continuous-batching loop over a transformers causal LM.
 
 Requests queue in `waiting`; each loop turn admits what fits into the running batch (after a
 short collection window when the engine was idle), then runs one forward pass for the
 sequences that need a prefill and one for those decoding, so concurrent requests share
-forward passes. Each sequence keeps its own KV tensors; a step left-pads them into one
-`DynamicCache`, with an attention mask and explicit position ids, so sequences of any length
-batch together and each row computes exactly what a lone forward pass would. A new sequence
+forward passes. A prefill left-pads the new sequences' own KV into one `DynamicCache`, with an
+attention mask and explicit position ids; decoding sequences keep their KV as rows of a
+persistent `DecodeBatch` (`inference.decode_batch`) that they join after their prefill and
+leave when they finish. Sequences of any length batch together and each row computes what a
+lone forward pass would. A new sequence
 first takes the KV of its prompt's longest cached prefix from the `PrefixCache` and prefills
 only the rest; prefilled and finished sequences give their full blocks back to the cache, which
 is cleared whenever the weights change. With LoRA enabled (`inference.lora`), a step runs one
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import time
 from collections import deque
@@ -32,7 +33,7 @@ import torch
 from transformers import DynamicCache
 
 from inference import metrics
-from inference.decode_batch import DecodeBatch, supports_batching
+from inference.decode_batch import DecodeBatch, cache_kwarg, supports_batching
 from inference.errors import EngineError
 from inference.lora import AdapterTable, LoraAdapter
 from inference.prefix_cache import PrefixCache
@@ -71,10 +72,7 @@ class Engine:
     ) -> None:
         self.model = model.eval()
         self.lora = lora  # None: LoRA not enabled
-        # transformers 5.24 renamed forward's `past_key_values` to `cache` (the old name warns)
-        self._cache_arg = (
-            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        )
+        self._cache_arg = cache_kwarg(model)
         self.prefix_cache = prefix_cache or PrefixCache(0)
         self.eos_ids = eos_ids
         self.pad_id = pad_id
@@ -148,7 +146,7 @@ class Engine:
         self.prefix_cache.clear()
         for request in self._running:
             for seq in request.seqs:
-                if seq.finish_reason is None and (seq.kv is not None or seq.batch is not None):
+                if seq.finish_reason is None and seq.holds_kv:
                     seq.drop_kv()  # the next step re-prefills everything seen so far
                     seq.pending = [*seq.prompt, *seq.tokens]
         self._release_batches()
@@ -212,9 +210,8 @@ class Engine:
                         await self._step()
             try:
                 self._after_step()
-            except (
-                Exception
-            ) as exc:  # failed bookkeeping fails the running requests, never the loop
+            # failed bookkeeping fails the running requests, never the loop
+            except Exception as exc:
                 log.exception("engine bookkeeping after a step failed")
                 self._fail_running(EngineError(f"generation failed: {exc}", status=500))
 
@@ -328,11 +325,10 @@ class Engine:
         computing: set[bytes] = set()
         prefill, decode = [], []
         for seq in live:
-            fresh = seq.kv is None and seq.batch is None  # no KV yet: all it saw is pending
-            if fresh and not self._attach_prefix(seq, computing):
+            if not seq.holds_kv and not self._attach_prefix(seq, computing):
                 continue
-            fresh = seq.kv is None and seq.batch is None
-            (prefill if fresh or len(seq.pending) > 1 else decode).append(seq)
+            # still no KV (no cached prefix): all it saw is pending
+            (prefill if not seq.holds_kv or len(seq.pending) > 1 else decode).append(seq)
         groups: dict[tuple[bool, int], list[Sequence]] = {}
         for is_prefill, seqs in ((True, prefill), (False, decode)):
             for seq in seqs:

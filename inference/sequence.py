@@ -1,5 +1,5 @@
 """What the CPU engine generates: a request's sampling parameters, its `n` sequences and their
-per-sequence KV caches, and the future the request resolves through."""
+KV caches (their own, or a row of the decode batch), and the future the request resolves through."""
 
 from __future__ import annotations
 
@@ -58,6 +58,11 @@ class Sequence:
     def cache_salt(self) -> bytes:
         """Prefix-cache keys differ per adapter load: KV depends on the weights that made it."""
         return b"" if self.adapter is None else self.adapter.cache_salt
+
+    @property
+    def holds_kv(self) -> bool:
+        """Whether any of what it saw is in a KV cache: its own, or a decode batch's row."""
+        return self.kv is not None or self.batch is not None
 
     @property
     def past_len(self) -> int:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import json
 import os
 import random
@@ -31,6 +30,7 @@ import torch
 
 from broker.messages import Task, TrajectoryGroup
 from inference.client import Generation, SamplingParams
+from inference.decode_batch import cache_kwarg
 from inference.sampling import SampleSpec, sample_rows
 from learner.config import LearnerConfig
 from learner.core import Core, build_core
@@ -87,9 +87,7 @@ class ModelGenerator:
         self.version = 0
         self._pending: list[_Request] = []
         self._batch: asyncio.Task[None] | None = None
-        params = inspect.signature(model.forward).parameters
-        # transformers 5.24 renamed forward's `past_key_values` to `cache` (the old name warns)
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._cache_arg = cache_kwarg(model)
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, *, session_id: str
