@@ -47,10 +47,9 @@ from inference.openai.errors import ApiError
 from inference.openai.models import ChatCompletionRequest
 from inference.openai.render import template_arguments
 from inference.openai.reply import Reply, send
-from inference.openai.responses import Generated, OutputFormat, chat_choice, usage
+from inference.openai.responses import Generated, OutputFormat, chat_completion_body
 from inference.openai.responses_api import ResponseStore
 from inference.openai.responses_route import answer_responses
-from inference.openai.schema import ChatCompletionResponse
 from inference.openai.text import ChoiceText
 from inference.openai.tool_choice import check_template, forced_call_text, is_forced
 from inference.openai.tools import ParsedMessage, extract_tool_calls, openai_calls
@@ -203,7 +202,7 @@ class AgentEndpoint:
     async def _responses(self, episode: _Episode, raw: bytes) -> Reply:
         async def complete(body: dict[str, Any]) -> dict[str, Any]:
             req = episode.history.request(body)
-            return _completion(req, await self._complete(episode, req)).model_dump(mode="json")
+            return _completion(req, await self._complete(episode, req))
 
         return await answer_responses(raw, episode.responses, complete)
 
@@ -365,15 +364,15 @@ def _reply(parsed: ParsedMessage) -> dict[str, Any]:
     return reply_key({"role": "assistant", "content": parsed.content, "tool_calls": calls})
 
 
-def _completion(req: ChatCompletionRequest, call: Call) -> ChatCompletionResponse:
-    choice = chat_choice(
-        0, call.parsed, call.generated, call.fmt, finish_reason=call.reason, stop_reason=None
-    )
-    return ChatCompletionResponse(
-        model=call.model,
-        choices=[choice],
-        usage=usage(len(call.prompt), len(call.generated.token_ids)),
-        prompt_token_ids=call.prompt if req.return_token_ids else None,
+def _completion(req: ChatCompletionRequest, call: Call) -> dict[str, Any]:
+    return chat_completion_body(
+        call.model,
+        call.parsed,
+        call.generated,
+        call.fmt,
+        finish_reason=call.reason,
+        prompt_ids=call.prompt if req.return_token_ids else None,
+        prompt_tokens=len(call.prompt),
     )
 
 

@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
+
 from inference.openai.schema import (
     ChatChoice,
     ChatCompletionChunk,
@@ -156,6 +158,58 @@ def chat_choice(
         stop_reason=stop_reason,
         **token_fields(gen, fmt, chat=True),
     )
+
+
+def chat_completion_body(
+    model: str,
+    parsed: ParsedMessage,
+    gen: Generated,
+    fmt: OutputFormat,
+    *,
+    finish_reason: str | None,
+    prompt_ids: Sequence[int] | None,
+    prompt_tokens: int,
+) -> dict[str, Any]:
+    """One choice's chat completion as the JSON-ready dict `ChatCompletionResponse` dumps to
+    (`prompt_ids` only where return_token_ids asked for them). Built without pydantic: an
+    agent endpoint answers every call of every episode, and validating models it built
+    itself cost ~17 us a call; tests hold the dict to the model."""
+    extras = token_fields(gen, fmt, chat=True)
+    for name, value in extras.items():
+        if isinstance(value, BaseModel):
+            extras[name] = value.model_dump(mode="json")
+        elif isinstance(value, list) and value and isinstance(value[0], BaseModel):
+            extras[name] = [v.model_dump(mode="json") for v in value]
+    calls = [c.model_dump(mode="json") for c in parsed.tool_calls]
+    choice = {
+        "logprobs": None,
+        "token_ids": None,
+        "weight_versions": None,
+        **extras,
+        "index": 0,
+        "message": {
+            "role": "assistant",
+            "content": parsed.content,
+            "tool_calls": calls,
+            "reasoning": parsed.reasoning,
+        },
+        "finish_reason": chat_finish_reason(finish_reason, bool(calls)),
+        "stop_reason": None,
+    }
+    completion = len(gen.token_ids)
+    return {
+        "id": response_id("chatcmpl"),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
+        },
+        "prompt_token_ids": list(prompt_ids) if prompt_ids is not None else None,
+    }
 
 
 @dataclass(frozen=True)

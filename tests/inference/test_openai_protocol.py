@@ -18,7 +18,9 @@ from inference.openai.responses import (
     Generated,
     OutputFormat,
     StreamHead,
+    chat_choice,
     chat_chunk,
+    chat_completion_body,
     chat_finish_reason,
     chat_logprobs,
     chat_stream_choice,
@@ -27,11 +29,11 @@ from inference.openai.responses import (
     usage_chunk,
     version_spans,
 )
-from inference.openai.schema import ChatDelta
+from inference.openai.schema import ChatCompletionResponse, ChatDelta
 from inference.openai.sse import sse_event
 from inference.openai.stream import ChatChoiceStream
 from inference.openai.text import ChoiceText
-from inference.openai.tools import call_syntax_start, extract_tool_calls
+from inference.openai.tools import ParsedMessage, call_syntax_start, extract_tool_calls
 
 
 def byte_decode(ids) -> str:
@@ -202,6 +204,39 @@ def test_response_pieces() -> None:
         [104],
         ["\x01"],
     )
+
+
+@pytest.mark.parametrize("with_calls", [False, True])
+@pytest.mark.parametrize("logprobs,token_ids,versions", [(False, False, False), (True, True, True)])
+def test_the_endpoints_completion_dict_is_what_the_model_dumps(
+    with_calls, logprobs, token_ids, versions
+) -> None:
+    """The agent endpoint builds its JSON answer without pydantic: the dict must validate as
+    ChatCompletionResponse and equal that model's own dump, every field and type."""
+    text = 'Let me look. <tool_call>{"name": "run", "arguments": {"code": "1"}}</tool_call>'
+    parsed = extract_tool_calls(text) if with_calls else ParsedMessage("plain reply", [], "why")
+    gen = Generated([72, 105, 2], [-0.5, float("-inf"), -1.0], [(), (), ()], ["3", "3", "4"])
+    fmt = OutputFormat(byte_decode, logprobs, 0, token_ids, versions)
+    body = chat_completion_body(
+        "policy",
+        parsed,
+        gen,
+        fmt,
+        finish_reason="stop",
+        prompt_ids=[1, 2] if token_ids else None,
+        prompt_tokens=2,
+    )
+    model = ChatCompletionResponse(
+        id=body["id"],
+        created=body["created"],
+        model="policy",
+        choices=[chat_choice(0, parsed, gen, fmt, finish_reason="stop", stop_reason=None)],
+        usage=usage(2, 3),
+        prompt_token_ids=[1, 2] if token_ids else None,
+    )
+    assert json.loads(json.dumps(body)) == model.model_dump(mode="json")
+    assert ChatCompletionResponse.model_validate(body) == model
+    assert body["choices"][0]["finish_reason"] == ("tool_calls" if with_calls else "stop")
 
 
 def test_stream_chunks_carry_only_what_they_set() -> None:

@@ -59,3 +59,23 @@ def test_a_refused_call_leaves_the_cache_as_it_was() -> None:
     with pytest.raises(ApiError, match="n must be 1"):
         cache.request({**_body(HISTORY), "n": 2})
     assert cache.request(_body(HISTORY)).messages[0] is kept[0]
+
+
+def test_a_call_that_changes_only_its_messages_equals_a_whole_validation() -> None:
+    """The agent loop's call (same fields, more messages) skips the request-level checks: it
+    must give the request a fresh validation gives, and still name a bad new message."""
+    cache = MessageCache()
+    fields = {"model": "m", "temperature": 0.5, "max_tokens": 9, "stop": ["END"]}
+    cache.request({**_body(HISTORY[:2]), **fields})
+    later = [*HISTORY, {"role": "user", "content": "more"}]
+    req = cache.request({**_body(later), **fields})
+    assert req == MessageCache().request({**_body(later), **fields})
+    assert (req.temperature, req.max_tokens, req.stop_strings()) == (0.5, 9, ("END",))
+    with pytest.raises(ApiError) as caught:
+        cache.request({**_body([*later, {"role": "user", "content": 7}]), **fields})
+    assert caught.value.param == "messages.5.content"
+    with pytest.raises(ApiError) as caught:  # a changed field is checked again
+        cache.request({**_body(later), **fields, "presence_penalty": 1.5})
+    assert caught.value.param == "presence_penalty"
+    with pytest.raises(ApiError):
+        cache.request({**_body([]), **fields})  # no messages: refused, not copied
