@@ -9,7 +9,10 @@ is the request's fault and raises `InferenceRequestError` at once (`AdapterNotSe
 request named a LoRA adapter and the server answered 404: it was unloaded, or never loaded). A generation cut short by a
 server pause in `abort` mode (finish reason `abort`) is continued with the tokens so far appended
 to the prompt, so callers get whole generations whose per-token weight versions show the switch.
-Cancelling `generate()` closes the HTTP request, and the server aborts the sequence. A background
+With `on_tokens`, `generate()` asks for a stream (`inference.completion_stream`) and hands each
+event's token ids on as they arrive; tokens delivered before a server failed are kept, and the
+next server continues after them, as after a pause. Cancelling `generate()` closes the HTTP
+request, and the server aborts the sequence. A background
 task checks `/health` on every server; `wait_healthy()` waits, within a limit, for the first
 server to answer (a worker started beside a server that is still loading). Every network await
 has a timeout.
@@ -30,6 +33,7 @@ import orjson
 
 from broker.messages import Sampling
 from inference import metrics
+from inference.completion_stream import StreamedCompletion, TokenSink
 from inference.config import ClientConfig
 from inference.errors import (
     AdapterNotServed,
@@ -113,7 +117,12 @@ class Generator(Protocol):
     """What an episode needs from inference: `GenerationClient`, or a stand-in for one."""
 
     async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, *, session_id: str
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        session_id: str,
+        on_tokens: TokenSink | None = None,
     ) -> Generation: ...
 
     def end_session(self, session_id: str) -> None:
@@ -217,9 +226,11 @@ class GenerationClient:
         params: SamplingParams,
         session_id: str | None = None,
         adapter: ServedAdapter | None = None,
+        on_tokens: TokenSink | None = None,
     ) -> Generation:
-        """Generate from `prompt_ids`, with a LoRA `adapter` when given; raises
-        InferenceUnavailable / InferenceRequestError (AdapterNotServed: no server knows it)."""
+        """Generate from `prompt_ids`, with a LoRA `adapter` when given, streamed to
+        `on_tokens` when given; raises InferenceUnavailable / InferenceRequestError
+        (AdapterNotServed: no server knows it)."""
         if self._http is None or self._closed:
             raise InferenceError("client is not started (or already closed)")
         deadline = time.monotonic() + self.config.retry_budget_s
@@ -237,15 +248,27 @@ class GenerationClient:
             server = self._pick(session_id, excluded)
             prompt = [*prompt_ids, *tokens] if tokens else prompt_ids
             body = self._body(prompt, params, params.max_tokens - len(tokens), adapter)
+            stream = StreamedCompletion(on_tokens) if on_tokens is not None else None
+            if stream is not None:
+                body["stream"] = True
             try:
                 choice = await self._call(
-                    server, body, min(self.config.request_timeout_s, remaining)
+                    server, body, min(self.config.request_timeout_s, remaining), stream
                 )
             except InferenceRequestError as exc:
                 if adapter is not None and exc.status == 404:
                     raise AdapterNotServed(adapter.name, exc.message) from None
                 raise
             except _Retryable as exc:
+                if stream is not None and stream.token_ids:  # the caller has them: keep them
+                    tokens += stream.token_ids
+                    logprobs += stream.logprobs
+                    versions += _partial_versions(stream, adapter)
+                    ended = tokens[-1] in params.stop_token_ids
+                    if ended or len(tokens) >= params.max_tokens:
+                        return Generation(
+                            tokens, logprobs, versions, "stop" if ended else "length", server.url
+                        )
                 last_error, last_status = f"{server.url}: {exc}", exc.status
                 self._mark_failed(server, session_id, excluded)
                 await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
@@ -330,16 +353,26 @@ class GenerationClient:
         if session_id is not None and self._sticky.get(session_id) == server.url:
             del self._sticky[session_id]
 
-    async def _call(self, server: _Server, body: dict[str, Any], limit_s: float) -> dict[str, Any]:
+    async def _call(
+        self,
+        server: _Server,
+        body: dict[str, Any],
+        limit_s: float,
+        stream: StreamedCompletion | None = None,
+    ) -> dict[str, Any]:
         assert self._http is not None
         server.outstanding += 1
         started, outcome = time.monotonic(), "error"
         try:
             payload = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-            resp = await self._http.request("POST", server.completions, payload, limit_s)
+            sink = stream.feed if stream is not None else None
+            resp = await self._http.request("POST", server.completions, payload, limit_s, sink)
             status = resp.status
             if status == 200:
-                choice = _check_choice(orjson.loads(resp.body) if resp.body else None)
+                if stream is not None:
+                    choice = _check_choice({"choices": [stream.choice()]})
+                else:
+                    choice = _check_choice(orjson.loads(resp.body) if resp.body else None)
                 outcome = "abort" if choice["finish_reason"] == "abort" else "ok"
                 return choice
             message = error_excerpt(resp.body)
@@ -385,6 +418,18 @@ class GenerationClient:
         except (TimeoutError, OSError):
             server.healthy = False
         server.healthy_gauge.set(1 if server.healthy else 0)
+
+
+def _partial_versions(stream: StreamedCompletion, adapter: ServedAdapter | None) -> list[int]:
+    """Versions of a broken-off stream's tokens: -1 where its events did not label them
+    (vLLM labels a streamed output only on its final chunk)."""
+    count = len(stream.token_ids)
+    if adapter is not None:
+        return [adapter.version] * count
+    try:
+        return expand_versions(stream.spans, count)
+    except _Retryable:
+        return [-1] * count
 
 
 def _check_choice(data: Any) -> dict[str, Any]:

@@ -12,6 +12,9 @@ readers); this client writes a pre-built request head and parses the reply with 
 - Cancelling a request, or its timeout, closes its connection: the server sees the
   client go away (vLLM and the CPU server then abort the sequence).
 - Replies must carry Content-Length or chunked encoding, as every JSON API server sends.
+- A request with a `sink` hands a 200 reply's body to it piece by piece as it arrives (a
+  stream of server-sent events), instead of gathering it; other statuses are gathered, so
+  their error body reads as usual.
 """
 
 from __future__ import annotations
@@ -19,12 +22,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import httptools
 
-__all__ = ["HttpClient", "HttpConnectionError", "Response"]
+__all__ = ["HttpClient", "HttpConnectionError", "Response", "Sink"]
+
+
+Sink = Callable[[bytes], None]  # takes a streamed body's pieces, inside the protocol callback
 
 
 class HttpConnectionError(ConnectionError):
@@ -46,6 +53,7 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.waiter: asyncio.Future[tuple[int, bytes, bool]] | None = None
         self.chunks: list[bytes] = []
+        self.sink: Sink | None = None  # the current request's body consumer, if it streams
         self.replied = False  # a byte of the current reply arrived
         self.closed = False
 
@@ -68,7 +76,10 @@ class _Connection(asyncio.Protocol):
 
     # httptools callbacks
     def on_body(self, body: bytes) -> None:
-        self.chunks.append(body)
+        if self.sink is not None and self.parser.get_status_code() == 200:
+            self.sink(body)
+        else:
+            self.chunks.append(body)
 
     def on_message_complete(self) -> None:
         body, self.chunks = b"".join(self.chunks), []
@@ -79,8 +90,9 @@ class _Connection(asyncio.Protocol):
             )
 
     # used by the pool
-    def send(self, data: bytes) -> asyncio.Future[tuple[int, bytes, bool]]:
+    def send(self, data: bytes, sink: Sink | None) -> asyncio.Future[tuple[int, bytes, bool]]:
         assert self.transport is not None
+        self.sink = sink
         self.waiter = asyncio.get_running_loop().create_future()
         self.replied = False
         self.transport.write(data)
@@ -132,9 +144,11 @@ class HttpClient:
         return len(self._live) + self._opening
 
     async def request(
-        self, method: str, url: str, body: bytes | None, timeout_s: float
+        self, method: str, url: str, body: bytes | None, timeout_s: float, sink: Sink | None = None
     ) -> Response:
-        """Send one request; raises HttpConnectionError, TimeoutError or OSError."""
+        """Send one request; raises HttpConnectionError, TimeoutError or OSError. With a `sink`,
+        a 200 reply's body goes to it as it arrives (the Response's body is then empty); it
+        is called from the connection's protocol callback, so it must only hand data on."""
         origin, head = self._target(method, url)
         data = head + b"%d\r\n\r\n" % len(body or b"") + (body or b"")
         loop = asyncio.get_running_loop()
@@ -149,7 +163,7 @@ class HttpClient:
             # A bare timer, not asyncio.timeout: this runs once per env step.
             timer = loop.call_at(deadline, conn.expire)
             try:
-                status, reply, keep = await conn.send(data)
+                status, reply, keep = await conn.send(data, sink)
             except HttpConnectionError:
                 conn.close()
                 if reused and not conn.replied and attempt == 0:

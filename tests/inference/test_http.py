@@ -142,6 +142,38 @@ async def test_chunked_replies_are_reassembled(client: HttpClient) -> None:
     assert server.connections == 1
 
 
+async def test_a_sink_gets_a_streamed_body_as_it_arrives_and_errors_stay_whole(
+    client: HttpClient,
+) -> None:
+    """A 200 reply's pieces reach the sink while the reply is still open (the second piece is
+    only sent once the test saw the first); an error reply is gathered as usual."""
+    first_seen = asyncio.Event()
+
+    async def stream(_r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> None:
+        if n == 2:
+            w.write(b"HTTP/1.1 503 Busy\r\nContent-Length: 4\r\n\r\nbusy")
+            return
+        w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        await w.drain()
+        await asyncio.wait_for(first_seen.wait(), 5)
+        w.write(b"6\r\n world\r\n0\r\n\r\n")
+
+    pieces: list[bytes] = []
+
+    def sink(piece: bytes) -> None:
+        pieces.append(piece)
+        first_seen.set()
+
+    async with serving(stream) as (server, url):
+        reply = await client.request("POST", url + "/x", b"", 5, sink=sink)
+        error = await client.request("POST", url + "/x", b"", 5, sink=pieces.append)
+        plain = await client.request("POST", url + "/x", b"", 5)
+    assert (reply.status, reply.body, pieces) == (200, b"", [b"hello", b" world"])
+    assert (error.status, error.body) == (503, b"busy")
+    assert plain.body == b"hello world"  # the next request on the connection gathers again
+    assert server.connections == 1
+
+
 async def test_garbage_reply_is_a_connection_error(client: HttpClient) -> None:
     async def garbage(_r: asyncio.StreamReader, w: asyncio.StreamWriter, _n: int) -> None:
         w.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")

@@ -9,7 +9,10 @@ served: token i shifts by 100 x the adapter's lora_int_id, the version stays eng
 step runs vLLM's LoRA worker manager for it, see stub_engine), its exception handlers
 and, with an API key, its AuthenticationMiddleware, exactly as `vllm serve` registers them in
 dev mode. `/v1/completions` requests are parsed and validated by vLLM's `CompletionRequest`;
-the stub handler answers with vLLM's own response models. One more app, `validator`, checks
+the stub handler answers with vLLM's own response models; `stream: true` is answered as 0.33's
+`completion_stream_generator` sends it: one `CompletionStreamResponse` per token, dumped with
+`exclude_unset`, token ids and logprobs per chunk, the weight-version spans of the whole output
+on the final chunk only, then `data: [DONE]`. One more app, `validator`, checks
 a JSON body against a named vLLM pydantic model (`POST /validate/{model}`) so tests can hold
 the CPU server's bodies to vLLM's types. Prints `READY <name> <url>` per app, then `READY-ALL`.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import socket
+from types import SimpleNamespace
 from typing import Any
 
 import uvicorn
@@ -31,6 +35,8 @@ from vllm.entrypoints.openai.completion.protocol import (
     CompletionRequest,
     CompletionResponse,
     CompletionResponseChoice,
+    CompletionResponseStreamChoice,
+    CompletionStreamResponse,
 )
 from vllm.entrypoints.openai.models.api_router import attach_router as attach_models
 from vllm.entrypoints.openai.models.protocol import BaseModelPath
@@ -83,6 +89,8 @@ class StubServingCompletion:
         except Exception as exc:
             return create_error_response(exc)
         self.engine.started()
+        if request.stream:
+            return self._stream(request, prompt, lora)
         try:
             return await self._generate(request, prompt, lora)
         except EngineDeadError as exc:
@@ -90,30 +98,32 @@ class StubServingCompletion:
         finally:
             self.engine.finished()
 
-    async def _generate(
-        self, request: CompletionRequest, prompt: list[int], lora: Any
-    ) -> CompletionResponse:
-        tokens: list[int] = []
-        spans: list[WeightVersionSpan] = []
-        finish, stop_reason = "length", None
+    async def _steps(self, request: CompletionRequest, prompt: list[int], lora: Any, out: Any):
+        """The completion's tokens, one per engine step; `out` gets the spans and finish."""
         lora_id = lora.lora_int_id if lora is not None else 0
         for i in range(request.max_tokens or 16):
             if not await self.engine.step():
-                finish = "abort"
+                out.finish = "abort"
                 break
             if lora is not None:
                 self.engine.apply_lora(lora)  # the runner's set_active_loras before a forward
             token = (sum(prompt) + i + 100 * lora_id) % VOCAB
-            tokens.append(token)
-            if spans and spans[-1].version == self.engine.version:
-                spans[-1].end += 1
+            if out.spans and out.spans[-1].version == self.engine.version:
+                out.spans[-1].end += 1
             else:
-                spans.append(WeightVersionSpan(self.engine.version, i, i + 1))
+                out.spans.append(WeightVersionSpan(self.engine.version, i, i + 1))
+            yield i, token
             if token in (request.stop_token_ids or []):
-                finish, stop_reason = "stop", token
+                out.finish, out.stop_reason = "stop", token
                 break
         if lora is not None:
             self.engine.record_generation(lora)
+
+    async def _generate(
+        self, request: CompletionRequest, prompt: list[int], lora: Any
+    ) -> CompletionResponse:
+        out = SimpleNamespace(spans=[], finish="length", stop_reason=None)
+        tokens = [token async for _, token in self._steps(request, prompt, lora, out)]
         lps = [-(i + 1) / 100 for i in range(len(tokens))]
         choice = CompletionResponseChoice(
             index=0,
@@ -126,11 +136,11 @@ class StubServingCompletion:
                 tokens=[chr(t) for t in tokens],
                 top_logprobs=[{chr(t): lp} for t, lp in zip(tokens, lps, strict=True)],
             ),
-            finish_reason=finish,
-            stop_reason=stop_reason,
+            finish_reason=out.finish,
+            stop_reason=out.stop_reason,
             token_ids=tokens if request.return_token_ids else None,
             prompt_token_ids=prompt if request.return_token_ids else None,
-            weight_versions=spans if request.return_weight_versions else None,
+            weight_versions=out.spans if request.return_weight_versions else None,
         )
         return CompletionResponse(
             model=request.model or SERVED_MODEL,
@@ -141,6 +151,47 @@ class StubServingCompletion:
                 total_tokens=len(prompt) + len(tokens),
             ),
         )
+
+    async def _stream(self, request: CompletionRequest, prompt: list[int], lora: Any):
+        out = SimpleNamespace(spans=[], finish="length", stop_reason=None)
+        model = request.model or SERVED_MODEL
+        steps = self._steps(request, prompt, lora, out)
+
+        def chunk(i: int, tokens: list[int], finish: str | None) -> str:
+            lp = [-(i + 1) / 100] if tokens else []
+            choice = CompletionResponseStreamChoice(
+                index=0,
+                text="".join(chr(t) for t in tokens),
+                logprobs=None
+                if request.logprobs is None
+                else CompletionLogProbs(
+                    text_offset=[i] if tokens else [],
+                    token_logprobs=lp,
+                    tokens=[chr(t) for t in tokens],
+                    top_logprobs=[{chr(t): v} for t, v in zip(tokens, lp, strict=True)],
+                ),
+                finish_reason=finish,
+                stop_reason=out.stop_reason if finish else None,
+                prompt_token_ids=prompt if request.return_token_ids and i == 0 else None,
+                token_ids=tokens if request.return_token_ids else None,
+                # 0.33's output processor labels only the finished output, all of it
+                weight_versions=out.spans if finish and request.return_weight_versions else None,
+            )
+            body = CompletionStreamResponse(model=model, choices=[choice])
+            return f"data: {body.model_dump_json(exclude_unset=True)}\n\n"
+
+        try:
+            held = None  # one token behind, so the last one goes out with the finish reason
+            async for i, token in steps:
+                if held is not None:
+                    yield chunk(*held, None)
+                held = (i, [token])
+            yield chunk(*(held or (0, [])), out.finish)
+        except EngineDeadError as exc:
+            yield f"data: {create_error_response(exc).model_dump_json()}\n\n"
+        finally:
+            self.engine.finished()
+        yield "data: [DONE]\n\n"
 
 
 def build_app(tp: int, pp: int, dp: int, api_key: str | None) -> FastAPI:

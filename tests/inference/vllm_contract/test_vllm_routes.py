@@ -58,6 +58,40 @@ async def test_generation_client_reads_vllm_completion_response(
     assert gen.weight_versions == [int(version) if version.isdigit() else -1] * 4
 
 
+async def test_a_streamed_generation_reads_vllms_chunks(vllm_contract: VllmContract) -> None:
+    """vLLM 0.33 streams token ids per chunk and the versions of the whole output only on the
+    final chunk: the client hands the ids on as they come and labels every token at the end;
+    a stream cut by a pause(abort) goes on where it stopped."""
+    url = vllm_contract.urls["plain"]
+    pieces: list[list[int]] = []
+    config = ClientConfig(retry_budget_s=20, backoff_initial_s=0.02, health_interval_s=0.05)
+    async with GenerationClient([url], config) as client:
+        gen = await client.generate([1, 2], SamplingParams(max_tokens=4), on_tokens=pieces.append)
+        delivered: list[int] = []
+        arrived = asyncio.Event()
+
+        def on_tokens(ids: list[int]) -> None:
+            delivered.extend(ids)
+            arrived.set()
+
+        task = asyncio.create_task(
+            client.generate([0], SamplingParams(max_tokens=60), on_tokens=on_tokens)
+        )
+        await asyncio.wait_for(arrived.wait(), 10)
+        async with _raw() as http:
+            await http.post(url + "/pause?mode=abort")
+            await asyncio.sleep(0.3)
+            await http.post(url + "/resume")
+        cut = await asyncio.wait_for(task, 20)
+    assert pieces == [[3], [4], [5], [6]] and gen.token_ids == [3, 4, 5, 6]
+    assert gen.logprobs == pytest.approx([-0.01, -0.02, -0.03, -0.04])
+    version = vllm_contract.state("plain")["version"]
+    assert gen.weight_versions == [int(version) if version.isdigit() else -1] * 4
+    assert gen.finish_reason == "length"
+    assert delivered == cut.token_ids and len(cut.token_ids) == 60
+    assert cut.finish_reason == "length"
+
+
 async def test_vllm_401_and_404_bodies_become_request_errors(vllm_contract: VllmContract) -> None:
     auth = vllm_contract.urls["auth"]
     async with GenerationClient([auth], ClientConfig(api_key="wrong")) as client:
