@@ -22,8 +22,12 @@ so what is recorded as completion is only what was sampled.
 Transports: `answer(method, path, authorization, body)` builds the answer as a transport-free
 `Reply` (`inference.openai.reply`); the aiohttp routes (TCP, and a sandbox session's Unix
 socket) send it, and `workers.agent_transport` hands it to an agent in this process with no
-HTTP at all. Streaming: the generation client returns a whole completion, so a streamed answer
-is sent as OpenAI's chunk sequence (`workers.agent_stream`) once the completion is generated.
+HTTP at all. Streaming: a plain-text reply is sent as OpenAI's chunk sequence while it is
+generated (`workers.agent_stream.live_chat_frames`; the generation client streams the tokens
+from the policy server), its tool calls and logprobs on the closing chunk; a reply read whole (the
+run's reasoning or tool parser, a forced tool choice) is sent as chunks once it is generated. A
+refused call (limits, a bad request) is an HTTP error before any chunk; an inference failure
+after the first chunk is an error event, then `[DONE]`, as vLLM sends it.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from aiohttp import web
 
 from broker.messages import mix_seed
 from inference.client import Generation, Generator, SamplingParams
+from inference.completion_stream import TokenSink
 from inference.errors import InferenceError
 from inference.openai.body import json_body
 from inference.openai.errors import ApiError
@@ -55,7 +60,7 @@ from inference.openai.tool_choice import check_template, forced_call_text, is_fo
 from inference.openai.tools import ParsedMessage, extract_tool_calls, openai_calls
 from workers.agent_history import MessageCache
 from workers.agent_record import Continuation, EpisodeRecord, reply_key
-from workers.agent_stream import Call, chat_frames
+from workers.agent_stream import Call, chat_frames, live_chat_frames
 from workers.answers import Answer, AnswerReader
 from workers.tokens import ChatCodec
 from workers.transcript import History
@@ -90,6 +95,33 @@ class _Episode:
     renders: dict[bytes, tuple[int, ...]] = field(default_factory=dict)
     responses: ResponseStore = field(default_factory=ResponseStore)  # for previous_response_id
     history: MessageCache = field(default_factory=MessageCache)  # the last call's messages
+
+
+@dataclass(frozen=True)
+class _Admitted:
+    """A call the episode's limits let through, ready to generate."""
+
+    endpoint: AgentEndpoint
+    episode: _Episode
+    req: ChatCompletionRequest
+    prompt: list[int]  # what the model is given, a forced call's opener included
+    messages: list[dict[str, Any]]  # the conversation as the template got it
+    tools: Any  # and its tools
+    forced: str  # a forced tool choice's opener ("" if none)
+    params: SamplingParams
+
+    @property
+    def model(self) -> str:
+        return self.req.model or self.endpoint.model_name
+
+    @property
+    def whole(self) -> bool:
+        """Read whole (the run's reasoning or tool parser, or a forced tool choice): its
+        streamed reply is sent once it is generated, not token by token."""
+        return not self.endpoint.reader.plain or is_forced(self.req)
+
+    async def run(self, text: ChoiceText | None = None, sink: TokenSink | None = None) -> Call:
+        return await self.endpoint._generate(self, text, sink)
 
 
 class AgentEndpoint:
@@ -194,31 +226,49 @@ class AgentEndpoint:
 
     async def _chat(self, episode: _Episode, raw: bytes) -> Reply:
         req = episode.history.request(json_body(raw))
-        call = await self._complete(episode, req)
+        call = self._admit(episode, req)  # a refusal is an HTTP error, streamed or not
+        if req.stream and not call.whole:  # plain text: sent as it is generated
+            text = self._text(req)
+            return Reply.stream(
+                live_chat_frames(req, call.model, text, lambda sink: call.run(text, sink))
+            )
+        done = await call.run()
         if req.stream:
-            return Reply.stream(chat_frames(req, call))
-        return Reply.json(_completion(req, call))
+            return Reply.stream(chat_frames(req, done))
+        return Reply.json(_completion(req, done))
 
     async def _responses(self, episode: _Episode, raw: bytes) -> Reply:
         async def complete(body: dict[str, Any]) -> dict[str, Any]:
             req = episode.history.request(body)
-            return _completion(req, await self._complete(episode, req))
+            return _completion(req, await self._admit(episode, req).run())
 
         return await answer_responses(raw, episode.responses, complete)
 
-    async def _complete(self, episode: _Episode, req: ChatCompletionRequest) -> Call:
-        """Generate the call and record it in the episode."""
-        record = episode.record
+    def _admit(self, episode: _Episode, req: ChatCompletionRequest) -> _Admitted:
+        """The call's prompt and sampling, within the episode's limits (ApiError if not)."""
         prompt, messages, tools = self._prompt(episode, req)
         forced = forced_call_text(req)  # a forced tool choice: prompt, never completion
         if forced:
             check_template(forced, self.codec.chat_template)
             prompt = [*prompt, *self.codec.encode_control(forced)]
-        max_tokens = record.admit(len(prompt), req.output_limit() or episode.defaults.max_tokens)
+        limit = req.output_limit() or episode.defaults.max_tokens
+        max_tokens = episode.record.admit(len(prompt), limit)
         params = self._params(episode, req, max_tokens)
+        return _Admitted(self, episode, req, prompt, messages, tools, forced, params)
+
+    async def _generate(
+        self, call: _Admitted, text: ChoiceText | None, sink: TokenSink | None
+    ) -> Call:
+        """Generate an admitted call and record it in the episode; `text` (the streamed
+        reply's, fed as tokens come) and `sink` when it is sent as it is generated."""
+        episode, req, prompt, forced = call.episode, call.req, call.prompt, call.forced
+        record = episode.record
         t0 = time.monotonic()
         try:
-            gen = await self.client.generate(prompt, params, session_id=episode.session_id)
+            extra = {"on_tokens": sink} if sink is not None else {}
+            gen = await self.client.generate(
+                prompt, call.params, session_id=episode.session_id, **extra
+            )
         except InferenceError as exc:
             record.failure = exc
             raise ApiError(f"inference failed: {exc}", status=503) from None
@@ -226,13 +276,15 @@ class AgentEndpoint:
             record.inference_s += time.monotonic() - t0
         answer = None if self.reader.plain else self._read(req, gen.token_ids)
         reasoning = answer.reasoning_tokens if answer is not None else 0
-        record.record(prompt, gen, params.distribution(), reasoning)
-        text = ChoiceText(self._decoder(req.skip_special_tokens), req.stop_strings())
+        record.record(prompt, gen, call.params.distribution(), reasoning)
+        text = text if text is not None else self._text(req)
         text.feed(gen.token_ids, final=True)
         parsed = (
             extract_tool_calls(forced + text.text) if forced else self._parsed(req, text, answer)
         )
-        record.last = Continuation(tuple(messages), _reply(parsed), tools, tuple(gen.token_ids))
+        record.last = Continuation(
+            tuple(call.messages), _reply(parsed), call.tools, tuple(gen.token_ids)
+        )
         fmt = OutputFormat(
             token_text=lambda t: self.codec.decode([t], skip_special=False),
             logprobs=bool(req.logprobs),
@@ -241,15 +293,18 @@ class AgentEndpoint:
             weight_versions=bool(req.return_weight_versions),
         )
         return Call(
-            model=req.model or self.model_name,
+            model=call.model,
             prompt=prompt,
             generated=_generated(gen),
             text=text,
             reason="stop" if text.stopped else gen.finish_reason,
             parsed=parsed,
             fmt=fmt,
-            whole=not self.reader.plain or is_forced(req),
+            whole=call.whole,
         )
+
+    def _text(self, req: ChatCompletionRequest) -> ChoiceText:
+        return ChoiceText(self._decoder(req.skip_special_tokens), req.stop_strings())
 
     def _params(
         self, episode: _Episode, req: ChatCompletionRequest, max_tokens: int
@@ -267,6 +322,7 @@ class AgentEndpoint:
             min_p=_pick(req.min_p, defaults.min_p),
             seed=seed,
             stop_token_ids=(*self.codec.stop_token_ids, *(req.stop_token_ids or ())),
+            allowed_token_ids=tuple(req.allowed_token_ids) if req.allowed_token_ids else None,
         )
 
     def _prompt(

@@ -1,17 +1,24 @@
-"""The agent endpoint's streamed chat answer: OpenAI's chunk sequence for one generated call.
+"""The agent endpoint's streamed chat answer: OpenAI's chunk sequence for one call.
 
-`chat_frames` yields the SSE frames of a call the endpoint has generated and recorded
-(`workers.agent_endpoint`): the role chunk, the content (held back where a tool call may begin,
-`inference.openai.stream`), the closing delta with the finish reason and the tool calls, usage
-when asked for, then `[DONE]`. A call read by the run's reasoning or tool parser, or with a
-forced tool choice, is read whole, so its closing delta carries everything.
+`live_chat_frames` sends a plain-text call while it is generated: the role chunk at once, then
+content as tokens arrive (held back where a stop string or a tool call may begin,
+`inference.openai.stream`), then, once the call is generated and recorded, the closing delta
+with the finish reason, the tool calls and the logprobs, usage when asked for, and `[DONE]`.
+`chat_frames` sends the same sequence for a call already generated: a call read by the run's
+reasoning or tool parser, or with a forced tool choice, is read whole, so its closing delta
+carries everything. Content deltas concatenate to a prefix of the non-streamed content either
+way.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from inference.completion_stream import TokenSink
+from inference.openai.errors import ApiError
 from inference.openai.models import ChatCompletionRequest
 from inference.openai.responses import (
     Generated,
@@ -44,12 +51,76 @@ class Call:
     whole: bool  # read whole (a parser or a forced tool choice): one delta carries it
 
 
+def _opening(head: StreamHead) -> bytes:
+    return sse_event(
+        chat_chunk(head, [chat_stream_choice(0, ChatDelta(role="assistant", content=""))])
+    )
+
+
+def _content(head: StreamHead, content: str) -> bytes:
+    return sse_event(chat_chunk(head, [chat_stream_choice(0, ChatDelta(content=content))]))
+
+
+async def live_chat_frames(
+    req: ChatCompletionRequest,
+    model: str,
+    text: ChoiceText,
+    generate: Callable[[TokenSink], Awaitable[Call]],
+) -> AsyncGenerator[bytes, None]:
+    """The call as events while `generate(sink)` runs; `text` is the call's text, fed here as
+    the sink gets tokens (and whole by `generate` at the end). Closing the generator (the
+    client went away) cancels the generation."""
+    head = StreamHead(model)
+    yield _opening(head)
+    stream = ChatChoiceStream(text, req.parses_tools())
+    ids: list[int] = []
+    woken = asyncio.Event()
+
+    def sink(new: Sequence[int]) -> None:
+        ids.extend(new)
+        woken.set()
+
+    task = asyncio.create_task(generate(sink), name="agent-endpoint-stream")
+    task.add_done_callback(lambda _: woken.set())
+    try:
+        while not task.done():
+            await woken.wait()
+            woken.clear()
+            if task.done():
+                break
+            text.feed(ids)
+            content = stream.content_delta()
+            if content:
+                yield _content(head, content)
+        call = task.result()
+    except ApiError as exc:  # after the 200 went out: an error event, as vLLM sends it
+        yield sse_event(exc.body())
+        yield SSE_DONE
+        return
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    async for frame in _closing(req, call, head, stream):
+        yield frame
+
+
 async def chat_frames(req: ChatCompletionRequest, call: Call) -> AsyncGenerator[bytes, None]:
-    """The call as `chat.completion.chunk` events, ending with `[DONE]`."""
+    """A generated call as `chat.completion.chunk` events, ending with `[DONE]`."""
     head = StreamHead(call.model)
-    opening = chat_stream_choice(0, ChatDelta(role="assistant", content=""))
-    yield sse_event(chat_chunk(head, [opening]))
-    if call.whole:
+    yield _opening(head)
+    stream = None if call.whole else ChatChoiceStream(call.text, req.parses_tools())
+    async for frame in _closing(req, call, head, stream):
+        yield frame
+
+
+async def _closing(
+    req: ChatCompletionRequest, call: Call, head: StreamHead, stream: ChatChoiceStream | None
+) -> AsyncGenerator[bytes, None]:
+    """Content not sent yet, the closing delta (finish reason, tool calls, the tokens'
+    extras), usage when asked for, `[DONE]`; `stream` is None for a call read whole."""
+    if stream is None:
         parsed = call.parsed
         calls = [DeltaToolCall(index=k, **c.model_dump()) for k, c in enumerate(parsed.tool_calls)]
         delta = ChatDelta(
@@ -57,10 +128,9 @@ async def chat_frames(req: ChatCompletionRequest, call: Call) -> AsyncGenerator[
         )
         has_calls = bool(calls)
     else:
-        stream = ChatChoiceStream(call.text, req.parses_tools())
         content = stream.content_delta()
         if content:
-            yield sse_event(chat_chunk(head, [chat_stream_choice(0, ChatDelta(content=content))]))
+            yield _content(head, content)
         delta, has_calls = stream.final_delta()
     closing = chat_stream_choice(
         0,

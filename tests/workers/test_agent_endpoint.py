@@ -191,6 +191,9 @@ async def test_recorded_tokens_equal_a_fresh_rendering_of_every_call(tiny_model_
     assert sum(t.segment_start for t in record.turns) == record.segments - 1
 
 
+PRINTABLE = {"allowed_token_ids": list(range(32, 127))}  # no stop token among them
+
+
 async def test_limits_refuse_the_call_and_mark_truncation(tiny_model_dir: Path) -> None:
     hi = [{"role": "user", "content": "hi"}]
     cases = [
@@ -202,8 +205,10 @@ async def test_limits_refuse_the_call_and_mark_truncation(tiny_model_dir: Path) 
         for limits, cause, calls_ok in cases:
             record, _, sdk = open_episode(endpoint, limits)
             async with sdk() as api:
-                for _ in range(calls_ok):
-                    await api.chat.completions.create(model="m", messages=hi, max_tokens=8)
+                for _ in range(calls_ok):  # printable bytes only: an early EOS would leave
+                    await api.chat.completions.create(  # the token budget unspent
+                        model="m", messages=hi, max_tokens=8, extra_body=PRINTABLE
+                    )
                 with pytest.raises(openai.BadRequestError, match=cause.value):
                     await api.chat.completions.create(model="m", messages=hi, max_tokens=8)
             assert record.truncation is cause and len(record.turns) == calls_ok
@@ -213,6 +218,6 @@ async def test_limits_refuse_the_call_and_mark_truncation(tiny_model_dir: Path) 
         record, _, sdk = open_episode(endpoint, AgentLimits(9, 3, 4096, 60))
         async with sdk() as api:
             reply = await api.chat.completions.create(
-                model="m", messages=hi, max_tokens=50, extra_body={"ignore_eos": True}
+                model="m", messages=hi, max_tokens=50, extra_body=PRINTABLE
             )
-        assert reply.usage.completion_tokens <= 3
+        assert reply.usage.completion_tokens == 3
