@@ -101,27 +101,17 @@ class _Episode:
 class _Admitted:
     """A call the episode's limits let through, ready to generate."""
 
-    endpoint: AgentEndpoint
     episode: _Episode
     req: ChatCompletionRequest
+    model: str  # the name its answer carries
     prompt: list[int]  # what the model is given, a forced call's opener included
     messages: list[dict[str, Any]]  # the conversation as the template got it
     tools: Any  # and its tools
     forced: str  # a forced tool choice's opener ("" if none)
     params: SamplingParams
-
-    @property
-    def model(self) -> str:
-        return self.req.model or self.endpoint.model_name
-
-    @property
-    def whole(self) -> bool:
-        """Read whole (the run's reasoning or tool parser, or a forced tool choice): its
-        streamed reply is sent once it is generated, not token by token."""
-        return not self.endpoint.reader.plain or is_forced(self.req)
-
-    async def run(self, text: ChoiceText | None = None, sink: TokenSink | None = None) -> Call:
-        return await self.endpoint._generate(self, text, sink)
+    # read whole (the run's reasoning or tool parser, or a forced tool choice): a streamed
+    # reply is sent once it is generated, not as it is
+    whole: bool
 
 
 class AgentEndpoint:
@@ -230,9 +220,11 @@ class AgentEndpoint:
         if req.stream and not call.whole:  # plain text: sent as it is generated
             text = self._text(req)
             return Reply.stream(
-                live_chat_frames(req, call.model, text, lambda sink: call.run(text, sink))
+                live_chat_frames(
+                    req, call.model, text, lambda sink: self._generate(call, text, sink)
+                )
             )
-        done = await call.run()
+        done = await self._generate(call)
         if req.stream:
             return Reply.stream(chat_frames(req, done))
         return Reply.json(_completion(req, done))
@@ -240,7 +232,7 @@ class AgentEndpoint:
     async def _responses(self, episode: _Episode, raw: bytes) -> Reply:
         async def complete(body: dict[str, Any]) -> dict[str, Any]:
             req = episode.history.request(body)
-            return _completion(req, await self._admit(episode, req).run())
+            return _completion(req, await self._generate(self._admit(episode, req)))
 
         return await answer_responses(raw, episode.responses, complete)
 
@@ -254,10 +246,12 @@ class AgentEndpoint:
         limit = req.output_limit() or episode.defaults.max_tokens
         max_tokens = episode.record.admit(len(prompt), limit)
         params = self._params(episode, req, max_tokens)
-        return _Admitted(self, episode, req, prompt, messages, tools, forced, params)
+        model = req.model or self.model_name
+        whole = not self.reader.plain or is_forced(req)
+        return _Admitted(episode, req, model, prompt, messages, tools, forced, params, whole)
 
     async def _generate(
-        self, call: _Admitted, text: ChoiceText | None, sink: TokenSink | None
+        self, call: _Admitted, text: ChoiceText | None = None, sink: TokenSink | None = None
     ) -> Call:
         """Generate an admitted call and record it in the episode; `text` (the streamed
         reply's, fed as tokens come) and `sink` when it is sent as it is generated."""
