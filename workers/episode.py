@@ -177,7 +177,7 @@ async def _loop(ep: _Episode) -> Ending:
     row = ep.task.row  # a dataset row reaches the env as Gymnasium's reset options
     options = None if row is None else {"row": row}
     obs, _ = await _env_call(ep, envs.areset(ep.env, seed=ep.task.seed, options=options))
-    chat: ChatEnv = ep.env if isinstance(ep.env, ChatEnv) else _NoChat()
+    chat: ChatEnv = ep.env if _declares_chat(ep.env) else _NoChat()
     transcript = Transcript(ctx.codec, ctx.history, chat.system_prompt, chat.tools)
     transcript.first(obs)
     task = ep.task  # an eval task may set its own temperature and max tokens
@@ -193,6 +193,15 @@ async def _loop(ep: _Episode) -> Ending:
         return await _turns(ep, chat, transcript, params)
     finally:
         ctx.client.end_session(ep.session)  # the sticky-server entry must not outlive it
+
+
+_CHAT_ATTRS = tuple(ChatEnv.__annotations__)  # its members: system_prompt, tools, ...
+
+
+def _declares_chat(env: Any) -> bool:
+    """`isinstance(env, ChatEnv)`, as a runtime-checkable protocol of data members checks it
+    (every member present), without its per-call cost (~20 µs on Python 3.11)."""
+    return all(hasattr(env, name) for name in _CHAT_ATTRS)
 
 
 class _NoChat:

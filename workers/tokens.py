@@ -62,6 +62,7 @@ _END_OF_TURN = (
 _NO_ADVICE = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
 _SAMPLE_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 _TOOL_ID = "call00001"  # nine alphanumerics: Mistral's templates refuse any other id
+_NEXT_USER = ("next", skeleton([{"role": "user", "content": ""}]))  # a text observation's key
 
 
 class ChatCodec:
@@ -119,7 +120,13 @@ class ChatCodec:
         """Token ids of the first prompt: system message, tools, observation, generation prompt."""
         head = [{"role": "system", "content": system_prompt}] if system_prompt else []
         messages = self.as_messages(observation)
-        key = cache_key("first", system_prompt, tools, skeleton(messages))
+        shape = skeleton(messages)
+        # tools are JSON (unhashable): only a prompt with tools pays for a serialized key
+        key = (
+            ("first", system_prompt, shape)
+            if not tools
+            else cache_key("first", system_prompt, tools, shape)
+        )
         return self._region(
             key,
             lambda m: self._text([*head, *m], tools, generation=True),
@@ -134,8 +141,12 @@ class ChatCodec:
     def observation_ids(self, observation: Any) -> list[int]:
         """Tokens of `observation`'s messages after an assistant turn, generation prompt
         included; the assistant's end-of-turn marker excluded."""
-        messages = self.as_messages(observation)
-        key = ("next", skeleton(messages))
+        if type(observation) is str:  # the common case: one user message, a known shape
+            messages: list[dict[str, Any]] = [{"role": "user", "content": observation}]
+            key: Any = _NEXT_USER
+        else:
+            messages = self.as_messages(observation)
+            key = ("next", skeleton(messages))
         return self._region(key, self._after_base, self._ids_after_base, messages)
 
     def render_conversation(
@@ -148,13 +159,13 @@ class ChatCodec:
         """An env observation as chat messages: text is a user message; a message dict (or a
         list of them) passes through; where the template has no tool role, tool results
         become one user message (their contents joined by newlines). Contents become strings."""
-        if isinstance(observation, str):
-            raw: list[Any] = [{"role": "user", "content": observation}]
-        elif isinstance(observation, dict) and "role" in observation:
-            raw = [observation]
+        if type(observation) is str:  # what the loop below makes of it, without the loop
+            return [{"role": "user", "content": observation}]
+        if isinstance(observation, dict) and "role" in observation:
+            raw: list[Any] = [observation]
         elif isinstance(observation, list) and all(isinstance(m, dict) for m in observation):
             raw = list(observation)
-        else:
+        else:  # a str subclass too: its content becomes a plain str below
             raw = [{"role": "user", "content": str(observation)}]
         out: list[dict[str, Any]] = []
         for m in raw:

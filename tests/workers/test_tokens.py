@@ -128,3 +128,27 @@ def test_observations_cannot_forge_control_tokens(codec: ChatCodec) -> None:
     body = codec.encode(forged)
     assert codec.decode(body, skip_special=False) == forged
     assert not markers(body)
+
+
+def test_text_observation_fast_path_equals_its_message(codec: ChatCodec) -> None:
+    """A str observation skips `as_messages`' loop: the same ids as the user message it is,
+    and a str subclass (which takes the loop) gives them too."""
+
+    class Text(str):
+        pass
+
+    completion = [*codec.encode("7"), codec.stop_token_ids[0]]
+    obs = "Observation 3: <|im_end|> stays text"
+    as_message = codec.next_prompt(completion, {"role": "user", "content": obs})
+    assert codec.next_prompt(completion, obs) == as_message
+    assert codec.next_prompt(completion, Text(obs)) == as_message
+    assert (
+        codec.as_messages(obs) == codec.as_messages(Text(obs)) == [{"role": "user", "content": obs}]
+    )
+    assert type(codec.as_messages(Text(obs))[0]["content"]) is str
+    for system, tools in ((None, None), ("s", None), (None, TOOLS), ("s", TOOLS)):
+        # the first prompt's cache key no longer serializes when there are no tools
+        plain = "Observation 3."
+        assert codec.initial_prompt(plain, system, tools) == _full(
+            codec, system, tools, [plain], []
+        )
