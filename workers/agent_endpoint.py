@@ -26,8 +26,9 @@ HTTP at all. Streaming: a plain-text reply is sent as OpenAI's chunk sequence wh
 generated (`workers.agent_stream.live_chat_frames`; the generation client streams the tokens
 from the policy server), its tool calls and logprobs on the closing chunk; a reply read whole (the
 run's reasoning or tool parser, a forced tool choice) is sent as chunks once it is generated. A
-refused call (limits, a bad request) is an HTTP error before any chunk; an inference failure
-after the first chunk is an error event, then `[DONE]`, as vLLM sends it.
+streamed `/v1/responses` call takes the same deltas (`live_deltas`) as text events. A refused
+call (limits, a bad request) is an HTTP error before any chunk; an inference failure after the
+first chunk is an error event.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -55,12 +56,13 @@ from inference.openai.reply import Reply, send
 from inference.openai.responses import Generated, OutputFormat, chat_completion_body
 from inference.openai.responses_api import ResponseStore
 from inference.openai.responses_route import answer_responses
+from inference.openai.stream import ChatChoiceStream
 from inference.openai.text import ChoiceText
 from inference.openai.tool_choice import check_template, forced_call_text, is_forced
 from inference.openai.tools import ParsedMessage, extract_tool_calls, openai_calls
 from workers.agent_history import MessageCache
 from workers.agent_record import Continuation, EpisodeRecord, reply_key
-from workers.agent_stream import Call, chat_frames, live_chat_frames
+from workers.agent_stream import Call, chat_frames, live_chat_frames, live_deltas
 from workers.answers import Answer, AnswerReader
 from workers.tokens import ChatCodec
 from workers.transcript import History
@@ -234,7 +236,25 @@ class AgentEndpoint:
             req = episode.history.request(body)
             return _completion(req, await self._generate(self._admit(episode, req)))
 
-        return await answer_responses(raw, episode.responses, complete)
+        def live(body: dict[str, Any]) -> tuple[str, AsyncGenerator[str | dict[str, Any], None]]:
+            req = episode.history.request(body)
+            call = self._admit(episode, req)  # a refusal is an HTTP error before the stream
+            return call.model, self._pieces(call)
+
+        return await answer_responses(raw, episode.responses, complete, live)
+
+    async def _pieces(self, call: _Admitted) -> AsyncGenerator[str | dict[str, Any], None]:
+        """A streamed `/v1/responses` call: its content deltas as it is generated (plain
+        text), then its chat completion dict."""
+        if call.whole:
+            yield _completion(call.req, await self._generate(call))
+            return
+        text = self._text(call.req)
+        stream = ChatChoiceStream(text, call.req.parses_tools())
+        pieces = live_deltas(stream, lambda sink: self._generate(call, text, sink))
+        async with contextlib.aclosing(pieces) as deltas:
+            async for piece in deltas:
+                yield piece if isinstance(piece, str) else _completion(call.req, piece)
 
     def _admit(self, episode: _Episode, req: ChatCompletionRequest) -> _Admitted:
         """The call's prompt and sampling, within the episode's limits (ApiError if not)."""

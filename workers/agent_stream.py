@@ -1,7 +1,8 @@
 """The agent endpoint's streamed chat answer: OpenAI's chunk sequence for one call.
 
-`live_chat_frames` sends a plain-text call while it is generated: the role chunk at once, then
-content as tokens arrive (held back where a stop string or a tool call may begin,
+`live_chat_frames` sends a plain-text call while it is generated (`live_deltas`, which the
+endpoint's streamed `/v1/responses` uses too): the role chunk at once, then content as tokens
+arrive (held back where a stop string or a tool call may begin,
 `inference.openai.stream`), then, once the call is generated and recorded, the closing delta
 with the finish reason, the tool calls and the logprobs, usage when asked for, and `[DONE]`.
 `chat_frames` sends the same sequence for a call already generated: a call read by the run's
@@ -61,22 +62,16 @@ def _content(head: StreamHead, content: str) -> bytes:
     return sse_event(chat_chunk(head, [chat_stream_choice(0, ChatDelta(content=content))]))
 
 
-async def live_chat_frames(
-    req: ChatCompletionRequest,
-    model: str,
-    text: ChoiceText,
-    generate: Callable[[TokenSink], Awaitable[Call]],
-) -> AsyncGenerator[bytes, None]:
-    """The call as events while `generate(sink)` runs; `text` is the call's text, fed here as
-    the sink gets tokens (and whole by `generate` at the end). Closing the generator (the
-    client went away) cancels the generation."""
-    head = StreamHead(model)
-    yield _opening(head)
-    stream = ChatChoiceStream(text, req.parses_tools())
+async def live_deltas(
+    stream: ChatChoiceStream, generate: Callable[[TokenSink], Awaitable[Call]]
+) -> AsyncGenerator[str | Call, None]:
+    """Content deltas of `stream`'s text while `generate(sink)` runs and the sink gets its
+    tokens, then the generated Call (`generate` feeds the text whole at the end). Closing the
+    generator (the client went away) cancels the generation."""
     ids: list[int] = []
     woken = asyncio.Event()
 
-    def sink(new: Sequence[int]) -> None:
+    def sink(new: Sequence[int]) -> None:  # the HTTP client's callback: only hand them on
         ids.extend(new)
         woken.set()
 
@@ -88,20 +83,41 @@ async def live_chat_frames(
             woken.clear()
             if task.done():
                 break
-            text.feed(ids)
+            stream.text.feed(ids)
             content = stream.content_delta()
             if content:
-                yield _content(head, content)
+                yield content
         call = task.result()
-    except ApiError as exc:  # after the 200 went out: an error event, as vLLM sends it
-        yield sse_event(exc.body())
-        yield SSE_DONE
-        return
     finally:
         if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+    yield call
+
+
+async def live_chat_frames(
+    req: ChatCompletionRequest,
+    model: str,
+    text: ChoiceText,
+    generate: Callable[[TokenSink], Awaitable[Call]],
+) -> AsyncGenerator[bytes, None]:
+    """The call as events while `generate(sink)` runs (`live_deltas`); `text` is the call's
+    text, which `generate` feeds whole at the end."""
+    head = StreamHead(model)
+    yield _opening(head)
+    stream = ChatChoiceStream(text, req.parses_tools())
+    try:
+        async with contextlib.aclosing(live_deltas(stream, generate)) as pieces:
+            async for piece in pieces:
+                if isinstance(piece, str):
+                    yield _content(head, piece)
+                else:
+                    call = piece
+    except ApiError as exc:  # after the 200 went out: an error event, as vLLM sends it
+        yield sse_event(exc.body())
+        yield SSE_DONE
+        return
     async for frame in _closing(req, call, head, stream):
         yield frame
 

@@ -295,39 +295,89 @@ def stored_conversation(chat_request: dict[str, Any], chat: dict[str, Any]) -> l
     return [*messages, {"role": "assistant", "content": None} | kept]
 
 
+class EventNumbers:
+    """Numbers a response's events in order (`sequence_number`)."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        self.next += 1
+        return {"type": kind, "sequence_number": self.next - 1, **fields}
+
+
+def opening(response: dict[str, Any]) -> dict[str, Any]:
+    """The Response as `response.created` and `response.in_progress` show it."""
+    return response | {"status": "in_progress", "output": [], "usage": None}
+
+
 def stream_events(response: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """A whole Response as the Responses event sequence (created ... completed)."""
-    n = 0
-
-    def event(kind: str, **fields: Any) -> dict[str, Any]:
-        nonlocal n
-        n += 1
-        return {"type": kind, "sequence_number": n - 1, **fields}
-
-    opening = response | {"status": "in_progress", "output": [], "usage": None}
-    yield event("response.created", response=opening)
-    yield event("response.in_progress", response=opening)
+    numbers = EventNumbers()
+    yield numbers.event("response.created", response=opening(response))
+    yield numbers.event("response.in_progress", response=opening(response))
     for index, item in enumerate(response["output"]):
-        at = {"output_index": index, "item_id": item["id"]}
+        yield from item_events(numbers, index, item)
+    yield closing_event(numbers, response)
+
+
+def message_opened(numbers: EventNumbers, index: int, item_id: str) -> list[dict[str, Any]]:
+    """The events that open a message item and its text part, before any text."""
+    empty = {"type": "message", "id": item_id, "role": "assistant", "status": "in_progress"}
+    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    return [
+        numbers.event(
+            "response.output_item.added", output_index=index, item=empty | {"content": []}
+        ),
+        numbers.event(
+            "response.content_part.added",
+            output_index=index,
+            item_id=item_id,
+            content_index=0,
+            part=part,
+        ),
+    ]
+
+
+def text_delta(numbers: EventNumbers, index: int, item_id: str, delta: str) -> dict[str, Any]:
+    at = {"output_index": index, "item_id": item_id, "content_index": 0}
+    return numbers.event("response.output_text.delta", **at, delta=delta, logprobs=[])
+
+
+def item_events(
+    numbers: EventNumbers, index: int, item: dict[str, Any], sent: str | None = None
+) -> Iterator[dict[str, Any]]:
+    """One output item's events; `sent`: the text of a message item already opened and
+    streamed (`message_opened`, `text_delta`), which gets only the rest and its closing."""
+    at = {"output_index": index, "item_id": item["id"]}
+    if sent is None:
         empty = item | {"status": "in_progress"}
         if item["type"] == "message":
             empty = empty | {"content": []}
         elif item["type"] == "function_call":
             empty = empty | {"arguments": ""}
-        yield event("response.output_item.added", output_index=index, item=empty)
-        if item["type"] == "message":
-            for k, part in enumerate(item["content"]):
-                where = at | {"content_index": k}
+        yield numbers.event("response.output_item.added", output_index=index, item=empty)
+    if item["type"] == "message":
+        for k, part in enumerate(item["content"]):
+            where = at | {"content_index": k}
+            text = part["text"]
+            if sent is None:
                 blank = part | {"text": ""}
-                yield event("response.content_part.added", **where, part=blank)
-                text = part["text"]
-                yield event("response.output_text.delta", **where, delta=text, logprobs=[])
-                yield event("response.output_text.done", **where, text=text, logprobs=[])
-                yield event("response.content_part.done", **where, part=part)
-        elif item["type"] == "function_call":
-            args = item["arguments"]
-            yield event("response.function_call_arguments.delta", **at, delta=args)
-            yield event("response.function_call_arguments.done", **at, arguments=args)
-        yield event("response.output_item.done", output_index=index, item=item)
+                yield numbers.event("response.content_part.added", **where, part=blank)
+            rest = text
+            if sent is not None and k == 0:  # the streamed text is a prefix of the whole
+                rest = text[len(sent) :] if text.startswith(sent) else ""
+            if rest:
+                yield numbers.event("response.output_text.delta", **where, delta=rest, logprobs=[])
+            yield numbers.event("response.output_text.done", **where, text=text, logprobs=[])
+            yield numbers.event("response.content_part.done", **where, part=part)
+    elif item["type"] == "function_call":
+        args = item["arguments"]
+        yield numbers.event("response.function_call_arguments.delta", **at, delta=args)
+        yield numbers.event("response.function_call_arguments.done", **at, arguments=args)
+    yield numbers.event("response.output_item.done", output_index=index, item=item)
+
+
+def closing_event(numbers: EventNumbers, response: dict[str, Any]) -> dict[str, Any]:
     final = "response.completed" if response["status"] == "completed" else "response.incomplete"
-    yield event(final, response=response)
+    return numbers.event(final, response=response)
