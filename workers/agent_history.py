@@ -35,6 +35,11 @@ def chat_request(body: Any) -> ChatCompletionRequest:
     """A decoded chat completion body as the request; a bad one is a 400 naming the field."""
     if json_object(body).get("n", 1) != 1:
         raise ApiError("n must be 1: one call is one turn of the episode", "n")
+    if body.get("ignore_eos"):
+        raise ApiError(
+            "ignore_eos is not supported here: a call ends at the model's end of turn",
+            "ignore_eos",
+        )
     return validate(ChatCompletionRequest, body)
 
 

@@ -151,7 +151,13 @@ async def test_bad_requests_get_openai_errors(tiny_model_dir: Path) -> None:
                 await api.chat.completions.create(
                     model="m", messages=[{"role": "user", "content": "x"}], n=2
                 )
-        assert record.turns == []
+            with pytest.raises(openai.BadRequestError, match="ignore_eos"):  # not ignored
+                await api.chat.completions.create(
+                    model="m",
+                    messages=[{"role": "user", "content": "x"}],
+                    extra_body={"ignore_eos": True},
+                )
+        assert record.turns == [] and record.calls == 0
 
 
 def _next_messages(
