@@ -107,3 +107,14 @@ def test_inference_on_a_model_directory_smoke(tiny_model_dir: Path) -> None:
     assert result["ceiling_ratio"] > 0 and result["batching_ratio"] > 0
     assert result["mt_hit_rate"] > 0  # the cache-on side reused the shared prompt
     assert "(ceiling)" in done.stderr and "multi-turn tokens/s" in done.stderr
+
+
+@pytest.mark.slow
+def test_step_profile_smoke() -> None:
+    """`python -m bench._step_profile` (the worker step's profile) at the smallest size."""
+    argv = [sys.executable, "-m", "bench._step_profile", "--rounds", "1", "--episodes", "20"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["loop_pieces_us"] and result["client_pieces_alone_us"]
+    assert all(v > 0 for v in result["client_pieces_alone_us"].values())

@@ -12,6 +12,7 @@ import gc
 import os
 import shutil
 import subprocess
+import time
 import warnings
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -50,11 +51,24 @@ def docker_available() -> bool:
         client.close()
 
 
+_bwrap_ok: list[bool] = []  # a probe that once worked: bwrap is there for the session
+
+
 def bwrap_available() -> bool:
+    """Whether bubblewrap runs here. A probe can fail for a moment while a hostile test's
+    processes are still being reaped (a fork bomb's, in tests/sandbox/test_shell.py), which
+    once read as "bwrap is missing": so a failed probe is tried again, and a success kept."""
+    if _bwrap_ok:
+        return True
     if shutil.which("bwrap") is None:
         return False
     probe = ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "/usr/bin/true"]
-    return subprocess.run(probe, capture_output=True, check=False).returncode == 0
+    for attempt in range(5):
+        if subprocess.run(probe, capture_output=True, check=False).returncode == 0:
+            _bwrap_ok.append(True)
+            return True
+        time.sleep(0.5 * (attempt + 1))
+    return False
 
 
 _image_built: list[str] = []
