@@ -117,6 +117,18 @@ class Generator(Protocol):
     """What an episode needs from inference: `GenerationClient`, or a stand-in for one."""
 
     async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, session_id: str
+    ) -> Generation: ...
+
+    def end_session(self, session_id: str) -> None:
+        """Forget the episode's sticky server."""
+
+
+class StreamingGenerator(Generator, Protocol):
+    """What the agent endpoint needs: a `Generator` that also hands token ids to `on_tokens`
+    as they are generated (`GenerationClient`, the workers' `PolicyModel`)."""
+
+    async def generate(
         self,
         prompt_ids: Sequence[int],
         params: SamplingParams,
@@ -124,9 +136,6 @@ class Generator(Protocol):
         session_id: str,
         on_tokens: TokenSink | None = None,
     ) -> Generation: ...
-
-    def end_session(self, session_id: str) -> None:
-        """Forget the episode's sticky server."""
 
 
 class _Retryable(Exception):

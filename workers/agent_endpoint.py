@@ -45,7 +45,7 @@ import orjson
 from aiohttp import web
 
 from broker.messages import mix_seed
-from inference.client import Generation, Generator, SamplingParams
+from inference.client import Generation, SamplingParams, StreamingGenerator
 from inference.completion_stream import TokenSink
 from inference.errors import InferenceError
 from inference.openai.body import json_body
@@ -122,7 +122,7 @@ class AgentEndpoint:
     def __init__(
         self,
         codec: ChatCodec,
-        client: Generator,
+        client: StreamingGenerator,
         model_name: str = "policy",
         *,
         reader: AnswerReader | None = None,
@@ -279,9 +279,8 @@ class AgentEndpoint:
         record = episode.record
         t0 = time.monotonic()
         try:
-            extra = {"on_tokens": sink} if sink is not None else {}
             gen = await self.client.generate(
-                prompt, call.params, session_id=episode.session_id, **extra
+                prompt, call.params, session_id=episode.session_id, on_tokens=sink
             )
         except InferenceError as exc:
             record.failure = exc

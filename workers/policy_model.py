@@ -38,6 +38,7 @@ from inference.client import (
     SamplingParams,
     ServedAdapter,
 )
+from inference.completion_stream import TokenSink
 
 log = logging.getLogger(__name__)
 
@@ -87,14 +88,19 @@ class PolicyModel:
             return self._adapter
 
     async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, *, session_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        session_id: str | None = None,
+        on_tokens: TokenSink | None = None,
     ) -> Generation:
         deadline = time.monotonic() + self.client.config.retry_budget_s
         adapter = await self.current()
         while True:
             try:
-                return await self.client.generate(
-                    prompt_ids, params, session_id=session_id, adapter=adapter
+                return await self.client.generate(  # a 404 comes before any streamed token
+                    prompt_ids, params, session_id=session_id, adapter=adapter, on_tokens=on_tokens
                 )
             except AdapterNotServed as exc:
                 gone = adapter

@@ -14,21 +14,29 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from inference.client import Generation, SamplingParams
+from inference.completion_stream import TokenSink
 
 
 class ScriptedModel:
-    """`inference.client.Generator` answering each call with the next scripted completion,
-    and keeping every prompt it was fed."""
+    """`inference.client.StreamingGenerator` answering each call with the next scripted
+    completion (streamed to `on_tokens` in one piece), and keeping every prompt it was fed."""
 
     def __init__(self, completions: Sequence[Sequence[int]]) -> None:
         self.completions = [list(c) for c in completions]
         self.prompts: list[list[int]] = []
 
     async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, *, session_id: str
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        session_id: str,
+        on_tokens: TokenSink | None = None,
     ) -> Generation:
         self.prompts.append(list(prompt_ids))
         ids = self.completions[len(self.prompts) - 1]
+        if on_tokens is not None:
+            on_tokens(ids)
         return Generation(ids, [-0.5] * len(ids), [0] * len(ids), "stop", "scripted")
 
     def end_session(self, session_id: str) -> None:

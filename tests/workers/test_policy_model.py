@@ -19,7 +19,11 @@ from inference.client import GenerationClient, InferenceUnavailable, SamplingPar
 from inference.config import ClientConfig, ServerConfig, WeightSyncConfig
 from inference.server import PolicyServer
 from tests.inference.lora_helpers import make_adapter, peft_logprobs
+from workers.agent_endpoint import AgentEndpoint, SamplingDefaults
+from workers.agent_record import AgentLimits, EpisodeRecord
+from workers.agent_transport import in_process_client
 from workers.policy_model import PolicyModel
+from workers.tokens import load_codec
 
 PROMPT = [5, 6, 7, 8, 9]
 PARAMS = SamplingParams(max_tokens=6, seed=3)
@@ -135,4 +139,34 @@ async def test_an_unreadable_policy_keeps_the_adapter_read_last(
         assert (await model.current(force=True)).name == "odd-v1"
         assert (await model.generate(PROMPT, PARAMS)).weight_versions == [1] * 6
     finally:
+        await redis.aclose()
+
+
+async def test_the_agent_endpoint_streams_through_the_policy_model(
+    redis_server, client: GenerationClient, tiny_model_dir: Path
+) -> None:
+    """The worker hands its endpoint a PolicyModel, not the bare client: a streamed call
+    must reach the client's token stream through it (it once raised a TypeError there)."""
+    redis = await connect(RedisSettings.from_url(redis_server.url))
+    model = PolicyModel(client, redis, RunKeys("stream"), refresh_s=3600.0)
+    endpoint = AgentEndpoint(load_codec(str(tiny_model_dir)), model)
+    await endpoint.start()
+    try:
+        pieces: list[int] = []
+        streamed = await model.generate(PROMPT, PARAMS, on_tokens=pieces.extend)
+        assert pieces == streamed.token_ids == (await model.generate(PROMPT, PARAMS)).token_ids
+        record = EpisodeRecord(AgentLimits(5, 1000, 4096, 60), policy_version=0)
+        key = endpoint.open_episode(record, "t/0", SamplingDefaults(1.0, 1.0, 6))
+        body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+        async with in_process_client(endpoint) as http:
+            reply = await http.post(
+                endpoint.base_url + "/chat/completions",
+                json=body,
+                headers={"Authorization": f"Bearer {key}"},
+            )
+        events = [e for e in reply.text.split("\n\n") if e]
+        assert reply.status_code == 200 and events[-1] == "data: [DONE]"
+        assert not any('"error"' in e for e in events) and len(record.turns) == 1
+    finally:
+        await endpoint.close()
         await redis.aclose()
