@@ -220,12 +220,7 @@ class AgentEndpoint:
         req = episode.history.request(json_body(raw))
         call = self._admit(episode, req)  # a refusal is an HTTP error, streamed or not
         if req.stream and not call.whole:  # plain text: sent as it is generated
-            text = self._text(req)
-            return Reply.stream(
-                live_chat_frames(
-                    req, call.model, text, lambda sink: self._generate(call, text, sink)
-                )
-            )
+            return Reply.stream(live_chat_frames(req, call.model, *self._live(call)))
         done = await self._generate(call)
         if req.stream:
             return Reply.stream(chat_frames(req, done))
@@ -249,12 +244,17 @@ class AgentEndpoint:
         if call.whole:
             yield _completion(call.req, await self._generate(call))
             return
-        text = self._text(call.req)
-        stream = ChatChoiceStream(text, call.req.parses_tools())
-        pieces = live_deltas(stream, lambda sink: self._generate(call, text, sink))
+        _, pieces = self._live(call)
         async with contextlib.aclosing(pieces) as deltas:
             async for piece in deltas:
                 yield piece if isinstance(piece, str) else _completion(call.req, piece)
+
+    def _live(self, call: _Admitted) -> tuple[ChatChoiceStream, AsyncGenerator[str | Call, None]]:
+        """A plain-text call's stream state, and its content deltas then the Call as it is
+        generated (`live_deltas`)."""
+        text = self._text(call.req)
+        stream = ChatChoiceStream(text, call.req.parses_tools())
+        return stream, live_deltas(stream, lambda sink: self._generate(call, text, sink))
 
     def _admit(self, episode: _Episode, req: ChatCompletionRequest) -> _Admitted:
         """The call's prompt and sampling, within the episode's limits (ApiError if not)."""

@@ -99,17 +99,15 @@ async def live_deltas(
 async def live_chat_frames(
     req: ChatCompletionRequest,
     model: str,
-    text: ChoiceText,
-    generate: Callable[[TokenSink], Awaitable[Call]],
+    stream: ChatChoiceStream,
+    pieces: AsyncGenerator[str | Call, None],
 ) -> AsyncGenerator[bytes, None]:
-    """The call as events while `generate(sink)` runs (`live_deltas`); `text` is the call's
-    text, which `generate` feeds whole at the end."""
+    """The call as events while it is generated: `pieces` is `live_deltas(stream, ...)`."""
     head = StreamHead(model)
     yield _opening(head)
-    stream = ChatChoiceStream(text, req.parses_tools())
     try:
-        async with contextlib.aclosing(live_deltas(stream, generate)) as pieces:
-            async for piece in pieces:
+        async with contextlib.aclosing(pieces) as deltas:
+            async for piece in deltas:
                 if isinstance(piece, str):
                     yield _content(head, piece)
                 else:
