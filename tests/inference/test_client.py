@@ -107,6 +107,16 @@ async def test_cancellation_aborts_the_server_side_sequence(server_factory) -> N
         await eventually(lambda: not server.state.engine._running)
 
 
+async def swap_weights_mid_generation(server: PolicyServer, weights: Path) -> None:
+    """What a learner's push does to a generation in flight: pause(abort), reload `weights`,
+    label them version 1, resume."""
+    await post(server.url + "/pause?mode=abort")
+    rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(weights)}}
+    await post(server.url + "/collective_rpc", rpc)
+    await post(server.url + "/update_weight_version", {"new_version": "1"})
+    await post(server.url + "/resume")
+
+
 async def test_abort_pause_is_continued_across_a_version_change(
     server_factory, other_model_dir: Path
 ) -> None:
@@ -117,11 +127,7 @@ async def test_abort_pause_is_continued_across_a_version_change(
         await eventually(
             lambda: any(s.tokens for r in server.state.engine._running for s in r.seqs)
         )
-        await post(server.url + "/pause?mode=abort")
-        rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(other_model_dir)}}
-        await post(server.url + "/collective_rpc", rpc)
-        await post(server.url + "/update_weight_version", {"new_version": "1"})
-        await post(server.url + "/resume")
+        await swap_weights_mid_generation(server, other_model_dir)
         gen = await asyncio.wait_for(task, 30)
     # One whole generation: tokens before the pause under version 0, after it under version 1.
     assert gen.finish_reason == "length" and len(gen.token_ids) == 300

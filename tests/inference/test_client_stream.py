@@ -11,8 +11,7 @@ import pytest
 from inference.client import GenerationClient, SamplingParams
 from inference.completion_stream import StreamedCompletion
 from tests.inference.conftest import eventually
-from tests.inference.test_client import FAST
-from tests.inference.test_server import post
+from tests.inference.test_client import FAST, swap_weights_mid_generation
 
 NO_EOS = tuple(range(256))  # byte ids only: the tiny model cannot end early
 
@@ -50,11 +49,7 @@ async def test_a_stream_cut_by_an_abort_pause_goes_on_under_the_new_version(
         params = SamplingParams(max_tokens=300, allowed_token_ids=NO_EOS)
         task = asyncio.create_task(client.generate([1, 2], params, on_tokens=delivered.extend))
         await eventually(lambda: len(delivered) > 0)
-        await post(server.url + "/pause?mode=abort")
-        rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(other_model_dir)}}
-        await post(server.url + "/collective_rpc", rpc)
-        await post(server.url + "/update_weight_version", {"new_version": "1"})
-        await post(server.url + "/resume")
+        await swap_weights_mid_generation(server, other_model_dir)
         gen = await asyncio.wait_for(task, 30)
     assert delivered == gen.token_ids and len(gen.token_ids) == 300
     assert gen.weight_versions[0] == 0 and gen.weight_versions[-1] == 1

@@ -124,18 +124,10 @@ class StubServingCompletion:
     ) -> CompletionResponse:
         out = SimpleNamespace(spans=[], finish="length", stop_reason=None)
         tokens = [token async for _, token in self._steps(request, prompt, lora, out)]
-        lps = [-(i + 1) / 100 for i in range(len(tokens))]
         choice = CompletionResponseChoice(
             index=0,
             text="".join(chr(t) for t in tokens),
-            logprobs=None
-            if request.logprobs is None
-            else CompletionLogProbs(
-                text_offset=list(range(len(tokens))),
-                token_logprobs=lps,
-                tokens=[chr(t) for t in tokens],
-                top_logprobs=[{chr(t): lp} for t, lp in zip(tokens, lps, strict=True)],
-            ),
+            logprobs=_logprobs(request, tokens, 0),
             finish_reason=out.finish,
             stop_reason=out.stop_reason,
             token_ids=tokens if request.return_token_ids else None,
@@ -158,18 +150,10 @@ class StubServingCompletion:
         steps = self._steps(request, prompt, lora, out)
 
         def chunk(i: int, tokens: list[int], finish: str | None) -> str:
-            lp = [-(i + 1) / 100] if tokens else []
             choice = CompletionResponseStreamChoice(
                 index=0,
                 text="".join(chr(t) for t in tokens),
-                logprobs=None
-                if request.logprobs is None
-                else CompletionLogProbs(
-                    text_offset=[i] if tokens else [],
-                    token_logprobs=lp,
-                    tokens=[chr(t) for t in tokens],
-                    top_logprobs=[{chr(t): v} for t, v in zip(tokens, lp, strict=True)],
-                ),
+                logprobs=_logprobs(request, tokens, i),
                 finish_reason=finish,
                 stop_reason=out.stop_reason if finish else None,
                 prompt_token_ids=prompt if request.return_token_ids and i == 0 else None,
@@ -192,6 +176,20 @@ class StubServingCompletion:
         finally:
             self.engine.finished()
         yield "data: [DONE]\n\n"
+
+
+def _logprobs(request: CompletionRequest, tokens: list[int], start: int) -> Any:
+    """The stub's logprobs of `tokens`, the completion's tokens from index `start` on (token
+    i's is -(i + 1) / 100), or None where the request asked for none."""
+    if request.logprobs is None:
+        return None
+    lps = [-(start + k + 1) / 100 for k in range(len(tokens))]
+    return CompletionLogProbs(
+        text_offset=list(range(start, start + len(tokens))),
+        token_logprobs=lps,
+        tokens=[chr(t) for t in tokens],
+        top_logprobs=[{chr(t): lp} for t, lp in zip(tokens, lps, strict=True)],
+    )
 
 
 def build_app(tp: int, pp: int, dp: int, api_key: str | None) -> FastAPI:
